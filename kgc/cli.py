@@ -1,0 +1,151 @@
+"""The ``kgc`` command line: parse, call the library, print. Bad input exits 2 with one clear message."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kgc.errors import KGCError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Knowledge-graph completion with text encoders (SimKGC pipeline).")
+data_app = typer.Typer(no_args_is_help=True, help="Find and fetch datasets.")
+app.add_typer(data_app, name="data")
+
+
+def _echo(msg: str) -> None:
+    typer.echo(msg, err=False)
+
+
+@app.command()
+def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recipes/*.yaml)"),
+          out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<recipe>-<time>)"),
+          set_: List[str] = typer.Option([], "--set", help="override a recipe key, e.g. --set train.lr=3e-5"),
+          resume: Optional[Path] = typer.Option(None, "--resume", help="continue this run from its last checkpoint"),
+          progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """Train a link predictor from a recipe (or resume an interrupted run)."""
+    from kgc.linkpred.train import train as run_train
+    from kgc.recipe import load_recipe
+
+    if resume is None and recipe is None:
+        raise KGCError("give a recipe (e.g. `kgc train recipes/umls_biencoder.yaml`) or --resume RUN_DIR")
+    if resume is not None and (recipe is not None or set_):
+        raise KGCError("--resume continues a run with its saved recipe; drop the recipe and --set arguments")
+    rec = load_recipe(recipe, set_) if resume is None else None
+    run_train(rec, out=out, resume=resume, progress=progress, echo=_echo)
+
+
+@app.command()
+def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
+             split: str = typer.Option("test", "--split", help="test or dev"),
+             batch_size: Optional[int] = typer.Option(None, "--batch-size"),
+             rerank: Optional[bool] = typer.Option(None, "--rerank/--no-rerank", help="SimKGC graph re-ranking"),
+             device: str = typer.Option("auto", "--device"),
+             progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """Filtered link prediction on a split, both directions; writes results.json and ranks.tsv."""
+    from kgc.fileio import write_json, write_text
+    from kgc.linkpred.evaluate import evaluate as run_eval, format_table
+    from kgc.linkpred.model import Run
+    from kgc.training.common import pick_device
+
+    if split not in ("test", "dev"):
+        raise KGCError(f"--split {split!r}: choose test or dev")
+    run = Run(run_dir)
+    model, graph = run.load(pick_device(device))
+    rr = run.recipe.eval.rerank.model_dump()
+    if rerank is not None:
+        rr["enabled"] = rerank
+    ev = run_eval(model, graph, split, batch_size=batch_size or run.recipe.eval.batch_size, rerank=rr,
+                  progress=progress)
+    suffix = "" if split == "test" else f".{split}"
+    write_json(run.path / f"results{suffix}.json", ev.results)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(ev.ranks[0]), delimiter="\t", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(ev.ranks)
+    write_text(run.path / f"ranks{suffix}.tsv", buf.getvalue())
+    _echo(f"{graph.source} {split}: {len(ev.ranks)} queries, filtered, realistic ranks ({ev.seconds:.1f}s)")
+    _echo(format_table(ev.results))
+    _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
+
+
+@app.command()
+def index(run_dir: Path = typer.Argument(..., help="a run directory"),
+          device: str = typer.Option("auto", "--device"),
+          progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """Embed every entity once and store a FAISS index in RUN_DIR/index."""
+    from kgc.linkpred.index import build_index
+    from kgc.linkpred.model import Run
+    from kgc.training.common import pick_device
+
+    run = Run(run_dir)
+    model, _ = run.load(pick_device(device))
+    meta = build_index(run, model, progress=progress)
+    _echo(f"indexed {meta['entities']} entities (dim {meta['dim']}) in {meta['seconds']}s → {run.path / 'index'}")
+
+
+@app.command()
+def predict(run_dir: Path = typer.Argument(..., help="a run directory with a built index"),
+            head: str = typer.Option(..., "--head", help="entity id or text"),
+            relation: str = typer.Option(..., "--relation", help="relation name or text"),
+            top_k: int = typer.Option(10, "--top-k"),
+            inverse: bool = typer.Option(False, "--inverse", help="ask (?, relation, head) instead"),
+            filter_known: bool = typer.Option(False, "--filter-known", help="drop answers already in the graph"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """Top-k answers to (head, relation, ?)."""
+    from kgc.linkpred.index import load_index
+    from kgc.linkpred.model import Run
+    from kgc.linkpred.predict import predict as run_predict
+
+    run = Run(run_dir)
+    model, graph = run.load("cpu")
+    idx = load_index(run, model)
+    start = time.perf_counter()
+    h, r, preds = run_predict(model, graph, idx, head=head, relation=relation, top_k=top_k, inverse=inverse,
+                              filter_known=filter_known)
+    seconds = time.perf_counter() - start
+    if as_json:
+        _echo(json.dumps({"head": graph.entities[h], "relation": graph.relation_label(r), "seconds": seconds,
+                          "predictions": [p.__dict__ for p in preds]}, indent=2))
+        return
+    _echo(f"({graph.full_texts[h][:70]}, {graph.relation_text(r)}, ?)   [{seconds * 1000:.0f} ms]")
+    for p in preds:
+        _echo(f"{p.rank:>4}  {p.entity:<24} {p.score:7.4f}  {p.text[:80]}")
+
+
+@data_app.command("list")
+def data_list() -> None:
+    """Show which catalog datasets are found, and where."""
+    from kgc.data.catalog import list_datasets
+
+    for row in list_datasets():
+        _echo(f"{row['name']:<10} {row['where']:<28} {row['folder']}")
+
+
+@data_app.command("fetch")
+def data_fetch(name: str = typer.Argument(..., help="catalog name, e.g. wn18rr"),
+               dest: Optional[Path] = typer.Option(None, "--dest", help="data home (default $KGC_DATA_HOME or ./data)")) -> None:
+    """Download a dataset from its public home and check its sha256 sums."""
+    from kgc.data.catalog import fetch_dataset
+
+    _echo(f"fetched into {fetch_dataset(name, dest)}")
+
+
+def main() -> None:
+    """Entry point: typer handles usage errors (exit 2); bad input (KGCError) exits 2 with one message."""
+    try:
+        app()
+    except KGCError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""SimKGC's bi-encoder: the condition enters at the token input, ``[CLS] head [SEP] relation [SEP]``.
+
+Nothing can be cached below the condition (t = 0), so every (head, relation) pair runs the whole
+encoder. Identical pairs inside a batch are encoded once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kgc.conditioning.base import Conditioner, TokenLists, register
+
+
+@register
+class BiEncoder(Conditioner):
+    name = "biencoder"
+    enters_at = "input"
+
+    def encode_conditions(self, conditions: TokenLists) -> TokenLists:
+        return conditions  # t = 0: the condition's state is its token ids
+
+    def encode_sentences(self, sentences: TokenLists) -> TokenLists:
+        return sentences  # t = 0: nothing is condition-free above the input
+
+    def combine(self, sentence_state: TokenLists, condition_state: TokenLists) -> torch.Tensor:
+        pairs = [self.special.wrap_pair(s, c, self.max_tokens) for s, c in zip(sentence_state, condition_state)]
+        batch = {k: v.to(self.device) for k, v in self.special.pad(pairs).items()}
+        return self.encoder.encode_unique(batch)  # (batch, dim)

@@ -1,0 +1,173 @@
+"""Names → local folders. Lookup order: an explicit path → $KGC_DATA_HOME/<NAME> → ./data/<NAME>
+→ the copies bundled inside the pykeen wheel (UMLS, Nations, Kinships) → ``kgc data fetch NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kgc.errors import KGCError
+from kgc.fileio import sha256_file
+
+KGBERT = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str  # the catalog key, lower case
+    folder: str  # folder name under a data home, as distributed (e.g. WN18RR)
+    description: str
+    files: dict[str, str | None] = field(default_factory=dict)  # file → sha256 (None: not pinned)
+    url: str | None = None  # folder URL; each file is url/<file>
+    pykeen_bundle: str | None = None  # sub-folder of pykeen/datasets holding train/valid/test.txt
+
+
+CATALOG: dict[str, CatalogEntry] = {
+    e.name: e
+    for e in [
+        CatalogEntry(
+            "wn18rr", "WN18RR", "WordNet 3.0 subset (Dettmers et al. 2018), KG-BERT texts",
+            files={
+                "train.tsv": "038612e783c215ee5f3ca9fbfca27b8d0739be1028fe4ee7c174aecf0b83d5df",
+                "dev.tsv": "453ce7202afa58094a04d2b1560ee2b02660f1c260b32ce6651c8ccedd1028ab",
+                "test.tsv": "0383bceaaa1096cf3c03ec021ed0048068e2355dbfc0239b292cefdac821cec5",
+                "entity2text.txt": "8f5c6f11753dafa879917b9bdf73d398ceb3bd4bed8d5553177e1e0f2c37521f",
+                "relation2text.txt": "91b1de5585d686ed31498d50f1c4eed44ba9486dffbbcc0c28927ac884184918",
+            },
+            url=f"{KGBERT}/WN18RR",
+        ),
+        CatalogEntry(
+            "fb15k237", "FB15k-237", "Freebase subset (Toutanova & Chen 2015), KG-BERT texts",
+            # Not pinned: no reference copy was available to hash; fetch prints the sums it saw.
+            files={f: None for f in ("train.tsv", "dev.tsv", "test.tsv", "entity2text.txt",
+                                     "entity2textlong.txt", "relation2text.txt")},
+            url=f"{KGBERT}/FB15k-237",
+        ),
+        CatalogEntry(
+            "umls", "UMLS", "Unified Medical Language System (Kok & Domingos 2007), KG-BERT texts",
+            files={
+                "train.tsv": "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35",
+                "dev.tsv": "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e",
+                "test.tsv": "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014",
+                "entity2text.txt": "c6438aafd894917cefe73ea75fc20743d18f4226ebc85a2f43758ff3f77330b9",
+                "entity2textlong.txt": "cb4eccdebf5bfc73adc2db0fc582d215256aa11d789d3a16a6c0649f338f5fe3",
+                "relation2text.txt": "f5c5eddf696c52fc3c435ac031a4a0b06e00cc09116613db6a835d02d610123c",
+            },
+            url=f"{KGBERT}/umls",
+            pykeen_bundle="umls",
+        ),
+        CatalogEntry("nations", "Nations", "Nations (Kemp et al. 2006), labels only", pykeen_bundle="nations"),
+        CatalogEntry("kinships", "Kinships", "Alyawarra kinship (Kemp et al. 2006), labels only",
+                     pykeen_bundle="kinships"),
+    ]
+}
+
+
+def data_homes() -> list[tuple[str, Path]]:
+    """The searched folders, in order, labelled by where they come from."""
+    homes = []
+    if env := os.environ.get("KGC_DATA_HOME"):
+        homes.append(("$KGC_DATA_HOME", Path(env).expanduser()))
+    homes.append(("./data", Path("data")))
+    return homes
+
+
+def _pykeen_folder(entry: CatalogEntry) -> Path | None:
+    if entry.pykeen_bundle is None:
+        return None
+    try:
+        import pykeen.datasets
+    except ImportError:  # pragma: no cover - pykeen is a dependency
+        return None
+    folder = Path(pykeen.datasets.__file__).parent / entry.pykeen_bundle
+    return folder if (folder / "train.txt").is_file() else None
+
+
+def _looks_like_dataset(folder: Path) -> bool:
+    return folder.is_dir() and ((folder / "train.tsv").is_file() or (folder / "train.txt").is_file())
+
+
+def _candidates(entry: CatalogEntry, home: Path) -> list[Path]:
+    return [home / entry.folder, home / entry.name]
+
+
+def find_dataset(name_or_path: str, path: str | None = None) -> tuple[Path, str]:
+    """Return (folder, where-found) for a catalog name or a folder path; a clear error when absent."""
+    if path is not None:
+        folder = Path(path).expanduser()
+        if not _looks_like_dataset(folder):
+            raise KGCError(f"data.path {folder}: no train.tsv or train.txt there. Point it at a KG-BERT "
+                           "folder (train.tsv, dev.tsv, test.tsv, entity2text.txt) or a PyKEEN label-TSV folder.")
+        return folder, "recipe path"
+    key = name_or_path.lower().replace("-", "")
+    entry = CATALOG.get(key)
+    if entry is None:
+        folder = Path(name_or_path).expanduser()
+        if _looks_like_dataset(folder):
+            return folder, "path"
+        raise KGCError(f"dataset {name_or_path!r}: not a catalog name ({', '.join(CATALOG)}) "
+                       "and not a folder holding train.tsv/train.txt")
+    for label, home in data_homes():
+        for folder in _candidates(entry, home):
+            if _looks_like_dataset(folder):
+                return folder, label
+    if (bundled := _pykeen_folder(entry)) is not None:
+        return bundled, "pykeen wheel (labels only)"
+    target = data_homes()[0][1] / entry.folder
+    hint = f"run `kgc data fetch {entry.name}`" if entry.url else "copy its train/valid/test files there"
+    raise KGCError(f"dataset {entry.name!r} not found. Populate {target} ({hint}), "
+                   "or set KGC_DATA_HOME to a folder that holds it.")
+
+
+def list_datasets() -> list[dict[str, str]]:
+    rows = []
+    for entry in CATALOG.values():
+        try:
+            folder, where = find_dataset(entry.name)
+            rows.append({"name": entry.name, "where": where, "folder": str(folder), "about": entry.description})
+        except KGCError:
+            rows.append({"name": entry.name, "where": "missing", "folder": "-", "about": entry.description})
+    return rows
+
+
+def fetch_dataset(name: str, dest_home: Path | None = None) -> Path:
+    """Download a catalog dataset from its public home into <home>/<FOLDER>, checking sha256 sums.
+
+    Files land in a temporary folder first; the folder is renamed into place only when every file
+    arrived and matched, so an interrupted or failed fetch leaves nothing behind.
+    """
+    entry = CATALOG.get(name.lower().replace("-", ""))
+    if entry is None:
+        raise KGCError(f"unknown dataset {name!r}; catalog names: {', '.join(CATALOG)}")
+    if entry.url is None:
+        raise KGCError(f"{entry.name} has no download home; it ships inside the pykeen wheel")
+    home = dest_home or data_homes()[0][1]
+    target = home / entry.folder
+    if _looks_like_dataset(target):
+        return target
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.folder}.", dir=home))
+    try:
+        for fname, expected in entry.files.items():
+            url = f"{entry.url}/{fname}"
+            try:
+                with urllib.request.urlopen(url, timeout=60) as resp, open(tmp / fname, "wb") as out:
+                    shutil.copyfileobj(resp, out)
+            except OSError as exc:
+                raise KGCError(f"could not download {url} ({exc}). Offline? Copy the files "
+                               f"({', '.join(entry.files)}) into {target} by hand.") from None
+            got = sha256_file(tmp / fname)
+            if expected is None:
+                print(f"  {fname}: sha256 {got} (not pinned in the catalog)")
+            elif got != expected:
+                raise KGCError(f"{url}: sha256 {got} does not match the catalog's {expected}; refusing it")
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return target

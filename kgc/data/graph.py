@@ -1,0 +1,256 @@
+"""The knowledge graph: ids, names, descriptions, splits, inverse relations and the filter index.
+
+Two folder layouts are read:
+
+* KG-BERT: ``train.tsv``/``dev.tsv``/``test.tsv`` + ``entity2text.txt``, ``relation2text.txt`` and
+  optionally ``entity2textlong.txt``. When a long-text file exists, ``entity2text`` holds names and the
+  long file holds descriptions (UMLS, FB15k-237); otherwise ``entity2text`` is ``name, description``
+  (WN18RR: ``dog, a member of the genus Canis …``) and is split at the first ``", "``.
+* PyKEEN label TSV: ``train``/``valid``/``test`` (``.txt`` or ``.tsv``), ``head<TAB>relation<TAB>tail``;
+  texts are the labels with ``_`` → space.
+
+Relation ids ``0..R-1`` are the forward relations, ``R..2R-1`` their inverses (text ``inverse <r>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from kgc.data.catalog import find_dataset
+from kgc.errors import KGCError
+
+SPLIT_FILES = {"train": ("train.tsv", "train.txt"), "dev": ("dev.tsv", "valid.txt", "valid.tsv", "dev.txt"),
+               "test": ("test.tsv", "test.txt")}
+
+
+@dataclass
+class KnowledgeGraph:
+    """Entities and relations with texts, and the three splits as ``(n, 3)`` int64 arrays of forward ids."""
+
+    entities: list[str]  # entity labels (ids as in the files)
+    names: list[str]  # short human-readable names
+    descriptions: list[str]  # may be empty strings
+    relations: list[str]  # forward relation labels
+    relation_texts: list[str]  # forward relation texts
+    splits: dict[str, np.ndarray]
+    source: str = ""
+    entity_index: dict[str, int] = field(init=False)
+    relation_index: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.entity_index = {e: i for i, e in enumerate(self.entities)}
+        self.relation_index = {r: i for i, r in enumerate(self.relations)}
+
+    @property
+    def num_entities(self) -> int:
+        return len(self.entities)
+
+    @property
+    def num_relations(self) -> int:
+        """Forward relations only; the model sees ``2 * num_relations`` (with inverses)."""
+        return len(self.relations)
+
+    def relation_text(self, rel: int) -> str:
+        """Text of relation id ``rel`` in ``0..2R-1``."""
+        base = self.relation_texts[rel % self.num_relations]
+        return base if rel < self.num_relations else f"inverse {base}"
+
+    def relation_label(self, rel: int) -> str:
+        base = self.relations[rel % self.num_relations]
+        return base if rel < self.num_relations else f"inverse {base}"
+
+    def both_directions(self, split: str) -> np.ndarray:
+        """``(2n, 3)`` queries (head, relation, answer): forward triples, then (t, r + R, h)."""
+        t = self.splits[split]
+        inv = np.stack([t[:, 2], t[:, 1] + self.num_relations, t[:, 0]], axis=1)
+        return np.concatenate([t, inv], axis=0)
+
+    def hr_keys(self, heads: np.ndarray, rels: np.ndarray) -> np.ndarray:
+        return heads.astype(np.int64) * (2 * self.num_relations) + rels.astype(np.int64)
+
+    def _answers_matrix(self, splits: tuple[str, ...]) -> sp.csr_matrix:
+        q = np.concatenate([self.both_directions(s) for s in splits], axis=0)
+        rows = self.hr_keys(q[:, 0], q[:, 1])
+        data = np.ones(len(q), dtype=np.bool_)
+        shape = (self.num_entities * 2 * self.num_relations, self.num_entities)
+        m = sp.csr_matrix((data, (rows, q[:, 2])), shape=shape)
+        m.sum_duplicates()
+        return m
+
+    @cached_property
+    def all_answers(self) -> sp.csr_matrix:
+        """Filter index: row ``h * 2R + r`` holds every known answer from train + dev + test."""
+        return self._answers_matrix(("train", "dev", "test"))
+
+    @cached_property
+    def train_answers(self) -> sp.csr_matrix:
+        """Row ``h * 2R + r`` holds the train answers (the false-negative mask's "known tails")."""
+        return self._answers_matrix(("train",))
+
+    @cached_property
+    def train_keys(self) -> np.ndarray:
+        """Sorted int64 keys ``(h * 2R + r) * E + t`` of every train triple in both directions."""
+        q = self.both_directions("train")
+        keys = self.hr_keys(q[:, 0], q[:, 1]) * self.num_entities + q[:, 2]
+        return np.unique(keys)
+
+    @cached_property
+    def train_neighbors(self) -> list[list[int]]:
+        """Undirected train-graph neighbours of every entity, sorted by entity label (SimKGC's order)."""
+        t = self.splits["train"]
+        nbrs: list[set[int]] = [set() for _ in range(self.num_entities)]
+        for h, _, tl in t:
+            nbrs[h].add(int(tl))
+            nbrs[tl].add(int(h))
+        return [sorted(s, key=lambda i: self.entities[i]) for s in nbrs]
+
+    def find_entity(self, query: str) -> int:
+        """Resolve an entity by id, then exact name/text, then case-insensitive; clear error otherwise."""
+        if query in self.entity_index:
+            return self.entity_index[query]
+        for match in (lambda s: s == query, lambda s: s.lower() == query.lower()):
+            hits = sorted({i for i, (n, d) in enumerate(zip(self.names, self.full_texts))
+                           if match(n) or match(d)})
+            if len(hits) == 1:
+                return hits[0]
+            if len(hits) > 1:
+                listing = "; ".join(f"{self.entities[i]} ({self.full_texts[i][:60]})" for i in hits[:10])
+                raise KGCError(f"entity {query!r} is ambiguous ({len(hits)} matches): {listing}. "
+                               "Pass the entity id instead.")
+        raise KGCError(f"unknown entity {query!r}. Closest: {', '.join(self._closest(query, self.names))}")
+
+    def find_relation(self, query: str) -> int:
+        """Resolve a forward relation by label or text (exact, then case-insensitive, ``_`` optional)."""
+        norm = lambda s: s.lower().replace("_", " ").strip()  # noqa: E731
+        for i, (label, text) in enumerate(zip(self.relations, self.relation_texts)):
+            if query in (label, text):
+                return i
+        hits = [i for i, (label, text) in enumerate(zip(self.relations, self.relation_texts))
+                if norm(query) in (norm(label), norm(text))]
+        if len(hits) == 1:
+            return hits[0]
+        raise KGCError(f"unknown relation {query!r}. Relations: {', '.join(self.relations)}")
+
+    @cached_property
+    def full_texts(self) -> list[str]:
+        return [f"{n}: {d}" if d else n for n, d in zip(self.names, self.descriptions)]
+
+    @staticmethod
+    def _closest(query: str, choices: list[str], n: int = 5) -> list[str]:
+        import difflib
+
+        close = difflib.get_close_matches(query.lower(), [c.lower() for c in choices], n=n, cutoff=0.5)
+        lower = {c.lower(): c for c in choices}
+        return [repr(lower[c]) for c in close] or ["(nothing similar)"]
+
+
+# ---------------------------------------------------------------- readers
+
+
+def _read_rows(path: Path, width: int) -> list[tuple[int, list[str]]]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.rstrip("\n").rstrip("\r")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if width == 2 and len(parts) > 2:  # a text may itself contain tabs: keep them
+                parts = [parts[0], " ".join(parts[1:])]
+            if len(parts) != width:
+                what = "head<TAB>relation<TAB>tail" if width == 3 else "id<TAB>text"
+                raise KGCError(f"{path}:{lineno}: expected {width} tab-separated fields ({what}), "
+                               f"got {len(parts)}: {line[:80]!r}. Fix or delete that line.")
+            rows.append((lineno, [p.strip() for p in parts]))
+    return rows
+
+
+def _read_texts(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for lineno, (key, text) in _read_rows(path, 2):
+        if key in out:
+            raise KGCError(f"{path}:{lineno}: id {key!r} appears twice. Keep one line per id.")
+        out[key] = text
+    return out
+
+
+def _split_path(folder: Path, split: str) -> Path:
+    for fname in SPLIT_FILES[split]:
+        if (folder / fname).is_file():
+            return folder / fname
+    raise KGCError(f"{folder}: no {split} split (looked for {', '.join(SPLIT_FILES[split])})")
+
+
+def _strip_name_prefix(name: str, desc: str) -> str:
+    """SimKGC: drop a description prefix that repeats the entity name."""
+    if desc.startswith(name):
+        desc = desc[len(name):].strip().lstrip(",:;").strip()
+    return desc
+
+
+def read_graph(folder: Path, *, long_text: bool = False) -> KnowledgeGraph:
+    folder = Path(folder)
+    triples_raw = {s: _read_rows(_split_path(folder, s), 3) for s in SPLIT_FILES}
+    paths = {s: _split_path(folder, s) for s in SPLIT_FILES}
+    ent_file, rel_file, long_file = (folder / "entity2text.txt", folder / "relation2text.txt",
+                                     folder / "entity2textlong.txt")
+    if ent_file.is_file():  # KG-BERT layout
+        ent_texts = _read_texts(ent_file)
+        entities = list(ent_texts)
+        if long_file.is_file():
+            names = [ent_texts[e] for e in entities]
+            longs = _read_texts(long_file) if long_text else {}
+            descriptions = [longs.get(e, "") for e in entities]
+        else:
+            names, descriptions = [], []
+            for e in entities:
+                name, _, desc = ent_texts[e].partition(", ")
+                names.append(name)
+                descriptions.append(desc)
+        rel_texts = _read_texts(rel_file) if rel_file.is_file() else {}
+    else:  # PyKEEN label TSV: texts from labels
+        seen: dict[str, None] = {}
+        for s in SPLIT_FILES:
+            for _, (h, _, t) in triples_raw[s]:
+                seen.setdefault(h)
+                seen.setdefault(t)
+        entities = list(seen)
+        names = [e.replace("_", " ") for e in entities]
+        descriptions = [""] * len(entities)
+        rel_texts = {}
+    relations: dict[str, None] = {}
+    for s in SPLIT_FILES:
+        for _, (_, r, _) in triples_raw[s]:
+            relations.setdefault(r)
+    if rel_texts:
+        relations = {**{r: None for r in rel_texts if r in relations}, **relations}
+    rel_list = list(relations)
+    relation_texts = [rel_texts.get(r, r.strip("_").replace("_", " ")) for r in rel_list]
+    descriptions = [_strip_name_prefix(n, d) for n, d in zip(names, descriptions)]
+
+    ent_index = {e: i for i, e in enumerate(entities)}
+    rel_index = {r: i for i, r in enumerate(rel_list)}
+    splits = {}
+    for s, rows in triples_raw.items():
+        arr = np.empty((len(rows), 3), dtype=np.int64)
+        for k, (lineno, (h, r, t)) in enumerate(rows):
+            for ent in (h, t):
+                if ent not in ent_index:
+                    raise KGCError(f"{paths[s]}:{lineno}: unknown entity {ent!r} (not in {ent_file.name}). "
+                                   "Add it to entity2text.txt or fix the triple.")
+            arr[k] = (ent_index[h], rel_index[r], ent_index[t])
+        splits[s] = arr
+    if len(splits["train"]) == 0:
+        raise KGCError(f"{paths['train']}: no triples")
+    return KnowledgeGraph(entities=entities, names=names, descriptions=descriptions, relations=rel_list,
+                          relation_texts=relation_texts, splits=splits, source=str(folder))
+
+
+def load_graph(dataset: str, *, path: str | None = None, long_text: bool = False) -> KnowledgeGraph:
+    folder, _ = find_dataset(dataset, path)
+    return read_graph(folder, long_text=long_text)

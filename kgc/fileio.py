@@ -1,0 +1,63 @@
+"""Atomic writes: every file the toolkit writes goes to a temp file in the same folder, then os.replace.
+
+A reader (or a resumed run after SIGKILL) therefore sees either the old file or the complete new one,
+never a truncated file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:  # make the bytes durable before the rename publishes them
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> None:
+    """Atomically write ``path`` with ``writer(tmp_path)`` (for torch.save, np.save, faiss, savefig)."""
+    with atomic_path(path) as tmp:
+        writer(tmp)
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line (metrics.jsonl). A partial last line after a crash is skipped by readers."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line.rstrip("\n") + "\n")
+        fh.flush()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,133 @@
+"""Filtered link-prediction evaluation in PyKEEN's layout.
+
+Every entity is embedded once; queries are scored in chunks against the whole table. Both directions:
+tail prediction ``(h, r, ?)`` and head prediction as ``(t, inverse r, ?)``. The filtered setting
+removes every known true answer from train + dev + test except the gold (set to NaN, which pykeen's
+rank computation ignores). The scores then go to pykeen's own ``RankBasedEvaluator.process_scores_``
+— the metrics (realistic ranks with ties, MRR, Hits@k, …) are pykeen's, not re-derived here.
+(pykeen 1.11.1's ``filtered=False`` path is broken, hence the filtering is done before.)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import torch
+from pykeen.evaluation import RankBasedEvaluator
+
+from kgc.data.graph import KnowledgeGraph
+from kgc.linkpred.model import LinkPredictor
+
+
+
+@dataclass
+class Evaluation:
+    results: dict  # RankBasedMetricResults.to_dict() + extras
+    ranks: list[dict]  # one row per query
+    seconds: float
+
+    def metric(self, side: str = "both", rank_type: str = "realistic", key: str = "inverse_harmonic_mean_rank"):
+        return float(self.results[side][rank_type][key])
+
+
+def n_hop_neighbours(graph: KnowledgeGraph, heads: np.ndarray, n_hop: int) -> dict[int, np.ndarray]:
+    """Entities within ``n_hop`` of each head on the undirected train graph (the head itself included)."""
+    g = nx.Graph()
+    g.add_nodes_from(range(graph.num_entities))
+    g.add_edges_from(graph.splits["train"][:, [0, 2]].tolist())
+    return {int(h): np.fromiter(nx.single_source_shortest_path_length(g, int(h), cutoff=n_hop), dtype=np.int64)
+            for h in np.unique(heads)}
+
+
+def filter_scores_(scores: torch.Tensor, graph: KnowledgeGraph, heads: np.ndarray, rels: np.ndarray,
+                   answers: np.ndarray) -> torch.Tensor:
+    """Set every known answer except the gold to NaN, in place. scores (batch, entities)."""
+    rows = graph.all_answers[graph.hr_keys(heads, rels)].tocoo()  # (batch, entities) sparse
+    keep_gold = rows.col != answers[rows.row]
+    scores[torch.as_tensor(rows.row[keep_gold]), torch.as_tensor(rows.col[keep_gold])] = float("nan")
+    return scores
+
+
+def score_and_rank(query_vectors: torch.Tensor, entity_table: torch.Tensor, graph: KnowledgeGraph,
+                   queries: np.ndarray, *, evaluator: RankBasedEvaluator, target: str,
+                   boost: dict[int, np.ndarray] | None = None, boost_weight: float = 0.0) -> None:
+    """queries (batch, 3) = (query head, relation id in 0..2R-1, answer); feeds pykeen's evaluator."""
+    scores = (query_vectors.float() @ entity_table.t()).cpu()  # (batch, entities)
+    if boost:
+        for i, h in enumerate(queries[:, 0]):
+            scores[i, torch.as_tensor(boost[int(h)])] += boost_weight
+    answers = queries[:, 2]
+    true = scores[torch.arange(len(queries)), torch.as_tensor(answers)].unsqueeze(1).clone()  # (batch, 1)
+    filter_scores_(scores, graph, queries[:, 0], queries[:, 1], answers)
+    r = graph.num_relations
+    if target == "tail":
+        hrt = queries.copy()
+    else:  # (t, r + R, h) is the head-prediction query of the original triple (h, r, t)
+        hrt = np.stack([answers, queries[:, 1] - r, queries[:, 0]], axis=1)
+    evaluator.process_scores_(torch.as_tensor(hrt), target, scores, true_scores=true)
+
+
+@torch.no_grad()
+def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *, batch_size: int = 256,
+             max_triples: int | None = None, seed: int = 0, rerank: dict | None = None,
+             progress: bool = False, entity_table: torch.Tensor | None = None) -> Evaluation:
+    """Filtered ranks for every triple of ``split`` in both directions (or a fixed sample of them)."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    model.eval()
+    triples = graph.splits[split]
+    if max_triples is not None and max_triples < len(triples):
+        pick = np.sort(np.random.default_rng(seed).choice(len(triples), size=max_triples, replace=False))
+        triples = triples[pick]
+    table = entity_table if entity_table is not None else model.entity_table(batch_size, progress=progress)
+    evaluator = RankBasedEvaluator(filtered=True, clear_on_finalize=False)
+    r = graph.num_relations
+    directions = {
+        "tail": triples,
+        "head": np.stack([triples[:, 2], triples[:, 1] + r, triples[:, 0]], axis=1),
+    }
+    rerank = rerank or {}
+    boost = None
+    if rerank.get("enabled"):
+        boost = n_hop_neighbours(graph, np.concatenate([q[:, 0] for q in directions.values()]), rerank["n_hop"])
+    passes = len(directions) * len(triples)
+    bar = tqdm(total=passes, desc=f"evaluate {split}", disable=not progress, leave=False)
+    for target, queries in directions.items():
+        for s in range(0, len(queries), batch_size):
+            chunk = queries[s: s + batch_size]
+            q = model.encode_queries(chunk[:, 0], chunk[:, 1])
+            score_and_rank(q, table, graph, chunk, evaluator=evaluator, target=target, boost=boost,
+                           boost_weight=rerank.get("weight", 0.0))
+            bar.update(len(chunk))
+    bar.close()
+    results = evaluator.finalize().to_dict()
+    rows = []
+    for target, queries in directions.items():
+        ranks = {t: np.concatenate(evaluator.ranks[(target, t)]) for t in ("realistic", "optimistic", "pessimistic")}
+        for i, (h, rel, a) in enumerate(queries):
+            rows.append({"side": target, "head": graph.entities[h], "relation": graph.relation_label(int(rel)),
+                         "answer": graph.entities[a], "rank": float(ranks["realistic"][i]),
+                         "optimistic": float(ranks["optimistic"][i]), "pessimistic": float(ranks["pessimistic"][i])})
+    seconds = time.perf_counter() - start
+    results["kgc"] = {"split": split, "triples": int(len(triples)), "queries": int(2 * len(triples)),
+                      "entities": graph.num_entities, "dataset": graph.source,
+                      "evaluation_seconds": round(seconds, 3),
+                      "encoder_passes": int(graph.num_entities + 2 * len(triples)),
+                      "rerank": rerank if rerank.get("enabled") else None,
+                      "sampled": max_triples is not None and max_triples < len(graph.splits[split])}
+    return Evaluation(results=results, ranks=rows, seconds=seconds)
+
+
+def format_table(results: dict) -> str:
+    keys = [("MRR", "inverse_harmonic_mean_rank"), ("H@1", "hits_at_1"), ("H@3", "hits_at_3"),
+            ("H@10", "hits_at_10"), ("MR", "arithmetic_mean_rank")]
+    lines = ["side   " + "".join(f"{name:>9}" for name, _ in keys)]
+    for side in ("tail", "head", "both"):
+        vals = results[side]["realistic"]
+        lines.append(f"{side:<7}" + "".join(f"{vals[k]:>9.4f}" if k != "arithmetic_mean_rank" else f"{vals[k]:>9.2f}"
+                                            for _, k in keys))
+    return "\n".join(lines)

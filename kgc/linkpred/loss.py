@@ -1,0 +1,107 @@
+"""SimKGC's contrastive objective, whole, in one module.
+
+Logits for query i (row) against candidate tails (columns), all cosines of unit vectors:
+
+* in-batch block ``(B, B)``: ``cos(q_i, t_j)``; the positive ``j = i`` gets the additive margin γ
+  subtracted; false negatives (same tail, or another known train tail of (h_i, r_i)) are masked;
+* pre-batch block ``(B, K)``: tails of the previous k batches (a queue, filled as training goes, never
+  random warm-up vectors), weighted by ``pre_batch_weight`` and false-negative masked the same way;
+* self-negative column ``(B, 1)``: ``cos(q_i, e_{h_i})``, the head's own entity embedding, masked where
+  the head is itself a known answer.
+
+Everything is scaled by the learnable ``1/τ`` (stored as ``log 1/τ``, clamped to
+``[1/max_temperature, 1/min_temperature]``). Loss = CE(rows) + CE(in-batch block transposed) — the
+second term is SimKGC's symmetric tail → query direction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MASKED = -1e4  # SimKGC's fill value: exp(-1e4 / τ) is exactly 0 in fp32
+
+
+def false_negative_mask(hr_keys: torch.Tensor, gold: torch.Tensor, candidates: torch.Tensor,
+                        train_keys: torch.Tensor, num_entities: int) -> torch.Tensor:
+    """``mask[i, j]`` is False where candidate ``j`` is a true answer of query ``i`` other than the gold.
+
+    hr_keys (B,) = ``h * 2R + r``; gold (B,) tail ids; candidates (C,) entity ids; train_keys sorted
+    (n,) of ``hr_key * E + t``. Vectorised: one broadcast comparison and one ``isin``.
+    """
+    same_tail = gold.unsqueeze(1) == candidates.unsqueeze(0)  # (B, C)
+    keys = hr_keys.unsqueeze(1) * num_entities + candidates.unsqueeze(0)  # (B, C)
+    known = torch.isin(keys, train_keys)  # (B, C)
+    return ~(same_tail | known)
+
+
+class SimKGCLoss(nn.Module):
+    def __init__(self, *, temperature: float = 0.05, learn_temperature: bool = True, margin: float = 0.02,
+                 in_batch: bool = True, pre_batch: int = 0, pre_batch_weight: float = 0.5,
+                 self_negative: bool = True, mask_false_negatives: bool = True, symmetric: bool = True,
+                 min_temperature: float = 0.01, max_temperature: float = 1.0) -> None:
+        super().__init__()
+        self.log_inv_t = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn_temperature)
+        self.log_inv_t_range = (math.log(1.0 / max_temperature), math.log(1.0 / min_temperature))
+        self.margin, self.in_batch, self.pre_batch = margin, in_batch, pre_batch
+        self.pre_batch_weight, self.self_negative = pre_batch_weight, self_negative
+        self.mask_false_negatives, self.symmetric = mask_false_negatives, symmetric
+        self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tail vectors (B, d), tail ids (B,))
+
+    @property
+    def inv_t(self) -> torch.Tensor:
+        return self.log_inv_t.clamp(*self.log_inv_t_range).exp()
+
+    @property
+    def temperature(self) -> float:
+        return float(1.0 / self.inv_t.detach())
+
+    def forward(self, query: torch.Tensor, tail: torch.Tensor, head: torch.Tensor | None, *,
+                heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, train_keys: torch.Tensor,
+                num_entities: int, num_relations2: int) -> torch.Tensor:
+        """query, tail, head: (B, d) unit vectors; heads, rels, tails: (B,) ids; returns the scalar loss."""
+        b = query.size(0)
+        inv_t = self.inv_t
+        hr = heads * num_relations2 + rels  # (B,)
+        logits = query @ tail.t()  # (B, B)
+        logits = logits - torch.eye(b, device=logits.device, dtype=logits.dtype) * self.margin
+        logits = logits * inv_t
+        keep = torch.eye(b, dtype=torch.bool, device=logits.device)  # (B, B) the positives stay
+        if self.in_batch:
+            if self.mask_false_negatives:
+                keep |= false_negative_mask(hr, tails, tails, train_keys, num_entities)
+            else:
+                keep |= ~torch.eye(b, dtype=torch.bool, device=logits.device)
+        logits = logits.masked_fill(~keep, MASKED)
+        blocks = [logits]
+        if self.pre_batch and self.queue:
+            old_vec = torch.cat([v for v, _ in self.queue])  # (K, d)
+            old_ids = torch.cat([i for _, i in self.queue])  # (K,)
+            pre = (query @ old_vec.t()) * inv_t * self.pre_batch_weight  # (B, K)
+            if self.mask_false_negatives:
+                pre = pre.masked_fill(~false_negative_mask(hr, tails, old_ids, train_keys, num_entities), MASKED)
+            blocks.append(pre)
+        if self.self_negative and head is not None:
+            self_logit = (query * head).sum(-1) * inv_t  # (B,)
+            head_is_answer = torch.isin(hr * num_entities + heads, train_keys)  # (B,)
+            blocks.append(self_logit.masked_fill(head_is_answer, MASKED).unsqueeze(1))
+        all_logits = torch.cat(blocks, dim=1)  # (B, B + K + 1)
+        labels = torch.arange(b, device=logits.device)
+        loss = F.cross_entropy(all_logits, labels)
+        if self.symmetric:
+            loss = loss + F.cross_entropy(logits.t(), labels)  # tail -> query
+        if self.pre_batch and self.training:
+            self.queue.append((tail.detach(), tails.detach()))
+            self.queue = self.queue[-self.pre_batch:]
+        return loss
+
+    # the queue is training state: it travels in checkpoints so a resumed run sees the same negatives
+    def queue_state(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(v.cpu().numpy(), i.cpu().numpy()) for v, i in self.queue]
+
+    def load_queue_state(self, state: list, device: torch.device) -> None:
+        self.queue = [(torch.as_tensor(v, device=device), torch.as_tensor(i, device=device)) for v, i in state]

@@ -1,0 +1,166 @@
+"""The recipe: the single home of every hyperparameter (pydantic schema, YAML + dotted overrides).
+
+Defaults are the SimKGC paper's (batch 1024, lr 5e-5, γ = 0.02, τ₀ = 0.05 learnable, mean pooling,
+50 tokens). Unknown keys are errors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kgc.errors import KGCError
+
+DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    dataset: str = Field("umls", description="catalog name (wn18rr, fb15k237, umls, nations, kinships) or a folder")
+    path: Optional[str] = Field(None, description="explicit folder; wins over the catalog lookup")
+    long_text: bool = Field(False, description="use entity2textlong.txt where the dataset has it")
+    neighbor_text: bool = Field(True, description="append train-graph neighbour names to short descriptions")
+    max_neighbors: int = Field(10, ge=0)
+    short_description_words: int = Field(20, ge=0, description="descriptions below this many words get neighbours")
+    max_tokens: int = Field(50, ge=8)
+
+
+class ModelConfig(_Section):
+    backbone: str = Field(DEFAULT_BACKBONE, description="Hugging Face id or local folder")
+    conditioner: str = Field("biencoder", description="how the relation conditions the head (registry name)")
+    shared_towers: bool = Field(False, description="one encoder for query and tail towers (SimKGC: separate)")
+    pooling: Literal["mean", "cls"] = "mean"
+
+
+class LossConfig(_Section):
+    in_batch: bool = True
+    pre_batch: int = Field(0, ge=0, description="number of previous batches whose tails are negatives")
+    pre_batch_weight: float = 0.5
+    self_negative: bool = True
+    margin: float = Field(0.02, description="additive margin γ subtracted from the positive cosine")
+    temperature: float = Field(0.05, gt=0)
+    learn_temperature: bool = True
+    min_temperature: float = Field(0.01, gt=0)
+    max_temperature: float = Field(1.0, gt=0)
+    mask_false_negatives: bool = True
+    symmetric: bool = Field(True, description="add SimKGC's tail -> query cross-entropy term")
+
+
+class TrainConfig(_Section):
+    epochs: int = Field(50, ge=1)
+    max_steps: Optional[int] = Field(None, ge=1, description="stop after this many optimiser steps")
+    batch_size: int = Field(1024, ge=2)
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = 1e-4
+    warmup_steps: int = Field(400, ge=0)
+    grad_clip: float = Field(10.0, gt=0)
+    seed: int = 2022
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
+    num_threads: Optional[int] = Field(None, ge=1)
+    checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
+    log_every: int = Field(10, ge=1)
+
+
+class RerankConfig(_Section):
+    enabled: bool = False
+    n_hop: int = Field(2, ge=1)
+    weight: float = 0.05
+
+
+class EvalConfig(_Section):
+    batch_size: int = Field(256, ge=1)
+    dev_queries: Optional[int] = Field(None, ge=1, description="validate on a fixed sample of dev triples")
+    validate_every_epoch: bool = True
+    rerank: RerankConfig = RerankConfig()
+
+
+class Recipe(_Section):
+    name: str = "run"
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    loss: LossConfig = LossConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
+    """Every dotted key a recipe accepts, e.g. ``train.lr``."""
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(valid_keys(ann, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise KGCError(f"--set {key}: '{part}' is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    known = set(valid_keys())
+    for item in items:
+        if "=" not in item:
+            raise KGCError(f"--set {item!r}: expected key=value, e.g. --set train.lr=3e-5")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if key not in known:
+            raise KGCError(f"--set {key}: unknown recipe key. Valid keys: {', '.join(sorted(known))}")
+        out[key] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def _explain(err: ValidationError, source: str) -> KGCError:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            parent = ".".join(str(p) for p in e["loc"][:-1])
+            choices = [k for k in valid_keys() if k.startswith(parent + ".")] if parent else list(Recipe.model_fields)
+            lines.append(f"unknown key '{loc}'. Valid keys here: {', '.join(choices)}")
+        else:
+            lines.append(f"'{loc}': {e['msg']} (got {e.get('input')!r})")
+    return KGCError(f"{source}: bad recipe:\n  " + "\n  ".join(lines))
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
+    """Read a YAML recipe (or defaults when ``path`` is None) and apply ``key=value`` overrides."""
+    tree: dict[str, Any] = {}
+    source = "recipe"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise KGCError(f"{path}: recipe not found. Recipes live in recipes/*.yaml")
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise KGCError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval)")
+        tree.setdefault("name", path.stem)
+    for key, value in parse_overrides(overrides or []).items():
+        _set_dotted(tree, key, value)
+    try:
+        return Recipe.model_validate(tree)
+    except ValidationError as err:
+        raise _explain(err, source) from None

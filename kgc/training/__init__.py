@@ -1,0 +1,1 @@
+"""Generic training pieces: optimiser + schedule, device/AMP policy, checkpoints, metrics and curves."""

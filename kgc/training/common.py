@@ -1,0 +1,138 @@
+"""Optimiser, schedule, device/precision policy, seeding, atomic checkpoints, metrics log and curves."""
+
+from __future__ import annotations
+
+import json
+import random
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from kgc.errors import KGCError
+from kgc.fileio import append_line, write_with
+
+NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "log_inv_t")
+
+
+def pick_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise KGCError(f"train.device={spec}: CUDA is not available here. Use train.device=cpu (or auto).")
+    return dev
+
+
+def autocast(device: torch.device, amp: str):
+    """Mixed precision on CUDA only: on CPUs bf16 autocast is 4-16x slower than fp32, so it stays off."""
+    if device.type != "cuda" or amp == "off":
+        return nullcontext()
+    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+    return torch.autocast("cuda", dtype=dtype)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_optimizer(modules: Iterable[nn.Module], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; biases, LayerNorm weights and the temperature are excluded from weight decay."""
+    decay, no_decay, seen = [], [], set()
+    for module in modules:
+        for name, p in module.named_parameters():
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            (no_decay if any(k in name for k in NO_DECAY) else decay).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int):
+    """Linear warm-up to the peak lr over ``warmup`` steps, then linear decay to 0 at ``total``."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """torch.save to a temp file, fsync, rename: the previous checkpoint survives a kill mid-write."""
+    write_with(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise KGCError(f"{path}: unreadable checkpoint ({exc}). Delete it to restart that run.") from None
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, appended; a torn last line (after a kill) is skipped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, **record: Any) -> None:
+        append_line(self.path, json.dumps(record))
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        out = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records logged after the checkpoint we restart from (they will be redone)."""
+        keep = [r for r in self.read() if r.get("step", 0) <= step]
+        write_with(self.path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)))
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
+    """curves.png: loss, temperature and validation MRR against steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "dev_mrr" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    panels = [(train, "loss", "training loss"), (train, "tau", "temperature τ"), (val, "dev_mrr", "dev MRR (filtered)")]
+    for ax, (rows, key, title) in zip(axes, panels):
+        ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o" if key == "dev_mrr" else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)

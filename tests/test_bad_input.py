@@ -1,0 +1,47 @@
+"""Bad input ends in one clear message naming the file/line or key and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kgc.data.graph import read_graph
+from kgc.errors import KGCError
+from kgc.recipe import load_recipe
+
+
+def test_malformed_tsv_line_names_file_and_line(toy_dir):
+    with open(toy_dir / "train.tsv", "a") as fh:
+        fh.write("e_dog\t_hypernym\n")
+    with pytest.raises(KGCError, match=r"train\.tsv:7: expected 3 tab-separated fields"):
+        read_graph(toy_dir)
+
+
+def test_unknown_entity_names_file_and_line(toy_dir):
+    (toy_dir / "test.tsv").write_text("e_dog\t_hypernym\te_animal\ne_wolf\t_hypernym\te_animal\n")
+    with pytest.raises(KGCError, match=r"test\.tsv:2: unknown entity 'e_wolf'"):
+        read_graph(toy_dir)
+
+
+def test_bad_recipe_key_lists_valid_ones(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  lr: 1e-4\n  epochz: 3\n")
+    with pytest.raises(KGCError, match=r"unknown key 'train.epochz'.*train.epochs"):
+        load_recipe(recipe)
+    with pytest.raises(KGCError, match=r"--set train.lrr: unknown recipe key.*train.lr"):
+        load_recipe(None, ["train.lrr=1"])
+    with pytest.raises(KGCError, match=r"'train.batch_size'"):
+        load_recipe(None, ["train.batch_size=-3"])
+    r = load_recipe(None, ["train.lr=3e-5", "loss.pre_batch=2", "eval.rerank.enabled=true"])
+    assert (r.train.lr, r.loss.pre_batch, r.eval.rerank.enabled) == (3e-5, 2, True)
+
+
+def test_cli_reports_errors_without_traceback(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  conditionerr: biencoder\n")
+    proc = subprocess.run([sys.executable, "-m", "kgc.cli", "train", str(recipe)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "unknown key 'model.conditionerr'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,171 @@
+"""Through the CLI on UMLS with a tiny random BERT: train, evaluate, index, predict, kill -9, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def kgc(*args, check=True, **kw):
+    proc = subprocess.run([sys.executable, "-m", "kgc.cli", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kgc {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def write_recipe(path: Path, backbone: Path, **train) -> Path:
+    t = {"epochs": 1, "batch_size": 64, "lr": 1e-3, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 1,
+         "num_threads": 1, **train}
+    path.write_text(
+        "name: tiny\n"
+        f"data: {{dataset: umls, neighbor_text: true, max_tokens: 24}}\n"
+        f"model: {{backbone: {backbone}, conditioner: biencoder}}\n"
+        "loss: {pre_batch: 2, self_negative: true}\n"
+        f"train: {json.dumps(t)}\n"
+        "eval: {batch_size: 128, dev_queries: 60}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert, tmp_path_factory, data_home):
+    tmp = tmp_path_factory.mktemp("e2e")
+    recipe = write_recipe(tmp / "tiny.yaml", tiny_bert, max_steps=6)
+    run = tmp / "run"
+    out = kgc("train", recipe, "--out", run, "--no-progress")
+    assert f"run directory: {run}" in out.stdout and "finished 6 steps" in out.stdout
+    return run
+
+
+def test_run_directory_is_self_contained(trained):
+    for f in ("recipe.yaml", "backbone/config.json", "best.pt", "checkpoints/last.pt", "metrics.jsonl",
+              "curves.png", "train_summary.json"):
+        assert (trained / f).is_file(), f
+    records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert any("dev_mrr" in r for r in records)
+    assert all(r["tau"] > 0 and r["triples_per_s"] > 0 for r in records if "loss" in r)
+    assert not list(trained.rglob("*.tmp"))  # atomic writes leave no temp files
+
+
+def test_evaluate_writes_pykeen_layout(trained):
+    out = kgc("evaluate", trained, "--no-progress")
+    assert "MRR" in out.stdout and "both" in out.stdout
+    results = json.loads((trained / "results.json").read_text())
+    mrr = results["both"]["realistic"]["inverse_harmonic_mean_rank"]
+    assert 0 < mrr <= 1 and 0 <= results["tail"]["realistic"]["hits_at_10"] <= 1
+    with open(trained / "ranks.tsv") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    assert len(rows) == 2 * 661
+    ranks = np.array([float(r["rank"]) for r in rows])
+    assert (ranks >= 1).all() and (ranks <= 135).all()
+    assert mrr == pytest.approx(np.mean(1 / ranks))  # ranks.tsv and results.json agree
+    assert results["kgc"]["queries"] == 1322 and results["kgc"]["evaluation_seconds"] > 0
+
+
+def test_index_and_predict(trained):
+    from kgc.linkpred.model import Run
+
+    kgc("index", trained, "--no-progress")
+    assert (trained / "index" / "meta.json").is_file()
+    out = kgc("predict", trained, "--head", "Virus", "--relation", "location of", "--top-k", "5", "--json")
+    answer = json.loads(out.stdout)
+    preds = answer["predictions"]
+    assert answer["head"] == "virus" and answer["relation"] == "location_of" and len(preds) == 5
+    scores = [p["score"] for p in preds]
+    assert scores == sorted(scores, reverse=True) and answer["seconds"] < 1.0
+    # brute force: the same top-5 from cosines of the query against every entity
+    model, graph = Run(trained).load()
+    with torch.no_grad():
+        q = model.encode_queries([graph.entity_index["virus"]], [graph.relation_index["location_of"]])
+        s = (q @ model.entity_table().t())[0]
+    top = torch.topk(s, 5)
+    assert [p["entity"] for p in preds] == [graph.entities[i] for i in top.indices.tolist()]
+    np.testing.assert_allclose(scores, top.values.numpy(), atol=1e-5)
+    filtered = json.loads(kgc("predict", trained, "--head", "virus", "--relation", "location_of",
+                              "--filter-known", "--top-k", "135", "--json").stdout)["predictions"]
+    known = {graph.entities[i] for i in graph.all_answers[graph.hr_keys(np.array([graph.entity_index["virus"]]),
+                                                                         np.array([graph.relation_index["location_of"]]))].indices}
+    assert known and not known & {p["entity"] for p in filtered}
+
+
+def test_predict_errors_are_helpful(trained):
+    bad = kgc("predict", trained, "--head", "virsu", "--relation", "isa", check=False)
+    assert bad.returncode == 2 and "unknown entity 'virsu'" in bad.stderr and "'virus'" in bad.stderr
+    bad = kgc("predict", trained, "--head", "virus", "--relation", "eats", check=False)
+    assert bad.returncode == 2 and "unknown relation 'eats'" in bad.stderr
+
+
+def test_stale_index_is_refused(trained, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(trained, run)
+    kgc("index", run, "--no-progress")
+    state = torch.load(run / "best.pt", weights_only=False)
+    next(iter(state["model"].values())).add_(1.0)
+    torch.save(state, run / "best.pt")
+    bad = kgc("predict", run, "--head", "virus", "--relation", "isa", check=False)
+    assert bad.returncode == 2 and "stale" in bad.stderr and f"kgc index {run}" in bad.stderr
+
+
+def test_sigkill_mid_epoch_then_resume(tiny_bert, tmp_path, data_home):
+    recipe = write_recipe(tmp_path / "tiny.yaml", tiny_bert, max_steps=40, checkpoint_every=1)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "kgc.cli", "train", str(recipe), "--out", str(run), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        assert proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)  # never a truncated file
+    assert 3 <= state["step"] < 40
+    res = kgc("train", "--resume", run, "--no-progress")
+    assert f"resuming {run} from step {state['step']}" in res.stdout and "finished 40 steps" in res.stdout
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
+    assert steps == list(range(1, 41))
+    assert json.loads((run / "train_summary.json").read_text())["steps"] == 40
+
+
+def test_resume_reproduces_the_uninterrupted_run(tiny_bert, tmp_path, data_home, monkeypatch):
+    """A run resumed from its step-3 checkpoint ends with exactly the weights of one that never stopped."""
+    import kgc.linkpred.train as train_mod
+    from kgc.recipe import load_recipe
+
+    recipe = load_recipe(write_recipe(tmp_path / "tiny.yaml", tiny_bert, max_steps=6, checkpoint_every=3))
+    full = train_mod.train(recipe, out=tmp_path / "full", progress=False, echo=lambda m: None)
+
+    real_save = train_mod.save_checkpoint
+    snapshot = tmp_path / "snap"
+
+    def save_and_snapshot(path, state):
+        real_save(path, state)
+        if path.name == "last.pt" and state["step"] == 3 and not snapshot.exists():
+            shutil.copytree(path.parent.parent, snapshot)
+
+    monkeypatch.setattr(train_mod, "save_checkpoint", save_and_snapshot)
+    train_mod.train(recipe, out=tmp_path / "other", progress=False, echo=lambda m: None)
+    monkeypatch.setattr(train_mod, "save_checkpoint", real_save)
+    train_mod.train(resume=snapshot, progress=False, echo=lambda m: None)
+    a = torch.load(full / "checkpoints" / "last.pt", weights_only=False)
+    b = torch.load(snapshot / "checkpoints" / "last.pt", weights_only=False)
+    assert a["step"] == b["step"] == 6
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
