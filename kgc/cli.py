@@ -50,8 +50,11 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
              device: str = typer.Option("auto", "--device"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Filtered link prediction on a split, both directions; writes results.json and ranks.tsv."""
+    import torch
+
     from kgc.fileio import write_json, write_text
     from kgc.linkpred.evaluate import evaluate as run_eval, format_table
+    from kgc.linkpred.index import load_embeddings
     from kgc.linkpred.model import Run
     from kgc.training.common import pick_device
 
@@ -62,8 +65,9 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
     rr = run.recipe.eval.rerank.model_dump()
     if rerank is not None:
         rr["enabled"] = rerank
+    cached = load_embeddings(run, model)  # a fresh `kgc index` saves embedding every entity again
     ev = run_eval(model, graph, split, batch_size=batch_size or run.recipe.eval.batch_size, rerank=rr,
-                  progress=progress)
+                  progress=progress, entity_table=None if cached is None else torch.from_numpy(cached))
     suffix = "" if split == "test" else f".{split}"
     write_json(run.path / f"results{suffix}.json", ev.results)
     buf = io.StringIO()

@@ -78,6 +78,7 @@ class EvalConfig(_Section):
     batch_size: int = Field(256, ge=1)
     dev_queries: Optional[int] = Field(None, ge=1, description="validate on a fixed sample of dev triples")
     validate_every_epoch: bool = True
+    validate_every_steps: Optional[int] = Field(None, ge=1, description="also validate every N steps")
     rerank: RerankConfig = RerankConfig()
 
 

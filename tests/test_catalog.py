@@ -55,3 +55,27 @@ def test_explicit_path_and_label_tsv(tmp_path):
     assert g.splits["test"].tolist() == [[1, 1, 0]]
     with pytest.raises(KGCError, match="no train.tsv or train.txt"):
         load_graph("x", path=str(tmp_path / "nope"))
+
+
+def test_fetch_checks_sha256_and_leaves_nothing_on_failure(tmp_path, monkeypatch, data_home):
+    import dataclasses
+
+    from kgc.data import catalog
+
+    entry = dataclasses.replace(catalog.CATALOG["umls"], url=(data_home / "UMLS").as_uri())
+    monkeypatch.setitem(catalog.CATALOG, "umls", entry)
+    home = tmp_path / "home"
+    target = catalog.fetch_dataset("umls", home)
+    assert target == home / "UMLS" and read_graph(target).num_entities == 135
+    assert sorted(p.name for p in home.iterdir()) == ["UMLS"]
+
+    bad = dataclasses.replace(entry, files={**entry.files, "test.tsv": "0" * 64})
+    monkeypatch.setitem(catalog.CATALOG, "umls", bad)
+    other = tmp_path / "other"
+    with pytest.raises(KGCError, match="test.tsv: sha256 .* does not match"):
+        catalog.fetch_dataset("umls", other)
+    assert list(other.iterdir()) == []  # the partial download was removed
+    offline = dataclasses.replace(entry, url=(tmp_path / "nowhere").as_uri())
+    monkeypatch.setitem(catalog.CATALOG, "umls", offline)
+    with pytest.raises(KGCError, match=r"could not download .*Copy the files"):
+        catalog.fetch_dataset("umls", other)

@@ -36,7 +36,7 @@ def write_recipe(path: Path, backbone: Path, **train) -> Path:
         f"model: {{backbone: {backbone}, conditioner: biencoder}}\n"
         "loss: {pre_batch: 2, self_negative: true}\n"
         f"train: {json.dumps(t)}\n"
-        "eval: {batch_size: 128, dev_queries: 60}\n")
+        "eval: {batch_size: 128, dev_queries: 60, validate_every_steps: 3}\n")
     return path
 
 
@@ -56,7 +56,7 @@ def test_run_directory_is_self_contained(trained):
         assert (trained / f).is_file(), f
     records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
-    assert any("dev_mrr" in r for r in records)
+    assert [r["step"] for r in records if "dev_mrr" in r] == [3, 6]  # every 3 steps, and at the end
     assert all(r["tau"] > 0 and r["triples_per_s"] > 0 for r in records if "loss" in r)
     assert not list(trained.rglob("*.tmp"))  # atomic writes leave no temp files
 
@@ -79,8 +79,16 @@ def test_evaluate_writes_pykeen_layout(trained):
 def test_index_and_predict(trained):
     from kgc.linkpred.model import Run
 
+    before = json.loads((trained / "results.json").read_text()) if (trained / "results.json").is_file() else None
     kgc("index", trained, "--no-progress")
     assert (trained / "index" / "meta.json").is_file()
+    kgc("evaluate", trained, "--no-progress")  # now reuses the index's entity embeddings
+    after = json.loads((trained / "results.json").read_text())
+    assert after["kgc"]["entity_embeddings"] == "index" and after["kgc"]["encoder_passes"] == 1322
+    if before is not None:
+        assert before["kgc"]["entity_embeddings"] == "computed" and before["kgc"]["encoder_passes"] == 135 + 1322
+        key = ("both", "realistic", "inverse_harmonic_mean_rank")
+        assert after[key[0]][key[1]][key[2]] == pytest.approx(before[key[0]][key[1]][key[2]], abs=1e-6)
     out = kgc("predict", trained, "--head", "Virus", "--relation", "location of", "--top-k", "5", "--json")
     answer = json.loads(out.stdout)
     preds = answer["predictions"]

@@ -84,6 +84,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
         pick = np.sort(np.random.default_rng(seed).choice(len(triples), size=max_triples, replace=False))
         triples = triples[pick]
     table = entity_table if entity_table is not None else model.entity_table(batch_size, progress=progress)
+    table = table.to(model.device)  # (entities, dim), scored on the model's device
     evaluator = RankBasedEvaluator(filtered=True, clear_on_finalize=False)
     r = graph.num_relations
     directions = {
@@ -116,7 +117,8 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
     results["kgc"] = {"split": split, "triples": int(len(triples)), "queries": int(2 * len(triples)),
                       "entities": graph.num_entities, "dataset": graph.source,
                       "evaluation_seconds": round(seconds, 3),
-                      "encoder_passes": int(graph.num_entities + 2 * len(triples)),
+                      "encoder_passes": int((0 if entity_table is not None else graph.num_entities) + 2 * len(triples)),
+                      "entity_embeddings": "index" if entity_table is not None else "computed",
                       "rerank": rerank if rerank.get("enabled") else None,
                       "sampled": max_triples is not None and max_triples < len(graph.splits[split])}
     return Evaluation(results=results, ranks=rows, seconds=seconds)

@@ -38,7 +38,7 @@ def build_index(run: Run, model: LinkPredictor, *, batch_size: int = 256, progre
     return meta
 
 
-def load_index(run: Run, model: LinkPredictor) -> faiss.Index:
+def _check_fresh(run: Run, model: LinkPredictor) -> Path:
     folder = run.path / "index"
     if not (folder / "meta.json").is_file():
         raise KGCError(f"{run.path}: no index yet. Build it with `kgc index {run.path}`.")
@@ -48,6 +48,18 @@ def load_index(run: Run, model: LinkPredictor) -> faiss.Index:
     if stale:
         what = " and ".join("model weights" if k.startswith("weights") else "entity texts" for k in stale)
         raise KGCError(f"{folder} is stale: it was built from other {what}. Rebuild it with `kgc index {run.path}`.")
+    return folder
+
+
+def load_embeddings(run: Run, model: LinkPredictor) -> np.ndarray | None:
+    """(entities, dim) from a fresh index, or None when there is none (a stale one is an error)."""
+    if not (run.path / "index" / "meta.json").is_file():
+        return None
+    return np.load(_check_fresh(run, model) / "entities.npy")
+
+
+def load_index(run: Run, model: LinkPredictor) -> faiss.Index:
+    folder = _check_fresh(run, model)
     index = faiss.read_index(str(folder / "entities.faiss"))
     if index.ntotal != model.bank.graph.num_entities:
         raise KGCError(f"{folder}: holds {index.ntotal} entities, the graph has {model.bank.graph.num_entities}. "

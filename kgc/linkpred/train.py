@@ -119,7 +119,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         if improved:
             best = mrr
             save_checkpoint(run_dir / "best.pt", {"model": model.state_dict(), "step": step, "dev_mrr": mrr})
-        echo(f"epoch {epoch + 1}: dev MRR {mrr:.4f}  H@10 {h10:.4f}{'  (best)' if improved else ''}  [{ev.seconds:.1f}s]")
+        echo(f"step {step} (epoch {epoch + 1}): dev MRR {mrr:.4f}  H@10 {h10:.4f}{'  (best)' if improved else ''}  [{ev.seconds:.1f}s]")
         model.train()
         criterion.train()
 
@@ -136,14 +136,15 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
                 break
             batch = examples[order[i * b: (i + 1) * b]]
             heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
-            with autocast(device, tc.amp):
+            with autocast(device, tc.amp):  # the encoders may run in bf16 on CUDA ...
                 query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
                 ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
-                tail_vec, head_vec = ents[: len(batch)], ents[len(batch):]  # (B, d) each
-                loss = criterion(query.float(), tail_vec.float(), head_vec.float(),
-                                 heads=torch.as_tensor(heads, device=device), rels=torch.as_tensor(rels, device=device),
-                                 tails=torch.as_tensor(tails, device=device), train_keys=train_keys,
-                                 num_entities=graph.num_entities, num_relations2=2 * graph.num_relations)
+            tail_vec, head_vec = ents[: len(batch)], ents[len(batch):]  # (B, d) each
+            # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
+            loss = criterion(query.float(), tail_vec.float(), head_vec.float(),
+                             heads=torch.as_tensor(heads, device=device), rels=torch.as_tensor(rels, device=device),
+                             tails=torch.as_tensor(tails, device=device), train_keys=train_keys,
+                             num_entities=graph.num_entities, num_relations2=2 * graph.num_relations)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
@@ -159,7 +160,11 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
             if step % tc.log_every == 0 or step == total:
                 metrics.write(step=step, epoch=epoch + 1, loss=round(loss.item(), 5), tau=criterion.temperature,
                               lr=scheduler.get_last_lr()[0], triples_per_s=round(rate, 2))
-            if step % tc.checkpoint_every == 0:
+            every = recipe.eval.validate_every_steps
+            if every and step % every == 0 and step % steps_per_epoch != 0 and step < total:  # else: below
+                validate(epoch)
+                checkpoint()  # right after: a resume never repeats or skips a validation
+            elif step % tc.checkpoint_every == 0:
                 checkpoint()
         if validated <= epoch:
             if recipe.eval.validate_every_epoch:

@@ -1,0 +1,1 @@
+"""Link prediction: model (query + tail towers), SimKGC loss, training, evaluation, index, predict."""

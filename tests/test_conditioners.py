@@ -1,0 +1,83 @@
+"""Generic cases every conditioner must pass, and a meta-test that fails when a new one has no case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kgc.conditioning import CONDITIONERS, build_conditioner
+from kgc.data.texts import SpecialTokens
+from kgc.encoding.backbone import TextEncoder, load_backbone
+
+# name → extra kwargs for the generic cases; a new conditioner must be added here (meta-test below)
+CASES = {"biencoder": {}}
+
+
+def test_every_registered_conditioner_has_a_case():
+    assert set(CONDITIONERS) == set(CASES), "add the new conditioner to CASES in tests/test_conditioners.py"
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_bert):
+    torch.manual_seed(0)
+    return TextEncoder(load_backbone(tiny_bert)).eval()
+
+
+@pytest.fixture(scope="module")
+def special(tokenizer):
+    return SpecialTokens.from_tokenizer(tokenizer)
+
+
+def make(name, encoder, special):
+    return build_conditioner(name, encoder=encoder, special=special, max_tokens=24, **CASES[name]).eval()
+
+
+SENTS = [[2000, 2001, 2002], [2003], [2004, 2005], [2000, 2001, 2002]]
+CONDS = [[3000], [3001, 3002], [3000], [3001, 3002]]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_unit_vectors_of_the_right_shape(name, encoder, special):
+    out = make(name, encoder, special)(SENTS, CONDS)
+    assert out.shape == (4, encoder.dim)
+    torch.testing.assert_close(out.norm(dim=-1), torch.ones(4))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_row_depends_only_on_its_own_pair(name, encoder, special):
+    cond = make(name, encoder, special)
+    with torch.no_grad():
+        batch = cond(SENTS, CONDS)
+        alone = torch.cat([cond([s], [c]) for s, c in zip(SENTS, CONDS)])
+    torch.testing.assert_close(batch, alone, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(batch[0], batch[3])  # same sentence, other condition → other vector
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_stages_compose_to_forward(name, encoder, special):
+    cond = make(name, encoder, special)
+    with torch.no_grad():
+        staged = cond.combine(cond.encode_sentences(SENTS), cond.encode_conditions(CONDS))
+        torch.testing.assert_close(staged, cond(SENTS, CONDS))
+
+
+def test_encode_unique_equals_plain_forward(encoder, special):
+    batch = special.pad([special.wrap(s, 24) for s in SENTS + SENTS[:2]])
+    with torch.no_grad():
+        torch.testing.assert_close(encoder.encode_unique(batch), encoder(**batch), atol=1e-5, rtol=1e-5)
+    # gradients through a deduplicated row equal the sum over its uses, as in the plain forward
+    weights = torch.randn(len(SENTS) + 2, encoder.dim, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for fn in (encoder.encode_unique, lambda b: encoder(**b)):
+        encoder.zero_grad()
+        (fn(batch) * weights).sum().backward()
+        grads.append(encoder.backbone.embeddings.word_embeddings.weight.grad.clone())
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+def test_unknown_conditioner_lists_the_known_ones(encoder, special):
+    from kgc.errors import KGCError
+
+    with pytest.raises(KGCError, match="Available: biencoder"):
+        build_conditioner("hypernett", encoder=encoder, special=special, max_tokens=24)
