@@ -18,6 +18,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Knowledge-graph completion with text encoders (SimKGC pipeline).")
 data_app = typer.Typer(no_args_is_help=True, help="Find and fetch datasets.")
 app.add_typer(data_app, name="data")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks behind the performance claims (ratios in one process).")
+app.add_typer(bench_app, name="bench")
 
 
 def _echo(msg: str) -> None:
@@ -122,6 +124,55 @@ def predict(run_dir: Path = typer.Argument(..., help="a run directory with a bui
     _echo(f"({graph.full_texts[h][:70]}, {graph.relation_text(r)}, ?)   [{seconds * 1000:.0f} ms]")
     for p in preds:
         _echo(f"{p.rank:>4}  {p.entity:<24} {p.score:7.4f}  {p.text[:80]}")
+
+
+@app.command()
+def compare(recipes: List[Path] = typer.Argument(..., help="recipes to compare, e.g. recipes/umls_*.yaml"),
+            set_: List[str] = typer.Option([], "--set", help="the shared budget, e.g. --set train.epochs=1"),
+            out: Path = typer.Option(Path("runs/compare"), "--out", help="folder for the runs and compare.md"),
+            progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """Train + evaluate several recipes under one budget; write a markdown table (compare.md)."""
+    from kgc.linkpred.compare import compare as run_compare, markdown_table
+
+    rows = run_compare(recipes, set_, out, echo=_echo, progress=progress)
+    _echo(markdown_table(rows))
+    _echo(f"wrote {out / 'compare.md'}")
+
+
+@bench_app.command("inference")
+def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
+                    conditioner: List[str] = typer.Option(["biencoder", "hadamard", "hypernet", "router"],
+                                                          "--conditioner"),
+                    limit: Optional[int] = typer.Option(None, "--limit", help="only the first N test triples"),
+                    set_: List[str] = typer.Option([], "--set"),
+                    out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON"),
+                    progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """Answer every test query (both directions) per conditioner, entity embeddings cached."""
+    from kgc.bench import bench_inference as run
+    from kgc.fileio import write_json
+
+    result = run(dataset=dataset, conditioners=conditioner, limit=limit, overrides=set_, echo=_echo, progress=progress)
+    for row in result["rows"]:
+        _echo(f"{row['conditioner']:<10} {row['queries_per_s']:>10.1f} queries/s   "
+              f"{row['speedup_vs_biencoder']:>7.1f}x the bi-encoder")
+    if out:
+        write_json(out, result)
+
+
+@bench_app.command("train")
+def bench_train(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_csr.yaml"),
+                trainable_layers: int = typer.Option(2, "--trainable-layers"),
+                steps: int = typer.Option(5, "--steps"), batch_size: int = typer.Option(32, "--batch-size"),
+                set_: List[str] = typer.Option([], "--set"),
+                out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
+    """Training triples/s: full fine-tuning vs the top n layers over the layer cache."""
+    from kgc.bench import bench_train as run
+    from kgc.fileio import write_json
+
+    result = run(recipe, trainable_layers=trainable_layers, steps=steps, batch_size=batch_size, overrides=set_,
+                 echo=_echo)
+    if out:
+        write_json(out, result)
 
 
 @data_app.command("list")

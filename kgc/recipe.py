@@ -7,7 +7,7 @@ Defaults are the SimKGC paper's (batch 1024, lr 5e-5, γ = 0.02, τ₀ = 0.05 le
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,6 +36,19 @@ class ModelConfig(_Section):
     conditioner: str = Field("biencoder", description="how the relation conditions the head (registry name)")
     shared_towers: bool = Field(False, description="one encoder for query and tail towers (SimKGC: separate)")
     pooling: Literal["mean", "cls"] = "mean"
+    # conditioner options (each conditioner reads the ones it declares)
+    rank: Optional[int] = Field(None, ge=1, description="hypernet: rank K of W1 W2ᵀ (default H/12)")
+    hypernet_form: Literal["lowrank", "residual", "full"] = "lowrank"
+    dropout: float = Field(0.1, ge=0, lt=1, description="concat: dropout on [h_s ; h_c]")
+    router_layers: int = Field(1, ge=1, description="router: the condition enters at layer T - k")
+    weighting: Literal["one_plus_w", "w_only"] = "one_plus_w"
+    scorer: Literal["query_key", "hidden", "heavy"] = "query_key"
+
+
+class EncoderConfig(_Section):
+    trainable_layers: Union[int, Literal["all"]] = Field(
+        "all", description="train the top n layers; the frozen ones below come from a layer cache")
+    cache: bool = Field(True, description="cache the frozen layers' outputs on disk ($KGC_CACHE_HOME)")
 
 
 class LossConfig(_Section):
@@ -86,6 +99,7 @@ class Recipe(_Section):
     name: str = "run"
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
+    encoder: EncoderConfig = EncoderConfig()
     loss: LossConfig = LossConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()

@@ -76,3 +76,14 @@ def write_toy(folder: Path) -> Path:
 @pytest.fixture()
 def toy_dir(tmp_path) -> Path:
     return write_toy(tmp_path / "TOY")
+
+
+def sharpen_attention(backbone, factor: float = 12.0):
+    """A 32-wide random BERT attends almost uniformly; scale Q and K so attention (and routing) is peaked."""
+    import torch
+
+    with torch.no_grad():
+        for layer in backbone.encoder.layer:
+            layer.attention.self.query.weight.mul_(factor)
+            layer.attention.self.key.weight.mul_(factor)
+    return backbone

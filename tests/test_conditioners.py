@@ -7,20 +7,36 @@ import torch
 
 from kgc.conditioning import CONDITIONERS, build_conditioner
 from kgc.data.texts import SpecialTokens
-from kgc.encoding.backbone import TextEncoder, load_backbone
+from kgc.encoding.backbone import TextEncoder
 
-# name → extra kwargs for the generic cases; a new conditioner must be added here (meta-test below)
-CASES = {"biencoder": {}}
+# case id → (registry name, kwargs) for the generic cases; every registered conditioner needs one
+CASES = {
+    "biencoder": ("biencoder", {}),
+    "hadamard": ("hadamard", {}),
+    "concat": ("concat", {"dropout": 0.1}),
+    "hypernet-lowrank": ("hypernet", {"rank": 4}),
+    "hypernet-residual": ("hypernet", {"rank": 4, "hypernet_form": "residual"}),
+    "hypernet-full": ("hypernet", {"hypernet_form": "full"}),
+    "router": ("router", {}),
+    "router-2-w_only-hidden": ("router", {"router_layers": 2, "weighting": "w_only", "scorer": "hidden"}),
+    "router-heavy": ("router", {"scorer": "heavy"}),
+}
 
 
 def test_every_registered_conditioner_has_a_case():
-    assert set(CONDITIONERS) == set(CASES), "add the new conditioner to CASES in tests/test_conditioners.py"
+    assert set(CONDITIONERS) == {name for name, _ in CASES.values()}, \
+        "add the new conditioner to CASES in tests/test_conditioners.py"
 
 
 @pytest.fixture(scope="module")
-def encoder(tiny_bert):
+def encoder(tokenizer):
+    """3 layers (router variants with k = 1, 2), and a wider random init so [CLS] mixes in the condition."""
+    from transformers import BertConfig, BertModel
+
     torch.manual_seed(0)
-    return TextEncoder(load_backbone(tiny_bert)).eval()
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=64, initializer_range=0.2)
+    return TextEncoder(BertModel(config, add_pooling_layer=False)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +44,15 @@ def special(tokenizer):
     return SpecialTokens.from_tokenizer(tokenizer)
 
 
-def make(name, encoder, special):
-    return build_conditioner(name, encoder=encoder, special=special, max_tokens=24, **CASES[name]).eval()
+def make(case, encoder, special):
+    name, kwargs = CASES[case]
+    torch.manual_seed(0)
+    cond = build_conditioner(name, encoder=encoder, special=special, max_tokens=24, **kwargs).eval()
+    with torch.no_grad():  # zero-initialised parts (residual Hyper-CL's W2) would hide the condition
+        for n, p in cond.named_parameters():
+            if not n.startswith("encoder.") and not p.any():
+                p.normal_(0, 0.1)
+    return cond
 
 
 SENTS = [[2000, 2001, 2002], [2003], [2004, 2005], [2000, 2001, 2002]]
@@ -50,14 +73,14 @@ def test_each_row_depends_only_on_its_own_pair(name, encoder, special):
         batch = cond(SENTS, CONDS)
         alone = torch.cat([cond([s], [c]) for s, c in zip(SENTS, CONDS)])
     torch.testing.assert_close(batch, alone, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(batch[0], batch[3])  # same sentence, other condition → other vector
+    assert (batch[0] - batch[3]).abs().max() > 1e-6  # same sentence, other condition → other vector
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_stages_compose_to_forward(name, encoder, special):
     cond = make(name, encoder, special)
     with torch.no_grad():
-        staged = cond.combine(cond.encode_sentences(SENTS), cond.encode_conditions(CONDS))
+        staged = cond.combine(cond.encode_sentences(SENTS), cond.encode_conditions(CONDS), torch.arange(4))
         torch.testing.assert_close(staged, cond(SENTS, CONDS))
 
 
@@ -76,8 +99,15 @@ def test_encode_unique_equals_plain_forward(encoder, special):
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
 
 
+def test_router_refuses_to_read_the_condition_before_any_layer(encoder, special):
+    from kgc.errors import KGCError
+
+    with pytest.raises(KGCError, match="router_layers=3: choose 1..2"):
+        build_conditioner("router", encoder=encoder, special=special, max_tokens=24, router_layers=3)
+
+
 def test_unknown_conditioner_lists_the_known_ones(encoder, special):
     from kgc.errors import KGCError
 
-    with pytest.raises(KGCError, match="Available: biencoder"):
+    with pytest.raises(KGCError, match="Available: biencoder, concat, hadamard, hypernet, router"):
         build_conditioner("hypernett", encoder=encoder, special=special, max_tokens=24)

@@ -27,13 +27,15 @@ def kgc(*args, check=True, **kw):
     return proc
 
 
-def write_recipe(path: Path, backbone: Path, **train) -> Path:
+def write_recipe(path: Path, backbone: Path, model: dict | None = None, encoder: dict | None = None, **train) -> Path:
     t = {"epochs": 1, "batch_size": 64, "lr": 1e-3, "warmup_steps": 2, "checkpoint_every": 2, "log_every": 1,
          "num_threads": 1, **train}
+    m = {"backbone": str(backbone), "conditioner": "biencoder", **(model or {})}
     path.write_text(
         "name: tiny\n"
         f"data: {{dataset: umls, neighbor_text: true, max_tokens: 24}}\n"
-        f"model: {{backbone: {backbone}, conditioner: biencoder}}\n"
+        f"model: {json.dumps(m)}\n"
+        f"encoder: {json.dumps(encoder or {})}\n"
         "loss: {pre_batch: 2, self_negative: true}\n"
         f"train: {json.dumps(t)}\n"
         "eval: {batch_size: 128, dev_queries: 60, validate_every_steps: 3}\n")
@@ -177,3 +179,38 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_bert, tmp_path, data_home,
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+
+
+@pytest.mark.parametrize("model,encoder", [
+    ({"conditioner": "hadamard", "shared_towers": True}, {}),
+    ({"conditioner": "concat", "shared_towers": True}, {}),
+    ({"conditioner": "hypernet", "shared_towers": True, "hypernet_form": "residual", "rank": 4}, {"trainable_layers": 0}),
+    ({"conditioner": "router", "router_layers": 1}, {"trainable_layers": 1}),
+], ids=["hadamard", "concat", "hypernet-residual-frozen", "router-top1-cached"])
+def test_every_conditioner_through_the_cli(model, encoder, tiny_bert, tmp_path, data_home, monkeypatch):
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    kgc("train", write_recipe(tmp_path / "r.yaml", tiny_bert, model, encoder, max_steps=3), "--out", run,
+        "--no-progress")
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["conditioner"] == model["conditioner"]
+    if encoder:
+        assert summary["trainable_params"] < summary["total_params"]
+    else:
+        assert summary["trainable_params"] == summary["total_params"]
+    if encoder:  # frozen layers came from (and went to) the on-disk cache
+        cache = summary["layer_cache"]
+        assert cache["misses"] > 0 and Path(cache["folder"], "meta.json").is_file()
+        assert Path(cache["folder"]).parent.parent == tmp_path / "cache"
+    kgc("evaluate", run, "--no-progress")
+    res = json.loads((run / "results.json").read_text())["kgc"]
+    passes = res["encoder_passes_by_kind"]
+    assert passes["conditions"] == 92 and passes["sentences"] == 135  # every relation and entity once
+    if model["conditioner"] == "router":
+        assert passes["queries_top_layers"] == 1322 and passes["queries_full"] == 0
+    else:  # the tri-encoders compose: no encoder pass per query, the entity table is the sentence table
+        assert passes["queries_full"] == passes["queries_top_layers"] == 0 and "entities" not in passes
+    assert res["cache_bytes"] > 0
+    kgc("index", run, "--no-progress")
+    out = json.loads(kgc("predict", run, "--head", "virus", "--relation", "isa", "--top-k", "3", "--json").stdout)
+    assert len(out["predictions"]) == 3 and out["seconds"] < 1.0

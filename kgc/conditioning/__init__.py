@@ -2,5 +2,8 @@
 
 from kgc.conditioning.base import CONDITIONERS, Conditioner, build_conditioner, register
 from kgc.conditioning.biencoder import BiEncoder
+from kgc.conditioning.pooled import Concat, Hadamard, HyperNet
+from kgc.conditioning.router import Router
 
-__all__ = ["CONDITIONERS", "BiEncoder", "Conditioner", "build_conditioner", "register"]
+__all__ = ["CONDITIONERS", "BiEncoder", "Concat", "Conditioner", "Hadamard", "HyperNet", "Router",
+           "build_conditioner", "register"]

@@ -1,18 +1,21 @@
 """The conditioning core: how a condition (a relation, a C-STS condition) shapes a sentence embedding.
 
-Every conditioner is defined by where the condition enters the encoder (``../DESIGN.md``). The
-interface splits the work accordingly, so callers can cache what does not depend on the pair:
+Every conditioner is defined by the layer where the condition enters the encoder (``../DESIGN.md``).
+The interface splits the work accordingly, so callers cache what does not depend on the pair:
 
-* :meth:`Conditioner.encode_conditions` — once per distinct condition;
-* :meth:`Conditioner.encode_sentences` — once per distinct sentence, up to the layer where the
-  condition enters (for the bi-encoder, t = 0: nothing is computed, the state is the token ids);
-* :meth:`Conditioner.combine` — per (sentence, condition) pair; returns ``(batch, dim)`` unit vectors.
+* :meth:`Conditioner.encode_conditions` — once per *distinct* condition (row per condition);
+* :meth:`Conditioner.encode_sentences` — once per sentence, up to the layer where the condition
+  enters (bi-encoder: t = 0, the state is the token ids; router: the states entering layer T − k;
+  tri-encoders and Hyper-CL: the pooled sentence embedding);
+* :meth:`Conditioner.combine` — per (sentence, condition) pair: ``sentence_state`` row-aligned with
+  the batch, ``condition_state`` per distinct condition, ``condition_index`` (batch,) mapping rows to
+  it; returns ``(batch, dim)`` unit vectors.
 
 Inputs are token ids without special tokens (``list[list[int]]``); the conditioner adds the special
 tokens its backbone expects via the shared :class:`~kgc.data.texts.SpecialTokens` template.
 
 A registry maps names to classes; adding a conditioner means adding one module that calls
-:func:`register` and one test case.
+:func:`register` and one entry in ``tests/test_conditioners.py`` (a meta-test enforces it).
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ def register(cls: type["Conditioner"]) -> type["Conditioner"]:
 
 
 class Conditioner(nn.Module, ABC):
-    """Base class. Subclasses set ``name`` and ``enters_at`` and implement the three stages."""
+    """Base class. Subclasses set ``name``, ``enters_at`` and ``options`` and implement the three stages."""
 
     name: ClassVar[str]
     enters_at: ClassVar[Literal["input", "layer", "pooled"]]
+    options: ClassVar[tuple[str, ...]] = ()  # recipe fields under ``model.`` this conditioner takes
 
     def __init__(self, *, encoder: TextEncoder, special: SpecialTokens, max_tokens: int) -> None:
         super().__init__()
@@ -49,29 +53,60 @@ class Conditioner(nn.Module, ABC):
         self.special = special
         self.max_tokens = max_tokens
 
+    @property
+    def entry_layer(self) -> int:
+        """The layer t where the condition first touches the sentence (0 = input, T = after pooling)."""
+        return {"input": 0, "pooled": self.encoder.num_layers}[self.enters_at]
+
     @abstractmethod
     def encode_conditions(self, conditions: TokenLists) -> Any:
-        """Per-condition state (computed once per distinct condition)."""
+        """Per-condition state, one row per condition."""
 
     @abstractmethod
     def encode_sentences(self, sentences: TokenLists) -> Any:
-        """Per-sentence state up to the layer where the condition enters."""
+        """Per-sentence state up to the layer where the condition enters, one row per sentence."""
 
     @abstractmethod
-    def combine(self, sentence_state: Any, condition_state: Any) -> torch.Tensor:
-        """Row i of the output embeds sentence i under condition i: ``(batch, dim)``, L2-normalised."""
+    def combine(self, sentence_state: Any, condition_state: Any, condition_index: torch.Tensor) -> torch.Tensor:
+        """Row i embeds sentence i under condition ``condition_index[i]``: ``(batch, dim)``, L2-normalised."""
 
     def forward(self, sentences: TokenLists, conditions: TokenLists) -> torch.Tensor:
-        return self.combine(self.encode_sentences(sentences), self.encode_conditions(conditions))
+        """Each distinct condition is encoded once, then gathered."""
+        keys = [tuple(c) for c in conditions]
+        distinct = list(dict.fromkeys(keys))
+        where = {k: i for i, k in enumerate(distinct)}
+        index = torch.tensor([where[k] for k in keys], device=self.device)
+        return self.combine(self.encode_sentences(sentences), self.encode_conditions([list(k) for k in distinct]),
+                            index)
 
+    # state tables for evaluation: states of all entities / all relations, gathered per query chunk
+    def take(self, state: Any, index: torch.Tensor) -> Any:
+        if isinstance(state, torch.Tensor):
+            return state[index.to(state.device)]
+        return [state[int(i)] for i in index]
+
+    def cat_states(self, states: list[Any]) -> Any:
+        if isinstance(states[0], torch.Tensor):
+            return torch.cat(states)
+        return [row for s in states for row in s]
+
+    # helpers
     @property
     def device(self) -> torch.device:
         return next(self.encoder.parameters()).device
 
+    def single_batch(self, texts: TokenLists) -> dict[str, torch.Tensor]:
+        batch = self.special.pad([self.special.wrap(t, self.max_tokens) for t in texts])
+        return {k: v.to(self.device) for k, v in batch.items()}
 
-def build_conditioner(name: str, **kwargs: Any) -> Conditioner:
+
+def conditioner_class(name: str) -> type[Conditioner]:
     import kgc.conditioning  # noqa: F401  (registers the built-in conditioners)
 
     if name not in CONDITIONERS:
         raise KGCError(f"model.conditioner {name!r}: unknown. Available: {', '.join(sorted(CONDITIONERS))}")
-    return CONDITIONERS[name](**kwargs)
+    return CONDITIONERS[name]
+
+
+def build_conditioner(name: str, **kwargs: Any) -> Conditioner:
+    return conditioner_class(name)(**kwargs)

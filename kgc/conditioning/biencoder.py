@@ -22,7 +22,9 @@ class BiEncoder(Conditioner):
     def encode_sentences(self, sentences: TokenLists) -> TokenLists:
         return sentences  # t = 0: nothing is condition-free above the input
 
-    def combine(self, sentence_state: TokenLists, condition_state: TokenLists) -> torch.Tensor:
-        pairs = [self.special.wrap_pair(s, c, self.max_tokens) for s, c in zip(sentence_state, condition_state)]
+    def combine(self, sentence_state: TokenLists, condition_state: TokenLists,
+                condition_index: torch.Tensor) -> torch.Tensor:
+        pairs = [self.special.wrap_pair(s, condition_state[int(c)], self.max_tokens)
+                 for s, c in zip(sentence_state, condition_index)]
         batch = {k: v.to(self.device) for k, v in self.special.pad(pairs).items()}
         return self.encoder.encode_unique(batch)  # (batch, dim)

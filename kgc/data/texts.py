@@ -107,6 +107,8 @@ class TextBank:
         self.graph = graph
         self.max_tokens = max_tokens
         self.special = SpecialTokens.from_tokenizer(tokenizer)
+        vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        self.tokenizer_hash = hashlib.sha256(repr(vocab).encode()).hexdigest()
         self.max_neighbors = max_neighbors if neighbor_text else 0
         tok = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
         names = graph.names

@@ -82,7 +82,12 @@ def load_backbone(folder: str | Path, *, weights: bool = True) -> nn.Module:
 
 
 class TextEncoder(nn.Module):
-    """Encoder → pooling (mean over real tokens, or [CLS]) → L2 normalisation. Output ``(batch, dim)``."""
+    """Encoder → pooling (mean over real tokens, or [CLS]) → L2 normalisation. Output ``(batch, dim)``.
+
+    The encoder can also be run in pieces — :meth:`hidden_at` (the states entering layer t) and
+    :meth:`run_from` (layers t..T, pooled) — which is what the layer-conditioned conditioners use. With a
+    :class:`~kgc.encoding.cache.LayerCache` attached, the states below the cache's layer come from it.
+    """
 
     def __init__(self, backbone: nn.Module, pooling: str = "mean") -> None:
         super().__init__()
@@ -90,16 +95,56 @@ class TextEncoder(nn.Module):
             raise KGCError(f"model.pooling {pooling!r}: choose mean or cls")
         self.backbone = backbone
         self.pooling = pooling
+        self.cache = None  # LayerCache of the frozen lower layers (not a module: no weights)
+        self.frozen_layers = 0  # embeddings and layers below this are frozen and run without dropout
+
+    def train(self, mode: bool = True) -> "TextEncoder":
+        super().train(mode)
+        if self.frozen_layers:  # frozen layers are a fixed function: dropout off, so caching them is exact
+            self.backbone.embeddings.eval()
+            for layer in self.backbone.encoder.layer[: self.frozen_layers]:
+                layer.eval()
+        return self
 
     @property
     def dim(self) -> int:
         return int(self.backbone.config.hidden_size)
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.backbone.encoder.layer)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None and \
-            getattr(self.backbone.config, "type_vocab_size", 0) > 1 else {}
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask,
+                 "token_type_ids": token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)}
+        if self.cache is None:  # one call into the Hugging Face model
+            kwargs = {"token_type_ids": batch["token_type_ids"]} if \
+                getattr(self.backbone.config, "type_vocab_size", 0) > 1 else {}
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+            return F.normalize(pool(hidden, attention_mask, self.pooling), dim=-1)
+        return self.run_from(self.hidden_at(batch, self.cache.layer), attention_mask, self.cache.layer)
+
+    def hidden_at(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+        """(batch, len, hidden): the states entering ``layer`` (0 = embeddings output)."""
+        from kgc.encoding.layers import run_layers
+
+        if self.cache is not None and 0 < self.cache.layer <= layer:
+            hidden = self.cache.lookup(batch, lambda sub: self._lower(sub, self.cache.layer))
+            return run_layers(self.backbone, hidden, batch["attention_mask"], self.cache.layer, layer)
+        return self._lower(batch, layer)
+
+    def _lower(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+        from kgc.encoding.layers import embed, run_layers
+
+        hidden = embed(self.backbone, batch["input_ids"], batch.get("token_type_ids"))
+        return run_layers(self.backbone, hidden, batch["attention_mask"], 0, layer)
+
+    def run_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> torch.Tensor:
+        """Layers ``[layer, T)`` on ``hidden`` (batch, len, hidden), then pool and normalise → (batch, dim)."""
+        from kgc.encoding.layers import run_layers
+
+        hidden = run_layers(self.backbone, hidden, attention_mask, layer)
         return F.normalize(pool(hidden, attention_mask, self.pooling), dim=-1)
 
     def encode_unique(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -108,16 +153,21 @@ class TextEncoder(nn.Module):
         Identical sequences are common in a batch (UMLS has 135 entities; a batch of 1024 tails repeats
         most of them), and a transformer forward is the whole cost of a step on a CPU.
         """
-        key = torch.cat([batch["input_ids"], batch["token_type_ids"]], dim=1)
-        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-        if len(uniq) == len(key):
-            return self(**batch)
-        first = torch.full((len(uniq),), len(key), dtype=torch.long, device=key.device)
-        first.scatter_reduce_(0, inverse, torch.arange(len(key), device=key.device), reduce="amin")
-        sub = {k: v[first] for k, v in batch.items()}
-        width = int(sub["attention_mask"].sum(1).max())
-        sub = {k: v[:, :width] for k, v in sub.items()}
+        sub, inverse = unique_rows(batch)
         return self(**sub)[inverse]
+
+
+def unique_rows(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The distinct rows of a padded batch (trimmed to their longest) and the map back to all rows."""
+    key = torch.cat([batch["input_ids"], batch["token_type_ids"]], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if len(uniq) == len(key):
+        return batch, torch.arange(len(key), device=key.device)
+    first = torch.full((len(uniq),), len(key), dtype=torch.long, device=key.device)
+    first.scatter_reduce_(0, inverse, torch.arange(len(key), device=key.device), reduce="amin")
+    sub = {k: v[first] for k, v in batch.items()}
+    width = int(sub["attention_mask"].sum(1).max())
+    return {k: v[:, :width] for k, v in sub.items()}, inverse
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:

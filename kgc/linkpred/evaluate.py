@@ -19,7 +19,7 @@ import torch
 from pykeen.evaluation import RankBasedEvaluator
 
 from kgc.data.graph import KnowledgeGraph
-from kgc.linkpred.model import LinkPredictor
+from kgc.linkpred.model import LinkPredictor, QueryEngine
 
 
 
@@ -83,8 +83,14 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
     if max_triples is not None and max_triples < len(triples):
         pick = np.sort(np.random.default_rng(seed).choice(len(triples), size=max_triples, replace=False))
         triples = triples[pick]
-    table = entity_table if entity_table is not None else model.entity_table(batch_size, progress=progress)
-    table = table.to(model.device)  # (entities, dim), scored on the model's device
+    engine = QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=entity_table)
+    entity_source = "index" if entity_table is not None else "computed"
+    if entity_table is None and engine.entity_table is not None:
+        entity_table, entity_source = engine.entity_table, "sentence states (shared towers)"
+    if entity_table is None:
+        entity_table = model.entity_table(batch_size, progress=progress)
+        engine.passes["entities"] = graph.num_entities
+    table = entity_table.to(model.device)  # (entities, dim), scored on the model's device
     evaluator = RankBasedEvaluator(filtered=True, clear_on_finalize=False)
     r = graph.num_relations
     directions = {
@@ -100,7 +106,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
     for target, queries in directions.items():
         for s in range(0, len(queries), batch_size):
             chunk = queries[s: s + batch_size]
-            q = model.encode_queries(chunk[:, 0], chunk[:, 1])
+            q = engine(chunk[:, 0], chunk[:, 1])
             score_and_rank(q, table, graph, chunk, evaluator=evaluator, target=target, boost=boost,
                            boost_weight=rerank.get("weight", 0.0))
             bar.update(len(chunk))
@@ -117,8 +123,11 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
     results["kgc"] = {"split": split, "triples": int(len(triples)), "queries": int(2 * len(triples)),
                       "entities": graph.num_entities, "dataset": graph.source,
                       "evaluation_seconds": round(seconds, 3),
-                      "encoder_passes": int((0 if entity_table is not None else graph.num_entities) + 2 * len(triples)),
-                      "entity_embeddings": "index" if entity_table is not None else "computed",
+                      "encoder_passes": int(sum(engine.passes.values())),
+                      "encoder_passes_by_kind": dict(engine.passes),
+                      "entity_embeddings": entity_source,
+                      "cache_bytes": int(table.numel() * table.element_size() + engine.state_bytes
+                                         + (model.layer_cache.nbytes if model.layer_cache is not None else 0)),
                       "rerank": rerank if rerank.get("enabled") else None,
                       "sampled": max_triples is not None and max_triples < len(graph.splits[split])}
     return Evaluation(results=results, ranks=rows, seconds=seconds)

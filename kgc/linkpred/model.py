@@ -10,10 +10,11 @@ import copy
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
-from kgc.conditioning import build_conditioner
+from kgc.conditioning.base import build_conditioner, conditioner_class
 from kgc.data.graph import KnowledgeGraph, load_graph
 from kgc.data.texts import TextBank
 from kgc.encoding.backbone import TextEncoder, load_backbone, load_tokenizer, resolve_backbone
@@ -23,17 +24,26 @@ from kgc.recipe import Recipe, load_recipe
 
 
 class LinkPredictor(nn.Module):
-    def __init__(self, query_encoder: TextEncoder, tail_encoder: TextEncoder, bank: TextBank, conditioner: str):
+    def __init__(self, query_encoder: TextEncoder, tail_encoder: TextEncoder, bank: TextBank, conditioner: str,
+                 **options) -> None:
         super().__init__()
         self.query_encoder = query_encoder
         self.tail_encoder = tail_encoder  # may be the same module (shared towers)
         self.bank = bank
         self.conditioner = build_conditioner(conditioner, encoder=query_encoder, special=bank.special,
-                                             max_tokens=bank.max_tokens)
+                                             max_tokens=bank.max_tokens, **options)
 
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    @property
+    def layer_cache(self):
+        return self.query_encoder.cache
+
+    def save_cache(self) -> None:
+        if self.layer_cache is not None:
+            self.layer_cache.save()
 
     def encode_queries(self, heads: Sequence[int], rels: Sequence[int],
                        excludes: Sequence[int | None] | None = None) -> torch.Tensor:
@@ -64,6 +74,71 @@ class LinkPredictor(nn.Module):
         return out
 
 
+class QueryEngine:
+    """Answers (head, relation) query vectors for evaluation, at the conditioner's own cost.
+
+    Input-level conditioners (bi-encoder) run the whole encoder per query. Conditioners that meet the
+    condition later get every entity's sentence state (up to their layer) and every relation's state
+    computed once; per query only ``combine`` runs — the top k layers for the router, one cheap
+    composition for the tri-encoders and Hyper-CL.
+    """
+
+    def __init__(self, model: "LinkPredictor", *, batch_size: int = 256, progress: bool = False,
+                 entity_table: torch.Tensor | None = None) -> None:
+        from tqdm.auto import tqdm
+
+        self.model, self.cond = model, model.conditioner
+        graph, bank = model.bank.graph, model.bank
+        self.passes = {"sentences": 0, "conditions": 0, "queries_full": 0, "queries_top_layers": 0}
+        self.sentences = self.conditions = None
+        if self.cond.enters_at == "input":
+            return
+        n = graph.num_entities
+        self.conditions = self.cond.encode_conditions(bank.relation_ids)  # every relation incl. inverses
+        self.passes["conditions"] = len(bank.relation_ids)
+        if entity_table is not None and self.shares_entity_table:  # cached entity embeddings are h_s
+            self.sentences, self.row = entity_table.to(self.cond.device), torch.arange(n)
+            return
+        order = sorted(range(n), key=lambda e: len(bank.entity_ids(e)))  # batches of similar length
+        chunks = []
+        for s in tqdm(range(0, n, batch_size), desc="sentence states", disable=not progress, leave=False):
+            idx = order[s: s + batch_size]
+            chunks.append(self.cond.encode_sentences([bank.entity_ids(e) for e in idx]))
+        self.sentences = self.cond.cat_states(chunks)  # rows in `order`
+        self.row = torch.empty(n, dtype=torch.long)  # entity id → row of self.sentences
+        self.row[torch.tensor(order)] = torch.arange(n)
+        self.passes["sentences"] = n
+
+    @property
+    def shares_entity_table(self) -> bool:
+        """Pooled conditioners with shared towers: the sentence table *is* the entity table."""
+        return self.cond.enters_at == "pooled" and self.model.query_encoder is self.model.tail_encoder
+
+    @property
+    def entity_table(self) -> torch.Tensor | None:
+        return self.sentences[self.row] if self.shares_entity_table else None
+
+    @property
+    def state_bytes(self) -> int:
+        def size(x):
+            if isinstance(x, torch.Tensor):
+                return x.numel() * x.element_size()
+            if isinstance(x, (tuple, list)):
+                return sum(size(v) for v in x)
+            return 0
+        return size(self.sentences) + size(self.conditions)
+
+    def __call__(self, heads, rels) -> torch.Tensor:
+        if self.sentences is None:
+            self.passes["queries_full"] += len(heads)
+            return self.model.encode_queries(heads, rels)
+        if self.cond.enters_at == "layer":
+            self.passes["queries_top_layers"] += len(heads)
+        index = self.row[torch.as_tensor(np.asarray(heads))]
+        return self.cond.combine(self.cond.take(self.sentences, index), self.conditions,
+                                 torch.as_tensor(np.asarray(rels), device=self.cond.device))
+
+
 def build_model(recipe: Recipe, graph: KnowledgeGraph, backbone_folder: Path, *, pretrained: bool = True):
     """Return (model, tokenizer). ``pretrained=False`` builds the architecture only (weights come next)."""
     tokenizer = load_tokenizer(backbone_folder)
@@ -73,7 +148,37 @@ def build_model(recipe: Recipe, graph: KnowledgeGraph, backbone_folder: Path, *,
     backbone = load_backbone(backbone_folder, weights=pretrained)
     query = TextEncoder(backbone, recipe.model.pooling)
     tail = query if recipe.model.shared_towers else TextEncoder(copy.deepcopy(backbone), recipe.model.pooling)
-    return LinkPredictor(query, tail, bank, recipe.model.conditioner), tokenizer
+    cls = conditioner_class(recipe.model.conditioner)
+    options = {k: getattr(recipe.model, k) for k in cls.options}
+    model = LinkPredictor(query, tail, bank, recipe.model.conditioner, **options)
+    return model, tokenizer
+
+
+def setup_layer_cache(model: LinkPredictor, recipe: Recipe) -> None:
+    """Freeze the layers below T - n in both towers and attach one cache of their outputs.
+
+    Frozen lower layers are identical in both towers (the same pretrained weights, never updated), so
+    one cache, keyed by exact token sequence, serves the query and the tail tower. The cache sits at
+    min(T - n, t_condition): the router must see the states entering its own layer.
+    """
+    n = recipe.encoder.trainable_layers
+    if n == "all":
+        return
+    from kgc.encoding.cache import LayerCache, lower_weights_hash
+    from kgc.encoding.layers import check_bert_family, frozen_below
+
+    encoders = list(dict.fromkeys([model.query_encoder, model.tail_encoder]))
+    for enc in encoders:
+        check_bert_family(enc.backbone, "encoder.trainable_layers")
+        t = enc.frozen_layers = frozen_below(enc.backbone, n)
+        enc.train(enc.training)
+    layer = min(t, model.conditioner.entry_layer) if model.conditioner.enters_at == "layer" else t
+    if layer == 0 or not recipe.encoder.cache:
+        return
+    cache = LayerCache(layer=layer, model_hash=lower_weights_hash(model.query_encoder.backbone, layer),
+                       tokenizer_hash=model.bank.tokenizer_hash, hidden=model.query_encoder.dim)
+    for enc in encoders:
+        enc.cache = cache
 
 
 def save_backbone_files(folder: Path, recipe: Recipe, tokenizer) -> None:
@@ -115,6 +220,7 @@ class Run:
         model, _ = build_model(self.recipe, graph, self.backbone, pretrained=False)
         state = torch.load(self.weights_file(), map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
+        setup_layer_cache(model, self.recipe)
         model.to(device).eval()
         return model, graph
 

@@ -20,7 +20,7 @@ from kgc.errors import KGCError
 from kgc.fileio import write_json, write_text
 from kgc.linkpred.evaluate import evaluate
 from kgc.linkpred.loss import SimKGCLoss
-from kgc.linkpred.model import Run, build_model, save_backbone_files
+from kgc.linkpred.model import Run, build_model, save_backbone_files, setup_layer_cache
 from kgc.encoding.backbone import resolve_backbone
 from kgc.recipe import Recipe, load_recipe
 from kgc.training.common import (MetricsLog, autocast, linear_schedule, load_checkpoint, make_optimizer,
@@ -43,6 +43,21 @@ def _prepare_new_run(recipe: Recipe, out: Path | None) -> Path:
 
 def make_loss(recipe: Recipe) -> SimKGCLoss:
     return SimKGCLoss(**recipe.loss.model_dump())
+
+
+def batch_loss(model, criterion: SimKGCLoss, batch: np.ndarray, train_keys: torch.Tensor, *, amp: str = "auto"):
+    """The SimKGC loss of one batch of (head, relation, tail) rows: both towers, then the objective."""
+    graph, device = model.bank.graph, model.device
+    heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
+    with autocast(device, amp):  # the encoders may run in bf16 on CUDA ...
+        query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
+        ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
+    tail_vec, head_vec = ents[: len(batch)], ents[len(batch):]  # (B, d) each
+    # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
+    as_t = lambda x: torch.as_tensor(x, device=device)  # noqa: E731
+    return criterion(query.float(), tail_vec.float(), head_vec.float(), heads=as_t(heads), rels=as_t(rels),
+                     tails=as_t(tails), train_keys=train_keys, num_entities=graph.num_entities,
+                     num_relations2=2 * graph.num_relations)
 
 
 def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path | None = None,
@@ -75,6 +90,8 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
     else:
         model, _ = build_model(recipe, graph, run_dir / "backbone", pretrained=False)
+        model.load_state_dict(ckpt["model"])
+    setup_layer_cache(model, recipe)  # freezes layers below T - n: before the optimiser sees them
     criterion = make_loss(recipe)
     model.to(device)
     criterion.to(device)
@@ -94,7 +111,6 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
 
     step, validated, best = 0, 0, -1.0
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
         criterion.load_state_dict(ckpt["loss"])
         criterion.load_queue_state(ckpt["queue"], device)
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -104,6 +120,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         metrics.truncate_after(step)
 
     def checkpoint() -> None:
+        model.save_cache()
         save_checkpoint(run_dir / "checkpoints" / "last.pt", {
             "model": model.state_dict(), "loss": criterion.state_dict(), "queue": criterion.queue_state(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
@@ -135,16 +152,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
             if step >= total:
                 break
             batch = examples[order[i * b: (i + 1) * b]]
-            heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
-            with autocast(device, tc.amp):  # the encoders may run in bf16 on CUDA ...
-                query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
-                ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
-            tail_vec, head_vec = ents[: len(batch)], ents[len(batch):]  # (B, d) each
-            # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
-            loss = criterion(query.float(), tail_vec.float(), head_vec.float(),
-                             heads=torch.as_tensor(heads, device=device), rels=torch.as_tensor(rels, device=device),
-                             tails=torch.as_tensor(tails, device=device), train_keys=train_keys,
-                             num_entities=graph.num_entities, num_relations2=2 * graph.num_relations)
+            loss = batch_loss(model, criterion, batch, train_keys, amp=tc.amp)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
@@ -176,12 +184,19 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     bar.close()
     if not (run_dir / "best.pt").is_file():  # no validation asked for: the final weights are the model
         save_checkpoint(run_dir / "best.pt", {"model": model.state_dict(), "step": step, "dev_mrr": None})
+    model.save_cache()
     records = metrics.read()
     plot_curves(records, run_dir / "curves.png")
     rates = [r["triples_per_s"] for r in records if "triples_per_s" in r]
-    write_json(run_dir / "train_summary.json", {"steps": step, "best_dev_mrr": best if best >= 0 else None,
-                                                 "triples_per_s": rates[-1] if rates else None,
-                                                 "device": str(device), "finished": True})
+    unique = {id(p): p for p in list(model.parameters()) + list(criterion.parameters())}.values()
+    cache = model.layer_cache
+    write_json(run_dir / "train_summary.json", {
+        "steps": step, "best_dev_mrr": best if best >= 0 else None, "triples_per_s": rates[-1] if rates else None,
+        "trainable_params": sum(p.numel() for p in unique if p.requires_grad),
+        "total_params": sum(p.numel() for p in unique), "conditioner": recipe.model.conditioner,
+        "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
+                                                   "misses": cache.misses, "folder": str(cache.folder)},
+        "device": str(device), "finished": True})
     echo(f"finished {step} steps; run directory: {run_dir}")
     return run_dir
 

@@ -1,0 +1,125 @@
+"""On-disk cache of a frozen encoder's hidden states at layer t, keyed by the exact token sequence.
+
+With ``encoder.trainable_layers: n`` everything below layer t = T − n is frozen, so the states a text
+reaches at layer t never change: they are computed once (fp16), kept in memory for the run and
+saved as memory-mapped segments under ``$KGC_CACHE_HOME/layers/<model-hash>-L<t>/`` so later runs
+with the same backbone reuse them. The folder name carries the hash of the frozen weights and t;
+``meta.json`` records model hash, layer, tokenizer hash and hidden size, and a folder whose metadata
+does not match is rebuilt rather than trusted. Lookups are by (token ids, token types), so a hit is
+always the state of exactly that input — neighbour-excluded training texts included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from kgc.fileio import write_json, write_with
+
+
+def cache_home() -> Path:
+    return Path(os.environ.get("KGC_CACHE_HOME", Path.home() / ".cache" / "kgc")).expanduser()
+
+
+def lower_weights_hash(backbone: nn.Module, layer: int) -> str:
+    """sha256 of the embeddings and layers [0, layer) — everything the cached states depend on."""
+    h = hashlib.sha256()
+    modules = [("embeddings", backbone.embeddings)] + [(f"layer{i}", backbone.encoder.layer[i]) for i in range(layer)]
+    for prefix, module in modules:
+        for name, tensor in sorted(module.state_dict().items()):
+            h.update(f"{prefix}.{name}".encode())
+            h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _key(ids: torch.Tensor, types: torch.Tensor) -> bytes:
+    return ids.to(torch.int32).numpy().tobytes() + b"|" + types.to(torch.int8).numpy().tobytes()
+
+
+class LayerCache:
+    """Hidden states (len, hidden) in fp16 per token sequence, at one layer of one frozen encoder."""
+
+    def __init__(self, *, layer: int, model_hash: str, tokenizer_hash: str, hidden: int,
+                 folder: Path | None = None) -> None:
+        self.layer, self.hidden = layer, hidden
+        self.meta = {"model_sha256": model_hash, "layer": layer, "tokenizer_sha256": tokenizer_hash,
+                     "hidden": hidden, "dtype": "float16"}
+        self.folder = folder if folder is not None else cache_home() / "layers" / f"{model_hash[:16]}-L{layer}"
+        self.states: dict[bytes, np.ndarray] = {}  # key → (len, hidden) fp16 (memmap rows or fresh arrays)
+        self.fresh: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (ids, types, states) not yet saved
+        self.hits = self.misses = 0
+        self._load()
+
+    # ---------------------------------------------------------------- persistence
+    def _load(self) -> None:
+        meta_file = self.folder / "meta.json"
+        if not meta_file.is_file():
+            return
+        meta = json.loads(meta_file.read_text())
+        if any(meta.get(k) != v for k, v in self.meta.items()):
+            shutil.rmtree(self.folder)  # stale: built from other weights/tokenizer/layer
+            return
+        for seg in meta.get("segments", []):
+            states = np.load(self.folder / f"{seg}.states.npy", mmap_mode="r")
+            tokens = np.load(self.folder / f"{seg}.tokens.npy")
+            offsets = np.load(self.folder / f"{seg}.offsets.npy")
+            for a, b in zip(offsets[:-1], offsets[1:]):
+                key = tokens[a:b, 0].astype(np.int32).tobytes() + b"|" + tokens[a:b, 1].astype(np.int8).tobytes()
+                self.states[key] = states[a:b]
+
+    def save(self) -> None:
+        """Write the states computed since the last save as one new segment (atomically), then meta.json."""
+        if not self.fresh:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        meta_file = self.folder / "meta.json"
+        segments = json.loads(meta_file.read_text()).get("segments", []) if meta_file.is_file() else []
+        seg = f"seg{len(segments):05d}-{os.getpid()}"
+        lengths = [len(ids) for ids, _, _ in self.fresh]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        tokens = np.concatenate([np.stack([ids, types], 1) for ids, types, _ in self.fresh]).astype(np.int32)
+        states = np.concatenate([s for _, _, s in self.fresh]).astype(np.float16)
+        for name, arr in (("states", states), ("tokens", tokens), ("offsets", offsets)):
+            write_with(self.folder / f"{seg}.{name}.npy", lambda tmp, a=arr: np.save(open(tmp, "wb"), a))
+        write_json(meta_file, {**self.meta, "segments": segments + [seg]})
+        self.fresh = []
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(s.nbytes for s in self.states.values()))
+
+    # ---------------------------------------------------------------- lookups
+    def lookup(self, batch: dict[str, torch.Tensor], compute: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+        """(batch, len, hidden) float32 states of the padded ``batch``; misses go through ``compute``."""
+        ids, mask, types = (batch[k].cpu() for k in ("input_ids", "attention_mask", "token_type_ids"))
+        lengths = mask.sum(1).tolist()
+        keys = [_key(ids[i, :n], types[i, :n]) for i, n in enumerate(lengths)]
+        missing = sorted({i for i, k in enumerate(keys) if k not in self.states}, key=lambda i: keys[i])
+        first = {}
+        for i in missing:
+            first.setdefault(keys[i], i)
+        todo = list(first.values())
+        self.misses += len(todo)
+        self.hits += len(keys) - len(todo)
+        if todo:
+            idx = torch.tensor(todo)
+            width = max(lengths[i] for i in todo)
+            sub = {k: v[idx.to(v.device), :width] for k, v in batch.items()}
+            with torch.no_grad():
+                out = compute(sub).float().cpu().numpy().astype(np.float16)  # (misses, width, hidden)
+            for row, i in enumerate(todo):
+                n = lengths[i]
+                self.states[keys[i]] = out[row, :n]
+                self.fresh.append((ids[i, :n].numpy(), types[i, :n].numpy(), out[row, :n]))
+        result = torch.zeros(len(keys), ids.shape[1], self.hidden)
+        for i, (k, n) in enumerate(zip(keys, lengths)):
+            result[i, :n] = torch.from_numpy(np.asarray(self.states[k], dtype=np.float32))
+        return result.to(batch["input_ids"].device)

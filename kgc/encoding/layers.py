@@ -1,0 +1,72 @@
+"""Run a BERT-family encoder in pieces: embeddings, layers [a, b), pooling.
+
+The conditioning core caches everything below the layer where the condition enters, so the encoder
+must be callable from any layer. BERT, RoBERTa and MiniLM share the structure used here
+(``embeddings``, ``encoder.layer[i].attention.self.{query,key,value}``); anything else fails with a
+clear message.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kgc.errors import KGCError
+
+
+def check_bert_family(backbone: nn.Module, what: str) -> None:
+    ok = hasattr(backbone, "embeddings") and hasattr(backbone, "encoder") and hasattr(backbone.encoder, "layer")
+    if ok:
+        att = getattr(backbone.encoder.layer[0], "attention", None)
+        ok = att is not None and all(hasattr(getattr(att, "self", None), p) for p in ("query", "key", "value"))
+    if not ok:
+        raise KGCError(f"{what} needs a BERT-family encoder (BERT, RoBERTa, MiniLM); "
+                       f"{type(backbone).__name__} has another layout. Use model.conditioner=biencoder.")
+
+
+def num_layers(backbone: nn.Module) -> int:
+    return len(backbone.encoder.layer)
+
+
+def extended_mask(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor):
+    """The attention mask in the form the backbone's attention implementation expects."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    return create_bidirectional_mask(config=backbone.config, inputs_embeds=hidden, attention_mask=attention_mask)
+
+
+def embed(backbone: nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(batch, len) ids → (batch, len, hidden) layer-0 input."""
+    if token_type_ids is not None and getattr(backbone.config, "type_vocab_size", 0) <= 1:
+        token_type_ids = None
+    return backbone.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+
+
+def run_layers(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int,
+               end: int | None = None) -> torch.Tensor:
+    """Apply layers ``[start, end)`` to ``hidden`` (batch, len, hidden); ``attention_mask`` (batch, len) of 0/1."""
+    layers = backbone.encoder.layer
+    end = len(layers) if end is None else end
+    if start >= end:
+        return hidden
+    mask = extended_mask(backbone, hidden, attention_mask)
+    for layer in layers[start:end]:
+        out = layer(hidden, mask)
+        hidden = out[0] if isinstance(out, tuple) else out
+    return hidden
+
+
+def frozen_below(backbone: nn.Module, trainable_layers: int | str) -> int:
+    """Freeze embeddings and layers below T - n; return t = T - n (0 when everything trains)."""
+    total = num_layers(backbone)
+    n = total if trainable_layers == "all" else int(trainable_layers)
+    if not 0 <= n <= total:
+        raise KGCError(f"encoder.trainable_layers={trainable_layers}: choose 0..{total} or 'all'")
+    t = total - n
+    if t > 0:
+        for p in backbone.embeddings.parameters():
+            p.requires_grad_(False)
+        for layer in backbone.encoder.layer[:t]:
+            for p in layer.parameters():
+                p.requires_grad_(False)
+    return t
