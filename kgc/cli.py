@@ -153,8 +153,9 @@ def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
 
     result = run(dataset=dataset, conditioners=conditioner, limit=limit, overrides=set_, echo=_echo, progress=progress)
     for row in result["rows"]:
-        _echo(f"{row['conditioner']:<10} {row['queries_per_s']:>10.1f} queries/s   "
-              f"{row['speedup_vs_biencoder']:>7.1f}x the bi-encoder")
+        ratio = row["speedup_vs_biencoder"]
+        _echo(f"{row['conditioner']:<10} {row['queries_per_s']:>10.1f} queries/s" +
+              (f"   {ratio:>7.1f}x the bi-encoder" if ratio is not None else ""))
     if out:
         write_json(out, result)
 

@@ -1,0 +1,51 @@
+"""`kgc compare` and `kgc bench` on a tiny random BERT: what they report is right (no timing claims here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_end_to_end import kgc, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def test_compare_tabulates_each_recipe(tiny_bert, tmp_path, data_home, monkeypatch):
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    a = write_recipe(tmp_path / "a.yaml", tiny_bert)
+    b = write_recipe(tmp_path / "b.yaml", tiny_bert, {"conditioner": "hadamard", "shared_towers": True})
+    for path, name in ((a, "tiny_bi"), (b, "tiny_had")):
+        path.write_text(path.read_text().replace("name: tiny", f"name: {name}"))
+    out = tmp_path / "cmp"
+    res = kgc("compare", a, b, "--set", "train.max_steps=2", "--out", out, "--no-progress")
+    table = (out / "compare.md").read_text().splitlines()
+    assert table[0].startswith("| recipe | conditioner | MRR") and len(table) == 4
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert [r["recipe"] for r in rows] == ["tiny_bi", "tiny_had"]
+    assert rows[0]["conditioner"] == "biencoder" and rows[1]["conditioner"] == "hadamard"
+    for r in rows:  # each row is that run's own results and summary
+        results = json.loads((out / r["recipe"] / "results.json").read_text())
+        assert r["MRR"] == results["both"]["realistic"]["inverse_harmonic_mean_rank"]
+        summary = json.loads((out / r["recipe"] / "train_summary.json").read_text())
+        assert summary["steps"] == 2 and r["total params"] == summary["total_params"]
+    assert rows[1]["total params"] < rows[0]["total params"]  # one shared tower vs two
+    assert "| tiny_had | hadamard |" in res.stdout
+
+
+def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, monkeypatch):
+    from kgc.bench import bench_inference, bench_train
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    result = bench_inference(dataset="umls", limit=20, overrides=[f"model.backbone={tiny_bert}"],
+                             echo=lambda m: None, progress=False)
+    rows = {r["conditioner"]: r for r in result["rows"]}
+    assert rows["biencoder"]["passes"]["queries_full"] == 40 and rows["biencoder"]["speedup_vs_biencoder"] == 1.0
+    assert rows["router"]["passes"]["queries_top_layers"] == 40 and rows["router"]["passes"]["sentences"] == 135
+    for name in ("hadamard", "hypernet"):  # the cached entity table serves as h_s: only relations are encoded
+        assert rows[name]["passes"] == {"sentences": 0, "conditions": 92, "queries_full": 0, "queries_top_layers": 0}
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_bert, {"conditioner": "router"})
+    result = bench_train(recipe, trainable_layers=1, steps=2, batch_size=8, echo=lambda m: None)
+    full, top = result["rows"]
+    assert full["trainable_layers"] == "all" and full["cache_layer"] is None
+    assert top["trainable_layers"] == 1 and top["cache_layer"] == 1 and top["trainable_params"] < full["trainable_params"]
