@@ -151,6 +151,11 @@ class TextBank:
         return self.special.pad([self.special.wrap(self.entity_ids(e, x), self.max_tokens)
                                  for e, x in zip(entities, excludes)])
 
+    def length_batches(self, batch_size: int) -> list[list[int]]:
+        """Every entity id, in batches of similar evaluation-text length (little padding per batch)."""
+        order = sorted(range(self.graph.num_entities), key=lambda e: len(self.entity_ids(e)))
+        return [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+
     def fingerprint(self) -> str:
         """Hash of every entity's evaluation-time token ids (what an index was built from)."""
         h = hashlib.sha256()

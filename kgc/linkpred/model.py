@@ -63,13 +63,8 @@ class LinkPredictor(nn.Module):
         """(entities, dim) for every entity, evaluation-time texts (all neighbours)."""
         from tqdm.auto import tqdm
 
-        n = self.bank.graph.num_entities
-        # sort by length so each batch pads little
-        order = sorted(range(n), key=lambda e: len(self.bank.entity_ids(e)))
-        out = torch.empty(n, self.tail_encoder.dim)
-        starts = range(0, n, batch_size)
-        for s in tqdm(starts, desc="entities", disable=not progress, leave=False):
-            idx = order[s: s + batch_size]
+        out = torch.empty(self.bank.graph.num_entities, self.tail_encoder.dim)
+        for idx in tqdm(self.bank.length_batches(batch_size), desc="entities", disable=not progress, leave=False):
             out[idx] = self.encode_entities(idx).float().cpu()
         return out
 
@@ -99,14 +94,12 @@ class QueryEngine:
         if entity_table is not None and self.shares_entity_table:  # cached entity embeddings are h_s
             self.sentences, self.row = entity_table.to(self.cond.device), torch.arange(n)
             return
-        order = sorted(range(n), key=lambda e: len(bank.entity_ids(e)))  # batches of similar length
-        chunks = []
-        for s in tqdm(range(0, n, batch_size), desc="sentence states", disable=not progress, leave=False):
-            idx = order[s: s + batch_size]
-            chunks.append(self.cond.encode_sentences([bank.entity_ids(e) for e in idx]))
-        self.sentences = self.cond.cat_states(chunks)  # rows in `order`
+        batches = bank.length_batches(batch_size)
+        chunks = [self.cond.encode_sentences([bank.entity_ids(e) for e in idx])
+                  for idx in tqdm(batches, desc="sentence states", disable=not progress, leave=False)]
+        self.sentences = self.cond.cat_states(chunks)  # rows in length order
         self.row = torch.empty(n, dtype=torch.long)  # entity id → row of self.sentences
-        self.row[torch.tensor(order)] = torch.arange(n)
+        self.row[torch.tensor([e for idx in batches for e in idx])] = torch.arange(n)
         self.passes["sentences"] = n
 
     @property
