@@ -86,13 +86,14 @@ class QueryEngine:
         graph, bank = model.bank.graph, model.bank
         self.passes = {"sentences": 0, "conditions": 0, "queries_full": 0, "queries_top_layers": 0}
         self.sentences = self.conditions = None
+        self.borrowed = False  # True when the sentence table is the caller's entity table (not extra memory)
         if self.cond.enters_at == "input":
             return
         n = graph.num_entities
         self.conditions = self.cond.encode_conditions(bank.relation_ids)  # every relation incl. inverses
         self.passes["conditions"] = len(bank.relation_ids)
         if entity_table is not None and self.shares_entity_table:  # cached entity embeddings are h_s
-            self.sentences, self.row = entity_table.to(self.cond.device), torch.arange(n)
+            self.sentences, self.row, self.borrowed = entity_table.to(self.cond.device), torch.arange(n), True
             return
         batches = bank.length_batches(batch_size)
         chunks = [self.cond.encode_sentences([bank.entity_ids(e) for e in idx])
@@ -119,7 +120,7 @@ class QueryEngine:
             if isinstance(x, (tuple, list)):
                 return sum(size(v) for v in x)
             return 0
-        return size(self.sentences) + size(self.conditions)
+        return (0 if self.borrowed else size(self.sentences)) + size(self.conditions)
 
     def __call__(self, heads, rels) -> torch.Tensor:
         if self.sentences is None:
