@@ -79,16 +79,13 @@ class Conditioner(nn.Module, ABC):
         return self.combine(self.encode_sentences(sentences), self.encode_conditions([list(k) for k in distinct]),
                             index)
 
-    # state tables for evaluation: states of all entities / all relations, gathered per query chunk
+    # state tables for evaluation (conditioners entering after the input): the states of every entity,
+    # concatenated from chunks, then gathered per query chunk. Override for states that are not one tensor.
     def take(self, state: Any, index: torch.Tensor) -> Any:
-        if isinstance(state, torch.Tensor):
-            return state[index.to(state.device)]
-        return [state[int(i)] for i in index]
+        return state[index.to(state.device)]
 
     def cat_states(self, states: list[Any]) -> Any:
-        if isinstance(states[0], torch.Tensor):
-            return torch.cat(states)
-        return [row for s in states for row in s]
+        return torch.cat(states)
 
     # helpers
     @property
