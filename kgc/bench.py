@@ -22,9 +22,8 @@ import torch
 
 from kgc.data.graph import load_graph
 from kgc.encoding.backbone import resolve_backbone
-from kgc.linkpred.loss import SimKGCLoss
 from kgc.linkpred.model import QueryEngine, build_model, setup_layer_cache
-from kgc.linkpred.train import batch_loss
+from kgc.linkpred.train import batch_loss, make_loss
 from kgc.recipe import load_recipe
 from kgc.training.common import make_optimizer, seed_everything
 
@@ -85,18 +84,19 @@ def _timed_steps(model, criterion, optimizer, batches, train_keys) -> float:
 
 def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5, batch_size: int = 32,
                 overrides: list[str] | None = None, echo=print) -> dict:
-    rows = []
+    rows, graph = [], None
     for layers in ("all", trainable_layers):
         recipe = load_recipe(recipe_path, [f"train.batch_size={batch_size}", f"encoder.trainable_layers={layers}",
                                            *(overrides or [])])
-        graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
+        if graph is None:  # both modes read the same data section
+            graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
         seed_everything(recipe.train.seed)
         examples = graph.both_directions("train")
         rng = np.random.default_rng(recipe.train.seed)
         batches = [examples[rng.choice(len(examples), batch_size, replace=False)] for _ in range(steps)]
         model, _ = build_model(recipe, graph, resolve_backbone(recipe.model.backbone))
         setup_layer_cache(model, recipe)
-        criterion = SimKGCLoss(**recipe.loss.model_dump())
+        criterion = make_loss(recipe)
         optimizer = make_optimizer([model, criterion], recipe.train.lr, recipe.train.weight_decay)
         train_keys = torch.as_tensor(graph.train_keys)
         model.train()

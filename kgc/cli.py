@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import sys
 import time
@@ -52,32 +50,17 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
              device: str = typer.Option("auto", "--device"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Filtered link prediction on a split, both directions; writes results.json and ranks.tsv."""
-    import torch
-
-    from kgc.fileio import write_json, write_text
-    from kgc.linkpred.evaluate import evaluate as run_eval, format_table
-    from kgc.linkpred.index import load_embeddings
+    from kgc.linkpred.evaluate import evaluate_run, format_table
     from kgc.linkpred.model import Run
     from kgc.training.common import pick_device
 
     if split not in ("test", "dev"):
         raise KGCError(f"--split {split!r}: choose test or dev")
     run = Run(run_dir)
-    model, graph = run.load(pick_device(device))
-    rr = run.recipe.eval.rerank.model_dump()
-    if rerank is not None:
-        rr["enabled"] = rerank
-    cached = load_embeddings(run, model)  # a fresh `kgc index` saves embedding every entity again
-    ev = run_eval(model, graph, split, batch_size=batch_size or run.recipe.eval.batch_size, rerank=rr,
-                  progress=progress, entity_table=None if cached is None else torch.from_numpy(cached))
+    ev = evaluate_run(run, split, device=pick_device(device), batch_size=batch_size, rerank=rerank, progress=progress)
     suffix = "" if split == "test" else f".{split}"
-    write_json(run.path / f"results{suffix}.json", ev.results)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(ev.ranks[0]), delimiter="\t", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(ev.ranks)
-    write_text(run.path / f"ranks{suffix}.tsv", buf.getvalue())
-    _echo(f"{graph.source} {split}: {len(ev.ranks)} queries, filtered, realistic ranks ({ev.seconds:.1f}s)")
+    _echo(f"{ev.results['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks "
+          f"({ev.seconds:.1f}s)")
     _echo(format_table(ev.results))
     _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
 

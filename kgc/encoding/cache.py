@@ -102,10 +102,10 @@ class LayerCache:
         ids, mask, types = (batch[k].cpu() for k in ("input_ids", "attention_mask", "token_type_ids"))
         lengths = mask.sum(1).tolist()
         keys = [_key(ids[i, :n], types[i, :n]) for i, n in enumerate(lengths)]
-        missing = sorted({i for i, k in enumerate(keys) if k not in self.states}, key=lambda i: keys[i])
-        first = {}
-        for i in missing:
-            first.setdefault(keys[i], i)
+        first: dict[bytes, int] = {}  # each missing sequence once, at its first row
+        for i, k in enumerate(keys):
+            if k not in self.states:
+                first.setdefault(k, i)
         todo = list(first.values())
         self.misses += len(todo)
         self.hits += len(keys) - len(todo)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kgc.fileio import write_json, write_text
-from kgc.linkpred.evaluate import evaluate
+from kgc.linkpred.evaluate import evaluate_run
 from kgc.linkpred.model import Run
 from kgc.linkpred.train import train
 from kgc.recipe import load_recipe
@@ -39,10 +39,7 @@ def compare(recipes: list[Path], overrides: list[str], out: Path, *, echo=print,
             else:
                 train(recipe, out=run_dir, progress=progress, echo=echo)
         run = Run(run_dir)
-        model, graph = run.load()
-        ev = evaluate(model, graph, "test", batch_size=run.recipe.eval.batch_size, progress=progress,
-                      rerank=run.recipe.eval.rerank.model_dump())
-        write_json(run_dir / "results.json", ev.results)
+        ev = evaluate_run(run, "test", progress=progress)
         summary = json.loads((run_dir / "train_summary.json").read_text())
         both = ev.results["both"]["realistic"]
         rows.append({"recipe": recipe.name, "conditioner": _describe(run.recipe), "MRR": both["inverse_harmonic_mean_rank"],

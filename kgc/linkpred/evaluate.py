@@ -142,3 +142,32 @@ def format_table(results: dict) -> str:
         lines.append(f"{side:<7}" + "".join(f"{vals[k]:>9.4f}" if k != "arithmetic_mean_rank" else f"{vals[k]:>9.2f}"
                                             for _, k in keys))
     return "\n".join(lines)
+
+
+def evaluate_run(run, split: str = "test", *, device="cpu", batch_size: int | None = None,
+                 rerank: bool | None = None, progress: bool = False) -> Evaluation:
+    """Evaluate a run directory and write ``results[.split].json`` and ``ranks[.split].tsv`` into it.
+
+    Entity embeddings come from the run's index when it is fresh (a stale one is an error).
+    """
+    import csv
+    import io
+
+    from kgc.fileio import write_json, write_text
+    from kgc.linkpred.index import load_embeddings
+
+    model, graph = run.load(device)
+    rr = run.recipe.eval.rerank.model_dump()
+    if rerank is not None:
+        rr["enabled"] = rerank
+    cached = load_embeddings(run, model)
+    ev = evaluate(model, graph, split, batch_size=batch_size or run.recipe.eval.batch_size, rerank=rr,
+                  progress=progress, entity_table=None if cached is None else torch.from_numpy(cached))
+    suffix = "" if split == "test" else f".{split}"
+    write_json(run.path / f"results{suffix}.json", ev.results)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(ev.ranks[0]), delimiter="\t", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(ev.ranks)
+    write_text(run.path / f"ranks{suffix}.tsv", buf.getvalue())
+    return ev
