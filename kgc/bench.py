@@ -22,7 +22,7 @@ import torch
 
 from kgc.data.graph import load_graph
 from kgc.encoding.backbone import resolve_backbone
-from kgc.linkpred.model import QueryEngine, build_model, setup_layer_cache
+from kgc.linkpred.model import QueryEngine, build_model
 from kgc.linkpred.train import batch_loss, make_loss
 from kgc.recipe import load_recipe
 from kgc.training.common import make_optimizer, seed_everything
@@ -95,7 +95,7 @@ def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5,
         rng = np.random.default_rng(recipe.train.seed)
         batches = [examples[rng.choice(len(examples), batch_size, replace=False)] for _ in range(steps)]
         model, _ = build_model(recipe, graph, resolve_backbone(recipe.model.backbone))
-        setup_layer_cache(model, recipe)
+        model.attach_layer_cache(recipe)
         criterion = make_loss(recipe)
         optimizer = make_optimizer([model, criterion], recipe.train.lr, recipe.train.weight_decay)
         train_keys = torch.as_tensor(graph.train_keys)

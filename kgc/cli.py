@@ -30,9 +30,9 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
           set_: List[str] = typer.Option([], "--set", help="override a recipe key, e.g. --set train.lr=3e-5"),
           resume: Optional[Path] = typer.Option(None, "--resume", help="continue this run from its last checkpoint"),
           progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
-    """Train a link predictor from a recipe (or resume an interrupted run)."""
-    from kgc.linkpred.train import train as run_train
+    """Train from a recipe (link prediction or C-STS, by its `task`), or resume an interrupted run."""
     from kgc.recipe import load_recipe
+    from kgc.training.loop import train as run_train
 
     if resume is None and recipe is None:
         raise KGCError("give a recipe (e.g. `kgc train recipes/umls_biencoder.yaml`) or --resume RUN_DIR")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kgc.errors import KGCError
 
@@ -21,21 +21,34 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class SynthConfig(_Section):
+    """The generated conditional-similarity set (``data.dataset: synth-csts``); deterministic from the seed."""
+    seed: int = 0
+    train_pairs: int = Field(2000, ge=1, description="sentence pairs in csts_train.csv (two rows each)")
+    validation_pairs: int = Field(300, ge=1)
+    test_pairs: int = Field(500, ge=1)
+
+
 class DataConfig(_Section):
-    dataset: str = Field("umls", description="catalog name (wn18rr, fb15k237, umls, nations, kinships) or a folder")
+    dataset: str = Field("umls", description="catalog name (wn18rr, fb15k237, umls, nations, kinships; "
+                                             "csts, synth-csts for task csts) or a folder")
     path: Optional[str] = Field(None, description="explicit folder; wins over the catalog lookup")
     long_text: bool = Field(False, description="use entity2textlong.txt where the dataset has it")
     neighbor_text: bool = Field(True, description="append train-graph neighbour names to short descriptions")
     max_neighbors: int = Field(10, ge=0)
     short_description_words: int = Field(20, ge=0, description="descriptions below this many words get neighbours")
     max_tokens: int = Field(50, ge=8)
+    synth: SynthConfig = SynthConfig()
 
 
 class ModelConfig(_Section):
     backbone: str = Field(DEFAULT_BACKBONE, description="Hugging Face id or local folder")
     conditioner: str = Field("biencoder", description="how the relation conditions the head (registry name)")
     shared_towers: bool = Field(False, description="one encoder for query and tail towers (SimKGC: separate)")
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: Literal["mean", "cls", "s2sent"] = "mean"
+    s2sent_blocks: int = Field(3, ge=1, description="s2sent: the last n blocks fused")
+    s2sent_frequencies: int = Field(4, ge=1, description="s2sent: the lowest m 2-D DCT frequencies (m = 1: average)")
+    s2sent_reduction: int = Field(12, ge=1, description="s2sent: excitation W1 maps D to D/r")
     # conditioner options (each conditioner reads the ones it declares)
     rank: Optional[int] = Field(None, ge=1, description="hypernet: rank K of W1 W2ᵀ (default H/12)")
     hypernet_form: Literal["lowrank", "residual", "full"] = "lowrank"
@@ -43,6 +56,8 @@ class ModelConfig(_Section):
     router_layers: int = Field(1, ge=1, description="router: the condition enters at layer T - k")
     weighting: Literal["one_plus_w", "w_only"] = "one_plus_w"
     scorer: Literal["query_key", "hidden", "heavy"] = "query_key"
+    case_projection: Literal["linear", "mlp"] = Field("linear", description="case: W x, or W2 LeakyReLU(W1 x)")
+    case_dim: Optional[int] = Field(None, ge=1, description="case: projection width k (default H)")
 
 
 class EncoderConfig(_Section):
@@ -63,6 +78,11 @@ class LossConfig(_Section):
     max_temperature: float = Field(1.0, gt=0)
     mask_false_negatives: bool = True
     symmetric: bool = Field(True, description="add SimKGC's tail -> query cross-entropy term")
+    # task csts
+    mse_weight: float = Field(1.0, ge=0, description="csts: weight of MSE(cos, (label - 1) / 4)")
+    contrastive: bool = Field(True, description="csts: Hyper-CL's c_high vs c_low term per sentence pair")
+    contrastive_weight: float = Field(1.0, ge=0)
+    contrastive_temperature: float = Field(1.9, gt=0, description="csts: τ of the contrastive term (Hyper-CL: 1.5-1.9)")
 
 
 class TrainConfig(_Section):
@@ -95,8 +115,31 @@ class EvalConfig(_Section):
     rerank: RerankConfig = RerankConfig()
 
 
+# keys that only one task reads: setting one in the other task's recipe is an error, not a silent no-op
+TASK_KEYS = {
+    "linkpred": {"data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
+                 "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight",
+                 "loss.self_negative", "loss.margin", "loss.temperature", "loss.learn_temperature",
+                 "loss.min_temperature", "loss.max_temperature", "loss.mask_false_negatives", "loss.symmetric",
+                 "eval.rerank"},
+    "csts": {"data.synth", "loss.mse_weight", "loss.contrastive", "loss.contrastive_weight",
+             "loss.contrastive_temperature"},
+}
+
+
+def _explicit_keys(section: BaseModel, prefix: str = "") -> set[str]:
+    keys = set()
+    for name in section.model_fields_set:
+        value = getattr(section, name)
+        keys.add(f"{prefix}{name}")
+        if isinstance(value, BaseModel):
+            keys |= _explicit_keys(value, f"{prefix}{name}.")
+    return keys
+
+
 class Recipe(_Section):
     name: str = "run"
+    task: Literal["linkpred", "csts"] = Field("linkpred", description="link prediction, or conditional STS")
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     encoder: EncoderConfig = EncoderConfig()
@@ -104,8 +147,23 @@ class Recipe(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
 
+    @model_validator(mode="after")
+    def _keys_of_this_task(self) -> "Recipe":
+        other = "csts" if self.task == "linkpred" else "linkpred"
+        wrong = sorted(k for k in _explicit_keys(self) if k in TASK_KEYS[other] or
+                       any(k.startswith(p + ".") for p in TASK_KEYS[other]))
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)}: read only by task {other}, and this recipe has task {self.task}. "
+                             "Remove them (or set task).")
+        return self
+
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """The fully resolved recipe, without the keys only the other task reads."""
+        tree = self.model_dump(mode="json")
+        for key in TASK_KEYS["csts" if self.task == "linkpred" else "linkpred"]:
+            section, name = key.split(".")
+            tree[section].pop(name, None)
+        return yaml.safe_dump(tree, sort_keys=False)
 
 
 def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
@@ -152,6 +210,8 @@ def _explain(err: ValidationError, source: str) -> KGCError:
             parent = ".".join(str(p) for p in e["loc"][:-1])
             choices = [k for k in valid_keys() if k.startswith(parent + ".")] if parent else list(Recipe.model_fields)
             lines.append(f"unknown key '{loc}'. Valid keys here: {', '.join(choices)}")
+        elif not loc:  # a check across sections
+            lines.append(e["msg"].removeprefix("Value error, "))
         else:
             lines.append(f"'{loc}': {e['msg']} (got {e.get('input')!r})")
     return KGCError(f"{source}: bad recipe:\n  " + "\n  ".join(lines))

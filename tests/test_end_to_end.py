@@ -155,7 +155,7 @@ def test_sigkill_mid_epoch_then_resume(tiny_bert, tmp_path, data_home):
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_bert, tmp_path, data_home, monkeypatch):
     """A run resumed from its step-3 checkpoint ends with exactly the weights of one that never stopped."""
-    import kgc.linkpred.train as train_mod
+    import kgc.training.loop as train_mod
     from kgc.recipe import load_recipe
 
     recipe = load_recipe(write_recipe(tmp_path / "tiny.yaml", tiny_bert, max_steps=6, checkpoint_every=3))

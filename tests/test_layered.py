@@ -121,8 +121,10 @@ def test_router_multiplies_context_by_one_plus_w(encoder, special):
     """Recompute the top layer by hand from its submodules with context × (1 + w)."""
     router = build_conditioner("router", encoder=encoder, special=special, max_tokens=24).eval()
     with torch.no_grad():
-        hidden, mask = router.encode_sentences(SENTS)
-        w = router.weights(hidden, mask, router.encode_conditions(CONDS))
+        states, mask = router.encode_sentences(SENTS)  # (batch, len, K = 1, H): the state entering layer t
+        assert states.shape[2] == 1
+        hidden = states[:, :, -1]
+        w = router.weights(states, mask, router.encode_conditions(CONDS))
         layer = encoder.backbone.encoder.layer[router.t]
         attn = layer.attention.self
         b, n, _ = hidden.shape

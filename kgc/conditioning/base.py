@@ -46,6 +46,7 @@ class Conditioner(nn.Module, ABC):
     name: ClassVar[str]
     enters_at: ClassVar[Literal["input", "layer", "pooled"]]
     options: ClassVar[tuple[str, ...]] = ()  # recipe fields under ``model.`` this conditioner takes
+    encodes_conditions: ClassVar[bool] = True  # False where a condition's state is just its token ids
 
     def __init__(self, *, encoder: TextEncoder, special: SpecialTokens, max_tokens: int) -> None:
         super().__init__()
@@ -57,6 +58,11 @@ class Conditioner(nn.Module, ABC):
     def entry_layer(self) -> int:
         """The layer t where the condition first touches the sentence (0 = input, T = after pooling)."""
         return {"input": 0, "pooled": self.encoder.num_layers}[self.enters_at]
+
+    @property
+    def out_dim(self) -> int:
+        """Width of the embeddings :meth:`combine` returns."""
+        return self.encoder.dim
 
     @abstractmethod
     def encode_conditions(self, conditions: TokenLists) -> Any:

@@ -15,6 +15,7 @@ from kgc.conditioning.base import Conditioner, TokenLists, register
 class BiEncoder(Conditioner):
     name = "biencoder"
     enters_at = "input"
+    encodes_conditions = False
 
     def encode_conditions(self, conditions: TokenLists) -> TokenLists:
         return conditions  # t = 0: the condition's state is its token ids

@@ -75,21 +75,28 @@ class Router(Conditioner):
         return (self.w_q, self.w_k) if self.scorer == "heavy" else (attn.query, attn.key)
 
     def encode_sentences(self, sentences: TokenLists) -> tuple[torch.Tensor, torch.Tensor]:
-        """(states entering layer t (batch, len, H), attention mask (batch, len)); duplicates run once."""
+        """(states at layer t (batch, len, K, H), attention mask (batch, len)); duplicates run once.
+
+        K > 1 only when the pooling reads layer outputs below t (S²Sent): they are condition-free too.
+        """
         batch = self.single_batch(sentences)
         sub, inverse = unique_rows(batch)
-        hidden = self.encoder.hidden_at(sub, self.t)
-        return hidden[inverse], sub["attention_mask"][inverse]
+        states = self.encoder.hidden_at(sub, self.t)
+        return states[inverse], sub["attention_mask"][inverse]
 
     def encode_conditions(self, conditions: TokenLists) -> torch.Tensor:
         """The condition's routing query: (conditions, heads, head_dim), or its [CLS] state for ``hidden``."""
-        cls = self.encoder.hidden_at(self.single_batch(conditions), self.t)[:, 0]  # (conditions, H)
+        cls = self.encoder.hidden_at(self.single_batch(conditions), self.t)[:, 0, -1]  # (conditions, H)
         if self.scorer == "hidden":
             return cls
         return self._projections()[0](cls).view(len(cls), self.heads, self.head_dim)
 
-    def weights(self, hidden: torch.Tensor, mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        """w (batch, len): softmax over the sentence's real tokens of the condition's scores, head-averaged."""
+    def weights(self, states: torch.Tensor, mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """w (batch, len): softmax over the sentence's real tokens of the condition's scores, head-averaged.
+
+        ``states`` (batch, len, K, H) as :meth:`encode_sentences` gives them; the last is the one entering t.
+        """
+        hidden = states[:, :, -1]  # (batch, len, H)
         b, n, h = hidden.shape
         if self.scorer == "hidden":
             scores = torch.einsum("bh,bnh->bn", query, hidden) / math.sqrt(h)  # (batch, len)
@@ -100,11 +107,11 @@ class Router(Conditioner):
         return scores.softmax(-1).mean(1)  # (batch, len)
 
     def combine(self, sentence_state, condition_state, condition_index):
-        hidden, mask = sentence_state
-        w = self.weights(hidden, mask, condition_state[condition_index])  # (batch, len)
+        states, mask = sentence_state
+        w = self.weights(states, mask, condition_state[condition_index])  # (batch, len)
         self._factor = ((1 + w) if self.weighting == "one_plus_w" else w).unsqueeze(-1)
         try:
-            return self.encoder.run_from(hidden, mask, self.t)  # (batch, dim)
+            return self.encoder.run_from(states, mask, self.t)  # (batch, dim)
         finally:
             self._factor = None
 
@@ -118,7 +125,7 @@ class Router(Conditioner):
 
     def cat_states(self, states):
         width = max(h.shape[1] for h, _ in states)
-        pad = lambda x, fill: nn.functional.pad(x, (0, 0, 0, width - x.shape[1]) if x.dim() == 3  # noqa: E731
-                                                 else (0, width - x.shape[1]), value=fill)
+        pad = lambda x, fill: nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, width - x.shape[1]),  # noqa: E731
+                                                 value=fill)
         return (torch.cat([pad(h.half().cpu(), 0.0) for h, _ in states]),
                 torch.cat([pad(m.cpu(), 0) for _, m in states]))

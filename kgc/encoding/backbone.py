@@ -10,12 +10,16 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kgc.errors import KGCError
+
+if TYPE_CHECKING:
+    from kgc.encoding.pooling import Pooling
 
 # model id → (python package, function returning its folder)
 PACKAGED_WEIGHTS = {
@@ -82,19 +86,23 @@ def load_backbone(folder: str | Path, *, weights: bool = True) -> nn.Module:
 
 
 class TextEncoder(nn.Module):
-    """Encoder → pooling (mean over real tokens, or [CLS]) → L2 normalisation. Output ``(batch, dim)``.
+    """Encoder → pooling (:mod:`kgc.encoding.pooling`: mean, cls, s2sent) → L2 normalisation. ``(batch, dim)``.
 
-    The encoder can also be run in pieces — :meth:`hidden_at` (the states entering layer t) and
-    :meth:`run_from` (layers t..T, pooled) — which is what the layer-conditioned conditioners use. With a
+    The encoder can also be run in pieces — :meth:`hidden_at` (the states at layer t) and :meth:`run_from`
+    (layers t..T, pooled) — which is what the layer-conditioned conditioners use. A split at t carries
+    ``(batch, len, K, H)``: the state entering layer t last, preceded by the layer outputs below t that the
+    pooling reads (S²Sent fuses the last n blocks; K = 1 for mean and cls pooling), so what lies below
+    the condition's entry layer stays computable once per text. With a
     :class:`~kgc.encoding.cache.LayerCache` attached, the states below the cache's layer come from it.
     """
 
-    def __init__(self, backbone: nn.Module, pooling: str = "mean") -> None:
+    def __init__(self, backbone: nn.Module, pooling: "str | Pooling" = "mean", **pooling_options) -> None:
+        from kgc.encoding.pooling import Pooling, build_pooling
+
         super().__init__()
-        if pooling not in ("mean", "cls"):
-            raise KGCError(f"model.pooling {pooling!r}: choose mean or cls")
         self.backbone = backbone
-        self.pooling = pooling
+        self.pooler = pooling if isinstance(pooling, Pooling) else build_pooling(
+            pooling, int(backbone.config.hidden_size), len(backbone.encoder.layer), **pooling_options)
         self.cache = None  # LayerCache of the frozen lower layers (not a module: no weights)
         self.frozen_layers = 0  # embeddings and layers below this are frozen and run without dropout
 
@@ -114,52 +122,77 @@ class TextEncoder(nn.Module):
     def num_layers(self) -> int:
         return len(self.backbone.encoder.layer)
 
+    @property
+    def pooling(self) -> str:
+        return self.pooler.name
+
+    def carried(self, layer: int) -> int:
+        """K of a split at ``layer``: the state entering it plus the pooled layer outputs below it."""
+        return layer - min(layer, self.num_layers - self.pooler.blocks + 1) + 1
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None,
+                normalize: bool = True) -> torch.Tensor:
+        """``pool_mask`` (batch, len) pools a sub-span of the tokens (default: every real token)."""
         batch = {"input_ids": input_ids, "attention_mask": attention_mask,
                  "token_type_ids": token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)}
         if self.cache is None:  # one call into the Hugging Face model
             kwargs = {"token_type_ids": batch["token_type_ids"]} if \
                 getattr(self.backbone.config, "type_vocab_size", 0) > 1 else {}
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
-            return F.normalize(pool(hidden, attention_mask, self.pooling), dim=-1)
-        return self.run_from(self.hidden_at(batch, self.cache.layer), attention_mask, self.cache.layer)
+            n = self.pooler.blocks
+            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=n > 1,
+                                **kwargs)
+            states = torch.stack(out.hidden_states[-n:], 2) if n > 1 else out.last_hidden_state.unsqueeze(2)
+            return self._pool(states, attention_mask if pool_mask is None else pool_mask, normalize)
+        layer = self.cache.layer
+        return self.run_from(self.hidden_at(batch, layer), attention_mask, layer, pool_mask=pool_mask,
+                             normalize=normalize)
 
     def hidden_at(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
-        """(batch, len, hidden): the states entering ``layer`` (0 = embeddings output)."""
-        from kgc.encoding.layers import run_layers
-
+        """(batch, len, K, H): the states at ``layer`` (0 = embeddings output), K = :meth:`carried`."""
         if self.cache is not None and 0 < self.cache.layer <= layer:
-            hidden = self.cache.lookup(batch, lambda sub: self._lower(sub, self.cache.layer))
-            return run_layers(self.backbone, hidden, batch["attention_mask"], self.cache.layer, layer)
+            states = self.cache.lookup(batch, lambda sub: self._lower(sub, self.cache.layer))
+            return self._continue(states, batch["attention_mask"], self.cache.layer, layer)
         return self._lower(batch, layer)
 
     def _lower(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
-        from kgc.encoding.layers import embed, run_layers
+        from kgc.encoding.layers import embed
 
         hidden = embed(self.backbone, batch["input_ids"], batch.get("token_type_ids"))
-        return run_layers(self.backbone, hidden, batch["attention_mask"], 0, layer)
+        return self._continue(hidden.unsqueeze(2), batch["attention_mask"], 0, layer)
 
-    def run_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> torch.Tensor:
-        """Layers ``[layer, T)`` on ``hidden`` (batch, len, hidden), then pool and normalise → (batch, dim)."""
+    def _continue(self, states: torch.Tensor, attention_mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Carried states at ``start`` (batch, len, K_start, H) → carried states at ``end``."""
         from kgc.encoding.layers import run_layers
 
-        hidden = run_layers(self.backbone, hidden, attention_mask, layer)
-        return F.normalize(pool(hidden, attention_mask, self.pooling), dim=-1)
+        outs = run_layers(self.backbone, states[:, :, -1], attention_mask, start, end, collect=True)
+        keep = ([states[:, :, i] for i in range(states.shape[2])] + outs)[-self.carried(end):]
+        return keep[0].unsqueeze(2) if len(keep) == 1 else torch.stack(keep, 2)
 
-    def encode_unique(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def run_from(self, states: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
+                 pool_mask: torch.Tensor | None = None, normalize: bool = True) -> torch.Tensor:
+        """Layers ``[layer, T)`` on the carried ``states`` (batch, len, K, H), then pool (and normalise)."""
+        states = self._continue(states, attention_mask, layer, self.num_layers)
+        return self._pool(states, attention_mask if pool_mask is None else pool_mask, normalize)
+
+    def _pool(self, states: torch.Tensor, mask: torch.Tensor, normalize: bool) -> torch.Tensor:
+        vec = self.pooler(states, mask)  # (batch, H)
+        return F.normalize(vec, dim=-1) if normalize else vec
+
+    def encode_unique(self, batch: dict[str, torch.Tensor], **kwargs) -> torch.Tensor:
         """Encode each distinct row once and scatter back (gradients flow to every use).
 
         Identical sequences are common in a batch (UMLS has 135 entities; a batch of 1024 tails repeats
         most of them), and a transformer forward is the whole cost of a step on a CPU.
         """
         sub, inverse = unique_rows(batch)
-        return self(**sub)[inverse]
+        return self(**sub, **kwargs)[inverse]
 
 
 def unique_rows(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The distinct rows of a padded batch (trimmed to their longest) and the map back to all rows."""
-    key = torch.cat([batch["input_ids"], batch["token_type_ids"]], dim=1)
+    parts = [batch["input_ids"], batch["token_type_ids"]] + ([batch["pool_mask"]] if "pool_mask" in batch else [])
+    key = torch.cat(parts, dim=1)
     uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
     if len(uniq) == len(key):
         return batch, torch.arange(len(key), device=key.device)
@@ -171,8 +204,7 @@ def unique_rows(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
-    """``hidden`` (batch, len, dim), ``mask`` (batch, len) → (batch, dim)."""
-    if how == "cls":
-        return hidden[:, 0]
-    m = mask.unsqueeze(-1).to(hidden.dtype)  # (batch, len, 1)
-    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    """``hidden`` (batch, len, dim), ``mask`` (batch, len) → (batch, dim): plain mean or [CLS] pooling."""
+    from kgc.encoding.pooling import masked_mean
+
+    return hidden[:, 0] if how == "cls" else masked_mean(hidden, mask)

@@ -45,15 +45,20 @@ def _key(ids: torch.Tensor, types: torch.Tensor) -> bytes:
 
 
 class LayerCache:
-    """Hidden states (len, hidden) in fp16 per token sequence, at one layer of one frozen encoder."""
+    """Hidden states (len, depth, hidden) in fp16 per token sequence, at one layer of one frozen encoder.
 
-    def __init__(self, *, layer: int, model_hash: str, tokenizer_hash: str, hidden: int,
+    ``depth`` K is what a split at this layer carries (:meth:`TextEncoder.carried`): the state entering
+    the layer, preceded by the lower layer outputs a multi-block pooling (S²Sent) reads.
+    """
+
+    def __init__(self, *, layer: int, model_hash: str, tokenizer_hash: str, hidden: int, depth: int = 1,
                  folder: Path | None = None) -> None:
-        self.layer, self.hidden = layer, hidden
+        self.layer, self.hidden, self.depth = layer, hidden, depth
         self.meta = {"model_sha256": model_hash, "layer": layer, "tokenizer_sha256": tokenizer_hash,
-                     "hidden": hidden, "dtype": "float16"}
-        self.folder = folder if folder is not None else cache_home() / "layers" / f"{model_hash[:16]}-L{layer}"
-        self.states: dict[bytes, np.ndarray] = {}  # key → (len, hidden) fp16 (memmap rows or fresh arrays)
+                     "hidden": hidden, "depth": depth, "dtype": "float16"}
+        name = f"{model_hash[:16]}-L{layer}" + (f"-K{depth}" if depth > 1 else "")
+        self.folder = folder if folder is not None else cache_home() / "layers" / name
+        self.states: dict[bytes, np.ndarray] = {}  # key → (len, depth, hidden) fp16 (memmap rows or fresh arrays)
         self.fresh: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (ids, types, states) not yet saved
         self.hits = self.misses = 0
         self._load()
@@ -98,7 +103,7 @@ class LayerCache:
 
     # ---------------------------------------------------------------- lookups
     def lookup(self, batch: dict[str, torch.Tensor], compute: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
-        """(batch, len, hidden) float32 states of the padded ``batch``; misses go through ``compute``."""
+        """(batch, len, depth, hidden) float32 states of the padded ``batch``; misses go through ``compute``."""
         ids, mask, types = (batch[k].cpu() for k in ("input_ids", "attention_mask", "token_type_ids"))
         lengths = mask.sum(1).tolist()
         keys = [_key(ids[i, :n], types[i, :n]) for i, n in enumerate(lengths)]
@@ -114,12 +119,12 @@ class LayerCache:
             width = max(lengths[i] for i in todo)
             sub = {k: v[idx.to(v.device), :width] for k, v in batch.items()}
             with torch.no_grad():
-                out = compute(sub).float().cpu().numpy().astype(np.float16)  # (misses, width, hidden)
+                out = compute(sub).float().cpu().numpy().astype(np.float16)  # (misses, width, depth, hidden)
             for row, i in enumerate(todo):
                 n = lengths[i]
                 self.states[keys[i]] = out[row, :n]
                 self.fresh.append((ids[i, :n].numpy(), types[i, :n].numpy(), out[row, :n]))
-        result = torch.zeros(len(keys), ids.shape[1], self.hidden)
+        result = torch.zeros(len(keys), ids.shape[1], self.depth, self.hidden)
         for i, (k, n) in enumerate(zip(keys, lengths)):
             result[i, :n] = torch.from_numpy(np.asarray(self.states[k], dtype=np.float32))
         return result.to(batch["input_ids"].device)

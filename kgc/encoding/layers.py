@@ -43,17 +43,21 @@ def embed(backbone: nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Te
 
 
 def run_layers(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int,
-               end: int | None = None) -> torch.Tensor:
-    """Apply layers ``[start, end)`` to ``hidden`` (batch, len, hidden); ``attention_mask`` (batch, len) of 0/1."""
+               end: int | None = None, *, collect: bool = False):
+    """Apply layers ``[start, end)`` to ``hidden`` (batch, len, hidden); ``attention_mask`` (batch, len) of 0/1.
+
+    Returns the last state, or with ``collect`` the list of every layer's output (``end - start`` of them).
+    """
     layers = backbone.encoder.layer
     end = len(layers) if end is None else end
-    if start >= end:
-        return hidden
-    mask = extended_mask(backbone, hidden, attention_mask)
-    for layer in layers[start:end]:
-        out = layer(hidden, mask)
-        hidden = out[0] if isinstance(out, tuple) else out
-    return hidden
+    outs: list[torch.Tensor] = []
+    if start < end:
+        mask = extended_mask(backbone, hidden, attention_mask)
+        for layer in layers[start:end]:
+            out = layer(hidden, mask)
+            hidden = out[0] if isinstance(out, tuple) else out
+            outs.append(hidden)
+    return outs if collect else hidden
 
 
 def frozen_below(backbone: nn.Module, trainable_layers: int | str) -> int:

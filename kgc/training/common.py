@@ -117,19 +117,25 @@ class MetricsLog:
         write_with(self.path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)))
 
 
-def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
-    """curves.png: loss, temperature and validation MRR against steps."""
+METRIC_TITLES = {"dev_mrr": "dev MRR (filtered)", "dev_spearman": "dev Spearman"}
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path, metric: str = "dev_mrr") -> None:
+    """curves.png: loss, temperature (where the objective learns one) and the validation metric against steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     train = [r for r in records if "loss" in r]
-    val = [r for r in records if "dev_mrr" in r]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    panels = [(train, "loss", "training loss"), (train, "tau", "temperature τ"), (val, "dev_mrr", "dev MRR (filtered)")]
+    val = [r for r in records if metric in r]
+    panels = [(train, "loss", "training loss")]
+    if any("tau" in r for r in train):
+        panels.append((train, "tau", "temperature τ"))
+    panels.append((val, metric, METRIC_TITLES.get(metric, metric)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6))
     for ax, (rows, key, title) in zip(axes, panels):
-        ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o" if key == "dev_mrr" else None)
+        ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o" if key == metric else None)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

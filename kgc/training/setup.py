@@ -1,0 +1,85 @@
+"""Builders both tasks share: encoders from a recipe, the layer cache of frozen layers, backbone files.
+
+The recipe stops here: what these return (encoders, conditioner options) takes plain typed arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from kgc.conditioning.base import Conditioner, conditioner_class
+from kgc.encoding.backbone import TextEncoder, load_backbone, resolve_backbone
+from kgc.recipe import Recipe
+
+
+def pooling_options(recipe: Recipe) -> dict[str, Any]:
+    m = recipe.model
+    return {"s2sent_blocks": m.s2sent_blocks, "s2sent_frequencies": m.s2sent_frequencies,
+            "s2sent_reduction": m.s2sent_reduction}
+
+
+def conditioner_options(recipe: Recipe) -> dict[str, Any]:
+    """The ``model.*`` options the recipe's conditioner declares."""
+    return {k: getattr(recipe.model, k) for k in conditioner_class(recipe.model.conditioner).options}
+
+
+def build_encoders(recipe: Recipe, backbone_folder: Path, *, pretrained: bool = True,
+                   shared: bool = True) -> tuple[TextEncoder, TextEncoder]:
+    """(query/sentence tower, tail tower): the same module when ``shared``, else a deep copy."""
+    backbone = load_backbone(backbone_folder, weights=pretrained)
+    opts = pooling_options(recipe)
+    query = TextEncoder(backbone, recipe.model.pooling, **opts)
+    tail = query if shared else TextEncoder(copy.deepcopy(backbone), recipe.model.pooling, **opts)
+    return query, tail
+
+
+def setup_layer_cache(encoders: list[TextEncoder], conditioner: Conditioner, recipe: Recipe,
+                      tokenizer_hash: str) -> None:
+    """Freeze the layers below T - n in every encoder and attach one cache of their outputs.
+
+    Frozen lower layers are identical in every tower (the same pretrained weights, never updated), so
+    one cache, keyed by exact token sequence, serves them all. The cache sits at min(T - n, t_condition):
+    the router must see the states entering its own layer.
+    """
+    n = recipe.encoder.trainable_layers
+    if n == "all":
+        return
+    from kgc.encoding.cache import LayerCache, lower_weights_hash
+    from kgc.encoding.layers import check_bert_family, frozen_below
+
+    encoders = list(dict.fromkeys(encoders))
+    for enc in encoders:
+        check_bert_family(enc.backbone, "encoder.trainable_layers")
+        t = enc.frozen_layers = frozen_below(enc.backbone, n)
+        enc.train(enc.training)
+    layer = min(t, conditioner.entry_layer) if conditioner.enters_at == "layer" else t
+    if layer == 0 or not recipe.encoder.cache:
+        return
+    first = encoders[0]
+    cache = LayerCache(layer=layer, model_hash=lower_weights_hash(first.backbone, layer),
+                       tokenizer_hash=tokenizer_hash, hidden=first.dim, depth=first.carried(layer))
+    for enc in encoders:
+        enc.cache = cache
+
+
+def save_backbone_files(folder: Path, recipe: Recipe, tokenizer) -> None:
+    """Copy config + tokenizer into the run (weights live in checkpoints), so a run needs nothing else."""
+    from transformers import AutoConfig
+
+    source = resolve_backbone(recipe.model.backbone)
+    folder.mkdir(parents=True, exist_ok=True)
+    AutoConfig.from_pretrained(str(source)).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+
+
+def count_parameters(*modules) -> tuple[int, int]:
+    """(trainable, total) over the distinct parameters of ``modules``."""
+    unique = {id(p): p for m in modules for p in m.parameters()}.values()
+    return sum(p.numel() for p in unique if p.requires_grad), sum(p.numel() for p in unique)
+
+
+def pooling_parameters(encoders: list[TextEncoder]) -> int:
+    """Parameters the pooling adds (S²Sent's excitation and gates; 0 for mean and cls)."""
+    return sum(p.numel() for enc in dict.fromkeys(encoders) for p in enc.pooler.parameters())
