@@ -13,7 +13,8 @@ import typer
 from kgc.errors import KGCError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Knowledge-graph completion with text encoders (SimKGC pipeline).")
+                  help="Knowledge-graph completion with text encoders (SimKGC pipeline), "
+                       "and conditional sentence similarity (C-STS) on the same conditioning core.")
 data_app = typer.Typer(no_args_is_help=True, help="Find and fetch datasets.")
 app.add_typer(data_app, name="data")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks behind the performance claims (ratios in one process).")
@@ -44,25 +45,81 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
 
 @app.command()
 def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
-             split: str = typer.Option("test", "--split", help="test or dev"),
+             split: Optional[str] = typer.Option(None, "--split",
+                                                 help="link prediction: test (default) or dev; "
+                                                      "C-STS: test (default), validation or train"),
              batch_size: Optional[int] = typer.Option(None, "--batch-size"),
              rerank: Optional[bool] = typer.Option(None, "--rerank/--no-rerank", help="SimKGC graph re-ranking"),
              device: str = typer.Option("auto", "--device"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
-    """Filtered link prediction on a split, both directions; writes results.json and ranks.tsv."""
-    from kgc.linkpred.evaluate import evaluate_run, format_table
-    from kgc.linkpred.model import Run
+    """Evaluate a run on a split: filtered link prediction (both directions) or C-STS similarity."""
     from kgc.training.common import pick_device
+    from kgc.training.run import open_run
+
+    run = open_run(run_dir)
+    split = split or "test"
+    suffix = "" if split == "test" else f".{split}"
+    if run.recipe.task == "csts":
+        from kgc.csts.evaluate import evaluate_run as evaluate_csts, format_summary
+
+        if split not in ("test", "validation", "train"):
+            raise KGCError(f"--split {split!r}: a C-STS run has test, validation and train")
+        if rerank is not None:
+            raise KGCError("--rerank is link prediction's graph re-ranking; a C-STS run has none")
+        ev = evaluate_csts(run, split, device=pick_device(device), batch_size=batch_size, progress=progress)
+        r = ev.results
+        _echo(f"{r['kgc']['dataset']} {split}: {r['rows']} rows ({r['labelled_rows']} labelled), {ev.seconds:.1f}s")
+        _echo(format_summary(r))
+        if not r["labelled_rows"]:
+            _echo("no labels in this split (the public C-STS test set): predictions only")
+        _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'predictions{suffix}.tsv'}")
+        return
+    from kgc.linkpred.evaluate import evaluate_run, format_table
 
     if split not in ("test", "dev"):
         raise KGCError(f"--split {split!r}: choose test or dev")
-    run = Run(run_dir)
     ev = evaluate_run(run, split, device=pick_device(device), batch_size=batch_size, rerank=rerank, progress=progress)
-    suffix = "" if split == "test" else f".{split}"
     _echo(f"{ev.results['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks "
           f"({ev.seconds:.1f}s)")
     _echo(format_table(ev.results))
     _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
+
+
+@app.command()
+def similarity(run_dir: Path = typer.Argument(..., help="a C-STS run directory"),
+               s1: Optional[str] = typer.Option(None, "--s1", help="first sentence"),
+               s2: Optional[str] = typer.Option(None, "--s2", help="second sentence"),
+               condition: Optional[str] = typer.Option(None, "--condition", help='e.g. "The colour of the car."'),
+               table: Optional[Path] = typer.Option(None, "--tsv",
+                                                    help="many rows: a .tsv or .csv with columns sentence1, "
+                                                         "sentence2, condition (label optional)"),
+               out: Optional[Path] = typer.Option(None, "--out", help="write the scored rows here (TSV)"),
+               as_json: bool = typer.Option(False, "--json")) -> None:
+    """Similarity of two sentences under a condition: cosine, and on the 1-5 label scale."""
+    from kgc.csts.predict import read_queries, score, write_scores
+    from kgc.csts.model import CSTSRun
+
+    if table is None and None in (s1, s2, condition):
+        raise KGCError("give --s1, --s2 and --condition, or --tsv FILE with columns sentence1, sentence2, condition")
+    if table is not None and any(x is not None for x in (s1, s2, condition)):
+        raise KGCError("give either --tsv FILE or --s1/--s2/--condition, not both")
+    run = CSTSRun(run_dir)
+    model, tokenizer = run.load("cpu")
+    rows = read_queries(table) if table is not None else [{"sentence1": s1, "sentence2": s2, "condition": condition}]
+    start = time.perf_counter()
+    scored = score(model, tokenizer, rows)
+    seconds = time.perf_counter() - start
+    if out is not None:
+        write_scores(out, scored)
+        _echo(f"scored {len(scored)} rows in {seconds:.2f}s → {out}")
+    elif as_json:
+        _echo(json.dumps({"seconds": seconds, "rows": scored}, indent=2))
+    elif table is None:
+        r = scored[0]
+        _echo(f"similarity {r['similarity']:.4f}   (label scale {r['predicted_label']:.2f} / 5)   "
+              f"[{seconds * 1000:.0f} ms]")
+    else:
+        write_scores(None, scored, echo=_echo)
 
 
 @app.command()
@@ -110,15 +167,16 @@ def predict(run_dir: Path = typer.Argument(..., help="a run directory with a bui
 
 
 @app.command()
-def compare(recipes: List[Path] = typer.Argument(..., help="recipes to compare, e.g. recipes/umls_*.yaml"),
+def compare(recipes: List[Path] = typer.Argument(..., help="recipes of one task, e.g. recipes/umls_*.yaml"),
             set_: List[str] = typer.Option([], "--set", help="the shared budget, e.g. --set train.epochs=1"),
             out: Path = typer.Option(Path("runs/compare"), "--out", help="folder for the runs and compare.md"),
             progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Train + evaluate several recipes under one budget; write a markdown table (compare.md)."""
-    from kgc.linkpred.compare import compare as run_compare, markdown_table
+    from kgc.compare import compare as run_compare, markdown_table
+    from kgc.recipe import load_recipe
 
     rows = run_compare(recipes, set_, out, echo=_echo, progress=progress)
-    _echo(markdown_table(rows))
+    _echo(markdown_table(rows, load_recipe(recipes[0], set_).task))
     _echo(f"wrote {out / 'compare.md'}")
 
 
@@ -165,16 +223,33 @@ def data_list() -> None:
     from kgc.data.catalog import list_datasets
 
     for row in list_datasets():
-        _echo(f"{row['name']:<10} {row['where']:<28} {row['folder']}")
+        _echo(f"{row['name']:<11} {row['where']:<28} {row['folder']}")
 
 
 @data_app.command("fetch")
-def data_fetch(name: str = typer.Argument(..., help="catalog name, e.g. wn18rr"),
-               dest: Optional[Path] = typer.Option(None, "--dest", help="data home (default $KGC_DATA_HOME or ./data)")) -> None:
-    """Download a dataset from its public home and check its sha256 sums."""
+def data_fetch(name: str = typer.Argument(..., help="catalog name, e.g. wn18rr or csts"),
+               dest: Optional[Path] = typer.Option(None, "--dest", help="data home (default $KGC_DATA_HOME or ./data)"),
+               password: Optional[str] = typer.Option(None, "--password",
+                                                      help="csts: the password its authors give on request"),
+               source: Optional[str] = typer.Option(None, "--from", help="csts: a local csts.tar.enc instead of "
+                                                                         "downloading it")) -> None:
+    """Download a dataset from its public home (sha256 checked; csts decrypted and its columns checked)."""
     from kgc.data.catalog import fetch_dataset
 
-    _echo(f"fetched into {fetch_dataset(name, dest)}")
+    _echo(f"fetched into {fetch_dataset(name, dest, password=password, source=source)}")
+
+
+@data_app.command("synth-csts")
+def data_synth_csts(out: Path = typer.Argument(..., help="folder for csts_{train,validation,test}.csv"),
+                    seed: int = typer.Option(0, "--seed"),
+                    train_pairs: int = typer.Option(2000, "--train-pairs", min=1),
+                    validation_pairs: int = typer.Option(300, "--validation-pairs", min=1),
+                    test_pairs: int = typer.Option(500, "--test-pairs", min=1)) -> None:
+    """Generate the synthetic conditional-similarity set in the official C-STS layout (deterministic)."""
+    from kgc.csts.synth import write_synthetic
+
+    write_synthetic(out, seed=seed, train_pairs=train_pairs, validation_pairs=validation_pairs, test_pairs=test_pairs)
+    _echo(f"wrote {2 * train_pairs} + {2 * validation_pairs} + {2 * test_pairs} rows to {out}/csts_*.csv")
 
 
 def main() -> None:

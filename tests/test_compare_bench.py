@@ -20,7 +20,7 @@ def test_compare_tabulates_each_recipe(tiny_bert, tmp_path, data_home, monkeypat
     out = tmp_path / "cmp"
     res = kgc("compare", a, b, "--set", "train.max_steps=2", "--out", out, "--no-progress")
     table = (out / "compare.md").read_text().splitlines()
-    assert table[0].startswith("| recipe | conditioner | MRR") and len(table) == 4
+    assert table[0].startswith("| recipe | conditioner | pooling | MRR") and len(table) == 4
     rows = json.loads((out / "compare.json").read_text())["rows"]
     assert [r["recipe"] for r in rows] == ["tiny_bi", "tiny_had"]
     assert rows[0]["conditioner"] == "biencoder" and rows[1]["conditioner"] == "hadamard"

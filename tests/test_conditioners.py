@@ -20,6 +20,8 @@ CASES = {
     "router": ("router", {}),
     "router-2-w_only-hidden": ("router", {"router_layers": 2, "weighting": "w_only", "scorer": "hidden"}),
     "router-heavy": ("router", {"scorer": "heavy"}),
+    "case": ("case", {}),
+    "case-mlp-k16": ("case", {"case_projection": "mlp", "case_dim": 16}),
 }
 
 
@@ -62,7 +64,7 @@ CONDS = [[3000], [3001, 3002], [3000], [3001, 3002]]
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_unit_vectors_of_the_right_shape(name, encoder, special):
     out = make(name, encoder, special)(SENTS, CONDS)
-    assert out.shape == (4, encoder.dim)
+    assert out.shape == (4, CASES[name][1].get("case_dim", encoder.dim))
     torch.testing.assert_close(out.norm(dim=-1), torch.ones(4))
 
 
@@ -109,5 +111,5 @@ def test_router_refuses_to_read_the_condition_before_any_layer(encoder, special)
 def test_unknown_conditioner_lists_the_known_ones(encoder, special):
     from kgc.errors import KGCError
 
-    with pytest.raises(KGCError, match="Available: biencoder, concat, hadamard, hypernet, router"):
+    with pytest.raises(KGCError, match="Available: biencoder, case, concat, hadamard, hypernet, router"):
         build_conditioner("hypernett", encoder=encoder, special=special, max_tokens=24)

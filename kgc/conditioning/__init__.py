@@ -2,8 +2,9 @@
 
 from kgc.conditioning.base import CONDITIONERS, Conditioner, build_conditioner, register
 from kgc.conditioning.biencoder import BiEncoder
+from kgc.conditioning.case import Case
 from kgc.conditioning.pooled import Concat, Hadamard, HyperNet
 from kgc.conditioning.router import Router
 
-__all__ = ["CONDITIONERS", "BiEncoder", "Concat", "Conditioner", "Hadamard", "HyperNet", "Router",
+__all__ = ["CONDITIONERS", "BiEncoder", "Case", "Concat", "Conditioner", "Hadamard", "HyperNet", "Router",
            "build_conditioner", "register"]

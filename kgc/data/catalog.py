@@ -1,11 +1,16 @@
 """Names → local folders. Lookup order: an explicit path → $KGC_DATA_HOME/<NAME> → ./data/<NAME>
 → the copies bundled inside the pykeen wheel (UMLS, Nations, Kinships) → ``kgc data fetch NAME``.
+
+Link-prediction sets are KG-BERT or PyKEEN label-TSV folders; ``csts`` (task csts) is a folder of the
+official C-STS CSVs, fetched from the authors' encrypted archive with the password they give on request.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import tarfile
 import tempfile
 import urllib.request
 from dataclasses import dataclass, field
@@ -25,6 +30,15 @@ class CatalogEntry:
     files: dict[str, str | None] = field(default_factory=dict)  # file → sha256 (None: not pinned)
     url: str | None = None  # folder URL; each file is url/<file>
     pykeen_bundle: str | None = None  # sub-folder of pykeen/datasets holding train/valid/test.txt
+    task: str = "linkpred"
+    encrypted: bool = False  # url is one ``openssl enc -aes-256-cbc -a -salt -pbkdf2`` tar archive
+
+    @property
+    def probe(self) -> tuple[str, ...]:
+        return PROBES[self.task]
+
+
+PROBES = {"linkpred": ("train.tsv", "train.txt"), "csts": ("csts_train.csv",)}
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -64,6 +78,10 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry("nations", "Nations", "Nations (Kemp et al. 2006), labels only", pykeen_bundle="nations"),
         CatalogEntry("kinships", "Kinships", "Alyawarra kinship (Kemp et al. 2006), labels only",
                      pykeen_bundle="kinships"),
+        CatalogEntry("csts", "CSTS", "Conditional STS (Deshpande et al. 2023), official CSVs; encrypted upstream",
+                     files={f"csts_{s}.csv": None for s in ("train", "validation", "test")},
+                     url="https://raw.githubusercontent.com/princeton-nlp/c-sts/main/data/csts.tar.enc",
+                     task="csts", encrypted=True),
     ]
 }
 
@@ -88,15 +106,15 @@ def _pykeen_folder(entry: CatalogEntry) -> Path | None:
     return folder if (folder / "train.txt").is_file() else None
 
 
-def _looks_like_dataset(folder: Path) -> bool:
-    return folder.is_dir() and ((folder / "train.tsv").is_file() or (folder / "train.txt").is_file())
+def _looks_like_dataset(folder: Path, task: str = "linkpred") -> bool:
+    return folder.is_dir() and any((folder / f).is_file() for f in PROBES[task])
 
 
 def _candidates(entry: CatalogEntry, home: Path) -> list[Path]:
     return [home / entry.folder, home / entry.name]
 
 
-def find_dataset(name_or_path: str, path: str | None = None) -> tuple[Path, str]:
+def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpred") -> tuple[Path, str]:
     """Return (folder, where-found) for a catalog name or a folder path; a clear error when absent."""
     if path is not None:
         folder = Path(path).expanduser()
@@ -108,18 +126,25 @@ def find_dataset(name_or_path: str, path: str | None = None) -> tuple[Path, str]
     entry = CATALOG.get(key)
     if entry is None:
         folder = Path(name_or_path).expanduser()
-        if _looks_like_dataset(folder):
+        if _looks_like_dataset(folder, task):
             return folder, "path"
-        raise KGCError(f"dataset {name_or_path!r}: not a catalog name ({', '.join(CATALOG)}) "
-                       "and not a folder holding train.tsv/train.txt")
+        names = [n for n, e in CATALOG.items() if e.task == task] + (["synth-csts"] if task == "csts" else [])
+        raise KGCError(f"dataset {name_or_path!r}: not a catalog name for task {task} ({', '.join(names)}) "
+                       f"and not a folder holding {' or '.join(PROBES[task])}")
+    if entry.task != task:
+        raise KGCError(f"dataset {entry.name!r} is a {entry.task} dataset, and the recipe has task {task}; "
+                       f"set task: {entry.task} or pick a {task} dataset")
     for label, home in data_homes():
         for folder in _candidates(entry, home):
-            if _looks_like_dataset(folder):
+            if _looks_like_dataset(folder, task):
                 return folder, label
     if (bundled := _pykeen_folder(entry)) is not None:
         return bundled, "pykeen wheel (labels only)"
     target = data_homes()[0][1] / entry.folder
     hint = f"run `kgc data fetch {entry.name}`" if entry.url else "copy its train/valid/test files there"
+    if entry.encrypted:
+        hint = (f"put {', '.join(entry.files)} there, or run `kgc data fetch {entry.name} --password …` with the "
+                "password its authors give on request")
     raise KGCError(f"dataset {entry.name!r} not found. Populate {target} ({hint}), "
                    "or set KGC_DATA_HOME to a folder that holds it.")
 
@@ -128,18 +153,22 @@ def list_datasets() -> list[dict[str, str]]:
     rows = []
     for entry in CATALOG.values():
         try:
-            folder, where = find_dataset(entry.name)
+            folder, where = find_dataset(entry.name, task=entry.task)
             rows.append({"name": entry.name, "where": where, "folder": str(folder), "about": entry.description})
         except KGCError:
             rows.append({"name": entry.name, "where": "missing", "folder": "-", "about": entry.description})
+    rows.append({"name": "synth-csts", "where": "generated", "folder": "$KGC_CACHE_HOME/synth-csts (on first use)",
+                 "about": "synthetic conditional similarity, made by kgc (`kgc data synth-csts OUT`)"})
     return rows
 
 
-def fetch_dataset(name: str, dest_home: Path | None = None) -> Path:
+def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | None = None,
+                  source: str | None = None) -> Path:
     """Download a catalog dataset from its public home into <home>/<FOLDER>, checking sha256 sums.
 
     Files land in a temporary folder first; the folder is renamed into place only when every file
-    arrived and matched, so an interrupted or failed fetch leaves nothing behind.
+    arrived and matched, so an interrupted or failed fetch leaves nothing behind. An encrypted entry
+    (``csts``) needs ``password``; ``source`` reads its archive from a local file instead of the URL.
     """
     entry = CATALOG.get(name.lower().replace("-", ""))
     if entry is None:
@@ -148,11 +177,18 @@ def fetch_dataset(name: str, dest_home: Path | None = None) -> Path:
         raise KGCError(f"{entry.name} has no download home; it ships inside the pykeen wheel")
     home = dest_home or data_homes()[0][1]
     target = home / entry.folder
-    if _looks_like_dataset(target):
+    if _looks_like_dataset(target, entry.task):
         return target
+    if entry.encrypted and not password:
+        raise KGCError(f"{entry.name} is distributed encrypted: pass --password (its authors give it on request), "
+                       f"or put {', '.join(entry.files)} into {target} yourself")
     home.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.folder}.", dir=home))
     try:
+        if entry.encrypted:
+            _unpack_encrypted(entry, tmp, target, password, source)
+            os.replace(tmp, target)
+            return target
         for fname, expected in entry.files.items():
             url = f"{entry.url}/{fname}"
             try:
@@ -171,3 +207,35 @@ def fetch_dataset(name: str, dest_home: Path | None = None) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp)
     return target
+
+
+def _unpack_encrypted(entry: CatalogEntry, tmp: Path, target: Path, password: str, source: str | None) -> None:
+    """Download (or read) the OpenSSL-encrypted tar, decrypt it in memory, keep the listed files."""
+    from kgc.data.openssl import decrypt
+
+    where = source or entry.url
+    try:
+        if source is not None and Path(source).is_file():
+            blob = Path(source).read_bytes()
+        else:
+            with urllib.request.urlopen(where, timeout=60) as resp:
+                blob = resp.read()
+    except (OSError, ValueError) as exc:
+        raise KGCError(f"could not read {where} ({exc}). Offline? Fetch {entry.url} elsewhere and pass it with "
+                       f"--from FILE, or put {', '.join(entry.files)} into {target} by hand.") from None
+    plain = decrypt(blob, password, what=str(where))
+    try:
+        archive = tarfile.open(fileobj=io.BytesIO(plain))
+    except tarfile.TarError:
+        raise KGCError(f"{where}: decrypted, but not a tar archive (wrong password?)") from None
+    with archive:
+        members = {Path(m.name).name: m for m in archive.getmembers() if m.isfile()}
+        missing = [f for f in entry.files if f not in members]
+        if missing:
+            raise KGCError(f"{where}: the archive lacks {', '.join(missing)} (it holds {', '.join(sorted(members))})")
+        for fname in entry.files:
+            (tmp / fname).write_bytes(archive.extractfile(members[fname]).read())
+    if entry.task == "csts":  # check the columns and every row before the folder is published
+        from kgc.csts.data import read_csts
+
+        read_csts(tmp)

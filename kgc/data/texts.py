@@ -61,8 +61,8 @@ class SpecialTokens:
         ids = pre + a + suf
         return ids, [0] * len(ids)
 
-    def wrap_pair(self, a: Sequence[int], b: Sequence[int], max_len: int) -> tuple[list[int], list[int]]:
-        """``[CLS] a [SEP] b [SEP]`` truncated longest-first (as the tokenizer's own truncation)."""
+    def truncate_pair(self, a: Sequence[int], b: Sequence[int], max_len: int) -> tuple[list[int], list[int]]:
+        """Both sides cut longest-first to fit ``[CLS] a [SEP] b [SEP]`` in ``max_len`` (the tokenizer's rule)."""
         a, b = list(a), list(b)
         budget = max_len - self.n_pair
         excess = len(a) + len(b) - budget
@@ -73,6 +73,11 @@ class SpecialTokens:
             rest = excess - cut_long
             la, lb = la - rest // 2, lb - (rest - rest // 2)
             a, b = a[: max(la, 0)], b[: max(lb, 0)]
+        return a, b
+
+    def wrap_pair(self, a: Sequence[int], b: Sequence[int], max_len: int) -> tuple[list[int], list[int]]:
+        """``[CLS] a [SEP] b [SEP]`` truncated longest-first (as the tokenizer's own truncation)."""
+        a, b = self.truncate_pair(a, b, max_len)
         pre, mid, suf = self.pair
         ta, tb = self.pair_types
         ids = pre + a + mid + b + suf
@@ -92,6 +97,12 @@ class SpecialTokens:
         return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": types}
 
 
+def tokenizer_hash(tokenizer) -> str:
+    """sha256 of the vocabulary: what a cache of token-keyed states depends on besides the weights."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(repr(vocab).encode()).hexdigest()
+
+
 def _find(hay: list[int], needle: list[int], start: int = 0) -> int:
     for i in range(start, len(hay) - len(needle) + 1):
         if hay[i: i + len(needle)] == needle:
@@ -107,8 +118,7 @@ class TextBank:
         self.graph = graph
         self.max_tokens = max_tokens
         self.special = SpecialTokens.from_tokenizer(tokenizer)
-        vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-        self.tokenizer_hash = hashlib.sha256(repr(vocab).encode()).hexdigest()
+        self.tokenizer_hash = tokenizer_hash(tokenizer)
         self.max_neighbors = max_neighbors if neighbor_text else 0
         tok = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
         names = graph.names

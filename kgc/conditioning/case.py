@@ -1,0 +1,86 @@
+"""CASE, condition-aware sentence embeddings (Zhang, Zhou and Bollegala): embed the *condition* given the
+sentence, remove what the condition says on its own, then a learnt projection.
+
+    e(s | c) = P( f(c ; s) − f(c ; ∅) )
+
+* f(c ; s): ``[CLS] condition [SEP] sentence [SEP]`` through the encoder, pooled over the condition's
+  tokens only (the sentence is context, not content) — the condition enters at the input (t = 0);
+* f(c ; ∅): ``[CLS] condition [SEP]`` pooled the same way;
+* both are the toolkit's unit-length embeddings; P is ``case_projection`` ``linear`` (W x, H → k) or
+  ``mlp`` (W2 · dropout(LeakyReLU(W1 x)), H → H → k), ``case_dim`` k (default H); the output is
+  L2-normalised like every embedding here. With ``encoder.trainable_layers: 0`` only P trains (the
+  paper's setting: a frozen encoder and a small supervised projection, minutes).
+
+What CASE can cache: f(c ; ∅), once per distinct condition (``encode_conditions``). What it cannot:
+f(c ; s) reads the sentence and the condition together from the first layer, so every (sentence,
+condition) pair runs the whole encoder — the bi-encoder's cost, not the tri-encoders'.
+
+Works for link prediction too: the relation is the condition, the head's text the sentence (there k
+must equal the entity width H). The released code (github.com/jojozhang00/CSTS-CASE) uses
+instruction-tuned LLM encoders with a prompt (condition in the query slot, sentence as context) and
+last-token pooling over the whole prompt, a projection Linear(d → 512, no bias) → LeakyReLU →
+Dropout(0.15), and MSE against label / 5; here a BERT-family encoder pools the condition's own tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kgc.conditioning.base import Conditioner, TokenLists, register
+from kgc.errors import KGCError
+
+
+@register
+class Case(Conditioner):
+    name = "case"
+    enters_at = "input"
+    options = ("case_projection", "case_dim")
+
+    def __init__(self, *, case_projection: str = "linear", case_dim: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if self.encoder.pooling == "cls":
+            raise KGCError("model.conditioner=case pools the condition's own tokens: use model.pooling mean or s2sent")
+        h = self.encoder.dim
+        self.k = case_dim or h
+        if case_projection == "linear":
+            self.proj = nn.Linear(h, self.k, bias=False)
+        elif case_projection == "mlp":
+            self.proj = nn.Sequential(nn.Linear(h, h), nn.LeakyReLU(), nn.Dropout(0.1), nn.Linear(h, self.k))
+        else:
+            raise KGCError(f"model.case_projection {case_projection!r}: choose linear or mlp")
+
+    @property
+    def out_dim(self) -> int:
+        return self.k
+
+    def _pooled(self, seqs: list[tuple[list[int], list[int]]], spans: list[tuple[int, int]]) -> torch.Tensor:
+        """(batch, H) unit vectors of the padded sequences, pooled over each one's condition span."""
+        batch = self.special.pad(seqs)
+        mask = torch.zeros_like(batch["attention_mask"])
+        for i, (a, b) in enumerate(spans):
+            mask[i, a:b] = 1
+        batch["pool_mask"] = mask
+        return self.encoder.encode_unique({k: v.to(self.device) for k, v in batch.items()})
+
+    def encode_conditions(self, conditions: TokenLists) -> tuple[list[list[int]], torch.Tensor]:
+        """(the conditions' token ids, f(c ; ∅) (conditions, H))."""
+        start = len(self.special.single[0])
+        seqs = [self.special.wrap(c, self.max_tokens) for c in conditions]
+        spans = [(start, start + len(ids) - self.special.n_single) for ids, _ in seqs]
+        return [list(c) for c in conditions], self._pooled(seqs, spans)
+
+    def encode_sentences(self, sentences: TokenLists) -> TokenLists:
+        return sentences  # t = 0: nothing is condition-free above the input
+
+    def combine(self, sentence_state, condition_state, condition_index):
+        tokens, alone = condition_state
+        start = len(self.special.pair[0])
+        seqs, spans = [], []
+        for s, c in zip(sentence_state, condition_index.tolist()):
+            cond, sent = self.special.truncate_pair(tokens[c], s, self.max_tokens)
+            seqs.append(self.special.wrap_pair(cond, sent, self.max_tokens))
+            spans.append((start, start + len(cond)))
+        given = self._pooled(seqs, spans)  # f(c ; s): (batch, H)
+        return F.normalize(self.proj(given - alone[condition_index]), dim=-1)  # (batch, k)
