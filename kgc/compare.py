@@ -7,9 +7,10 @@ toolkit's version of the papers' tables:
 * link prediction: conditioner, pooling, MRR, H@1, H@3, H@10, trainable/total parameters, training
   triples/s, evaluation seconds, cache bytes;
 * C-STS: conditioner, pooling, Spearman, Pearson, pair accuracy, trainable/total parameters, training
-  pairs/s, training and evaluation seconds, cache bytes — with a first row for the condition-blind
-  baseline (the untrained backbone's plain sentence cosine) on the same split: the test split when it
-  has labels, else the validation split (the official C-STS test labels are hidden).
+  pairs/s, training and evaluation seconds, cache bytes — with, before the first recipe of each
+  dataset, a row for the condition-blind baseline (the untrained backbone's plain sentence cosine) on
+  the same split: the test split when it has labels, else the validation split (the official C-STS test
+  labels are hidden).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from kgc.training.run import open_run
 COLUMNS = {
     "linkpred": ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "trainable params",
                  "total params", "train triples/s", "eval seconds", "cache bytes"],
-    "csts": ["recipe", "conditioner", "pooling", "split", "Spearman", "Pearson", "pair accuracy", "trainable params",
+    "csts": ["recipe", "conditioner", "pooling", "data", "Spearman", "Pearson", "pair accuracy", "trainable params",
              "total params", "train pairs/s", "train seconds", "eval seconds", "cache bytes"],
 }
 METRICS = {"MRR", "H@1", "H@3", "H@10", "Spearman", "Pearson", "pair accuracy"}
@@ -65,7 +66,7 @@ def _row(run, ev, summary: dict, seconds: float) -> dict:
                     "H@10": both["hits_at_10"], "train triples/s": summary["triples_per_s"]})
     else:
         r = ev.results
-        row.update({"split": r["split"], "Spearman": r["spearman"], "Pearson": r["pearson"],
+        row.update({"data": f"{recipe.data.dataset} {r['split']}", "Spearman": r["spearman"], "Pearson": r["pearson"],
                     "pair accuracy": r["pair_accuracy"],
                     "train pairs/s": summary["pairs_per_s"], "train seconds": round(seconds, 1)})
     return row
@@ -82,11 +83,15 @@ def compare(recipes: list[Path], overrides: list[str], out: Path, *, echo=print,
         raise KGCError(f"kgc compare: two recipes share a name ({', '.join(names)}); each run needs its own folder")
     rows = []
     out.mkdir(parents=True, exist_ok=True)
-    split = "test"
-    if task == "csts":
-        split = _labelled_split(loaded[0])
-        rows.append(_blind_row(loaded[0], split, echo))
+    splits: dict[str, str] = {}  # C-STS dataset → the split every recipe on it is evaluated on
     for recipe in loaded:
+        split = "test"
+        if task == "csts":
+            key = _data_key(recipe)
+            if key not in splits:
+                splits[key] = _labelled_split(recipe)
+                rows.append(_blind_row(recipe, splits[key], echo))
+            split = splits[key]
         run_dir = out / recipe.name
         seconds = None
         if (run_dir / "train_summary.json").is_file():
@@ -123,6 +128,11 @@ def _evaluate(run, split: str, progress: bool):
     return evaluate_run(run, split, progress=progress)
 
 
+def _data_key(recipe) -> str:
+    d = recipe.data
+    return f"{d.dataset}|{d.path}|{d.synth.model_dump() if d.dataset == 'synth-csts' else ''}"
+
+
 def _labelled_split(recipe) -> str:
     from kgc.csts.data import load_csts
 
@@ -143,9 +153,9 @@ def _blind_row(recipe, split: str, echo) -> dict:
                         max_tokens=d.max_tokens)
     seconds = time.perf_counter() - start
     rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.4f}"
-    echo(f"condition-blind baseline: test Spearman {rho}")
+    echo(f"condition-blind baseline on {d.dataset}: {split} Spearman {rho}")
     return {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained", "pooling": "mean",
-            "split": split,
+            "data": f"{d.dataset} {split}",
             "Spearman": r["spearman"], "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"],
             "trainable params": 0, "total params": 0, "train pairs/s": None, "train seconds": 0.0,
             "eval seconds": round(seconds, 1), "cache bytes": 0}

@@ -159,11 +159,11 @@ def test_compare_on_the_official_layout(tiny_bert, tmp_path, monkeypatch):
               "--set", "train.num_threads=1", "--out", out, "--no-progress")
     rows = json.loads((out / "compare.json").read_text())["rows"]
     assert [r["recipe"] for r in rows] == ["(condition-blind)"] + [p.stem for p in recipes]
-    assert all(r["split"] == "validation" and r["Spearman"] is not None for r in rows)
+    assert all(r["data"] == "csts validation" and r["Spearman"] is not None for r in rows)
     assert rows[0]["pair accuracy"] == 0.5  # blind to the condition: every pair is a tie
     for r in rows[1:]:
         results = json.loads((out / r["recipe"] / "results.validation.json").read_text())
         assert r["Spearman"] == results["spearman"] and r["train pairs/s"] > 0
     table = (out / "compare.md").read_text().splitlines()
-    assert table[0].startswith("| recipe | conditioner | pooling | split | Spearman | Pearson | pair accuracy")
-    assert len(table) == 2 + 7 and "| csts_case | case (linear, k=512), top 0 layers |" in res.stdout
+    assert table[0].startswith("| recipe | conditioner | pooling | data | Spearman | Pearson | pair accuracy")
+    assert len(table) == 2 + 7 and "| csts_case | case (mlp, k=512), top 0 layers |" in res.stdout

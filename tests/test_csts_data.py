@@ -195,3 +195,24 @@ def test_objective_by_hand():
     assert off(cos, lab, high, low).item() == pytest.approx(mse, rel=1e-6)
     loss(cos, lab, high, low).backward()
     assert cos.grad[0] < 0 and cos.grad[1] > 0  # pushes φ(c_high) up and φ(c_low) down
+
+
+def test_batches_keep_each_sentence_pair_whole(tmp_path, monkeypatch):
+    from kgc.csts.train import CSTSTask
+    from kgc.recipe import load_recipe
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path))
+    recipe = load_recipe(None, ["task=csts", "data.dataset=synth-csts", "data.synth.train_pairs=50",
+                                "train.batch_size=16", "train.seed=3"])
+    task = CSTSTask(recipe)
+    assert task.steps_per_epoch == 7  # 50 pairs, 8 per batch
+    split = task.split
+    for epoch in (0, 1):
+        batches = task.epoch_batches(epoch)
+        assert len(batches) == 7 and sorted(np.concatenate(batches).tolist()) == list(range(100))
+        for batch in batches:
+            pairs = {(split.s1[i], split.s2[i]) for i in batch}
+            assert len(batch) == 2 * len(pairs)  # both conditions of every pair in the batch
+            assert len(split.contrast_pairs(batch)[0]) == len(pairs)
+    assert [b.tolist() for b in task.epoch_batches(1)] == [b.tolist() for b in CSTSTask(recipe).epoch_batches(1)]
+    assert [b.tolist() for b in task.epoch_batches(0)] != [b.tolist() for b in task.epoch_batches(1)]
