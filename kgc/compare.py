@@ -44,7 +44,7 @@ def describe_conditioner(recipe) -> str:
              "router": f" (k={m.router_layers}, {m.scorer}, {m.weighting})",
              "case": f" ({m.case_projection}, k={m.case_dim or 'H'})"}.get(m.conditioner, "")
     layers = recipe.encoder.trainable_layers
-    return m.conditioner + extra + ("" if layers == "all" else f", top {layers} layers")
+    return m.conditioner + extra + {"all": "", 0: ", frozen encoder"}.get(layers, f", top {layers} layers")
 
 
 def describe_pooling(recipe, params: int) -> str:
@@ -157,8 +157,8 @@ def _blind_row(recipe, split: str, echo) -> dict:
     return {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained", "pooling": "mean",
             "data": f"{d.dataset} {split}",
             "Spearman": r["spearman"], "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"],
-            "trainable params": 0, "total params": 0, "train pairs/s": None, "train seconds": 0.0,
-            "eval seconds": round(seconds, 1), "cache bytes": 0}
+            "trainable params": None, "total params": None, "train pairs/s": None, "train seconds": None,
+            "eval seconds": round(seconds, 1), "cache bytes": None}
 
 
 def markdown_table(rows: list[dict], task: str = "linkpred") -> str:

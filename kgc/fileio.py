@@ -48,6 +48,23 @@ def write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> None:
         writer(tmp)
 
 
+def tsv_text(rows: list[dict], fieldnames: list[str] | None = None) -> str:
+    """Dict rows as tab-separated text with a header (columns: ``fieldnames`` or the first row's keys)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fieldnames or list(rows[0]), delimiter="\t", lineterminator="\n",
+                            extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def write_tsv(path: str | os.PathLike, rows: list[dict], fieldnames: list[str] | None = None) -> None:
+    write_text(path, tsv_text(rows, fieldnames))
+
+
 def append_line(path: str | os.PathLike, line: str) -> None:
     """Append one line (metrics.jsonl). A partial last line after a crash is skipped by readers."""
     with open(path, "a", encoding="utf-8") as fh:

@@ -116,10 +116,7 @@ def format_summary(results: dict) -> str:
 def evaluate_run(run, split: str = "test", *, device="cpu", batch_size: int | None = None,
                  progress: bool = False) -> CSTSEvaluation:
     """Evaluate a C-STS run directory; write ``results[.split].json`` and ``predictions[.split].tsv`` into it."""
-    import csv
-    import io
-
-    from kgc.fileio import write_json, write_text
+    from kgc.fileio import write_json, write_tsv
 
     model, tokenizer = run.load(device)
     data = run.data()
@@ -127,11 +124,7 @@ def evaluate_run(run, split: str = "test", *, device="cpu", batch_size: int | No
                   progress=progress)
     suffix = "" if split == "test" else f".{split}"
     write_json(run.path / f"results{suffix}.json", ev.results)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(ev.predictions[0]), delimiter="\t", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(ev.predictions)
-    write_text(run.path / f"predictions{suffix}.tsv", buf.getvalue())
+    write_tsv(run.path / f"predictions{suffix}.tsv", ev.predictions)
     return ev
 
 

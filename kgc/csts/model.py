@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from torch import nn
 
 from kgc.conditioning.base import build_conditioner
 from kgc.csts.data import CSTSData, load_csts
@@ -18,7 +17,7 @@ from kgc.data.texts import SpecialTokens, tokenizer_hash
 from kgc.encoding.backbone import TextEncoder, load_tokenizer
 from kgc.recipe import Recipe
 from kgc.training.run import RunDir
-from kgc.training.setup import build_encoders, conditioner_options, setup_layer_cache
+from kgc.training.setup import TaskModel, build_encoders, conditioner_options
 
 
 class Texts:
@@ -30,12 +29,12 @@ class Texts:
         self.conditions = tok(data.conditions)
 
 
-class SimilarityModel(nn.Module):
+class SimilarityModel(TaskModel):
     def __init__(self, encoder: TextEncoder, special: SpecialTokens, *, max_tokens: int, conditioner: str,
                  tokenizer_hash: str, **options) -> None:
         super().__init__()
         self.encoder = encoder
-        self.special, self.max_tokens, self.tokenizer_hash = special, max_tokens, tokenizer_hash
+        self.special, self.max_tokens, self._tokenizer_hash = special, max_tokens, tokenizer_hash
         self.conditioner = build_conditioner(conditioner, encoder=encoder, special=special, max_tokens=max_tokens,
                                              **options)
 
@@ -44,19 +43,8 @@ class SimilarityModel(nn.Module):
         return [self.encoder]
 
     @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    @property
-    def layer_cache(self):
-        return self.encoder.cache
-
-    def save_cache(self) -> None:
-        if self.layer_cache is not None:
-            self.layer_cache.save()
-
-    def attach_layer_cache(self, recipe: Recipe) -> None:
-        setup_layer_cache(self.encoders, self.conditioner, recipe, self.tokenizer_hash)
+    def tokenizer_hash(self) -> str:
+        return self._tokenizer_hash
 
     def similarity(self, s1: Sequence[Sequence[int]], s2: Sequence[Sequence[int]],
                    conditions: Sequence[Sequence[int]]) -> torch.Tensor:

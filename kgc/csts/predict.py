@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from kgc.csts.data import read_rows
-from kgc.fileio import write_text
+from kgc.fileio import tsv_text, write_tsv
 
 FIELDS = ["sentence1", "sentence2", "condition", "similarity", "predicted_label"]
 
@@ -36,11 +34,7 @@ def score(model, tokenizer, rows: list[dict], *, batch_size: int = 64) -> list[d
 def write_scores(path: Path | None, rows: list[dict], echo=print) -> None:
     """TSV of the scored rows to ``path`` (atomically) or, with ``path`` None, through ``echo``."""
     fields = FIELDS + (["label"] if any("label" in r for r in rows) else [])
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, delimiter="\t", lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
     if path is None:
-        echo(buf.getvalue().rstrip("\n"))
+        echo(tsv_text(rows, fields).rstrip("\n"))
     else:
-        write_text(path, buf.getvalue())
+        write_tsv(path, rows, fields)

@@ -182,11 +182,12 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     if entry.encrypted and not password:
         raise KGCError(f"{entry.name} is distributed encrypted: pass --password (its authors give it on request), "
                        f"or put {', '.join(entry.files)} into {target} yourself")
+    blob = _read_archive(entry, source, target) if entry.encrypted else b""  # before anything is created
     home.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.folder}.", dir=home))
     try:
         if entry.encrypted:
-            _unpack_encrypted(entry, tmp, target, password, source)
+            _unpack_encrypted(entry, blob, tmp, password, source or entry.url)
             os.replace(tmp, target)
             return target
         for fname, expected in entry.files.items():
@@ -209,20 +210,23 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     return target
 
 
-def _unpack_encrypted(entry: CatalogEntry, tmp: Path, target: Path, password: str, source: str | None) -> None:
-    """Download (or read) the OpenSSL-encrypted tar, decrypt it in memory, keep the listed files."""
-    from kgc.data.openssl import decrypt
-
+def _read_archive(entry: CatalogEntry, source: str | None, target: Path) -> bytes:
+    """The encrypted archive's bytes, from a local file, a URL, or the entry's public home."""
     where = source or entry.url
     try:
         if source is not None and Path(source).is_file():
-            blob = Path(source).read_bytes()
-        else:
-            with urllib.request.urlopen(where, timeout=60) as resp:
-                blob = resp.read()
+            return Path(source).read_bytes()
+        with urllib.request.urlopen(where, timeout=60) as resp:
+            return resp.read()
     except (OSError, ValueError) as exc:
         raise KGCError(f"could not read {where} ({exc}). Offline? Fetch {entry.url} elsewhere and pass it with "
                        f"--from FILE, or put {', '.join(entry.files)} into {target} by hand.") from None
+
+
+def _unpack_encrypted(entry: CatalogEntry, blob: bytes, tmp: Path, password: str, where: str) -> None:
+    """Decrypt the OpenSSL-encrypted tar in memory and keep the listed files (checked) in ``tmp``."""
+    from kgc.data.openssl import decrypt
+
     plain = decrypt(blob, password, what=str(where))
     try:
         archive = tarfile.open(fileobj=io.BytesIO(plain))

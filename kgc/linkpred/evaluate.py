@@ -150,10 +150,7 @@ def evaluate_run(run, split: str = "test", *, device="cpu", batch_size: int | No
 
     Entity embeddings come from the run's index when it is fresh (a stale one is an error).
     """
-    import csv
-    import io
-
-    from kgc.fileio import write_json, write_text
+    from kgc.fileio import write_json, write_tsv
     from kgc.linkpred.index import load_embeddings
 
     model, graph = run.load(device)
@@ -165,9 +162,5 @@ def evaluate_run(run, split: str = "test", *, device="cpu", batch_size: int | No
                   progress=progress, entity_table=None if cached is None else torch.from_numpy(cached))
     suffix = "" if split == "test" else f".{split}"
     write_json(run.path / f"results{suffix}.json", ev.results)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(ev.ranks[0]), delimiter="\t", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(ev.ranks)
-    write_text(run.path / f"ranks{suffix}.tsv", buf.getvalue())
+    write_tsv(run.path / f"ranks{suffix}.tsv", ev.ranks)
     return ev

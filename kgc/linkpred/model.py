@@ -11,7 +11,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from kgc.conditioning.base import build_conditioner
 from kgc.conditioning.engine import PairEncoder
@@ -21,10 +20,10 @@ from kgc.encoding.backbone import TextEncoder, load_tokenizer
 from kgc.errors import KGCError
 from kgc.recipe import Recipe
 from kgc.training.run import RunDir
-from kgc.training.setup import build_encoders, conditioner_options, setup_layer_cache
+from kgc.training.setup import TaskModel, build_encoders, conditioner_options
 
 
-class LinkPredictor(nn.Module):
+class LinkPredictor(TaskModel):
     def __init__(self, query_encoder: TextEncoder, tail_encoder: TextEncoder, bank: TextBank, conditioner: str,
                  **options) -> None:
         super().__init__()
@@ -42,21 +41,9 @@ class LinkPredictor(nn.Module):
     def encoders(self) -> list[TextEncoder]:
         return list(dict.fromkeys([self.query_encoder, self.tail_encoder]))
 
-    def attach_layer_cache(self, recipe: Recipe) -> None:
-        """``encoder.trainable_layers``: freeze below T - n, serve the frozen layers from the layer cache."""
-        setup_layer_cache(self.encoders, self.conditioner, recipe, self.bank.tokenizer_hash)
-
     @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    @property
-    def layer_cache(self):
-        return self.query_encoder.cache
-
-    def save_cache(self) -> None:
-        if self.layer_cache is not None:
-            self.layer_cache.save()
+    def tokenizer_hash(self) -> str:
+        return self.bank.tokenizer_hash
 
     def encode_queries(self, heads: Sequence[int], rels: Sequence[int],
                        excludes: Sequence[int | None] | None = None) -> torch.Tensor:

@@ -1,1 +1,2 @@
-"""Generic training pieces: optimiser + schedule, device/AMP policy, checkpoints, metrics and curves."""
+"""What both tasks share: the training loop (loop.py), run directories (run.py), builders (setup.py), and
+the optimiser, schedule, device/AMP policy, checkpoints, metrics log and curves (common.py)."""

@@ -9,6 +9,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from kgc.conditioning.base import Conditioner, conditioner_class
 from kgc.encoding.backbone import TextEncoder, load_backbone, resolve_backbone
 from kgc.recipe import Recipe
@@ -62,6 +65,37 @@ def setup_layer_cache(encoders: list[TextEncoder], conditioner: Conditioner, rec
                        tokenizer_hash=tokenizer_hash, hidden=first.dim, depth=first.carried(layer))
     for enc in encoders:
         enc.cache = cache
+
+
+class TaskModel(nn.Module):
+    """What the training loop asks of a task's model: its encoders (first: the conditioned one), its
+    conditioner and tokenizer hash; from them the device and the layer cache of frozen layers."""
+
+    conditioner: Conditioner
+
+    @property
+    def encoders(self) -> list[TextEncoder]:
+        raise NotImplementedError
+
+    @property
+    def tokenizer_hash(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def layer_cache(self):
+        return self.encoders[0].cache
+
+    def save_cache(self) -> None:
+        if self.layer_cache is not None:
+            self.layer_cache.save()
+
+    def attach_layer_cache(self, recipe: Recipe) -> None:
+        """``encoder.trainable_layers``: freeze below T - n, serve the frozen layers from the layer cache."""
+        setup_layer_cache(self.encoders, self.conditioner, recipe, self.tokenizer_hash)
 
 
 def save_backbone_files(folder: Path, recipe: Recipe, tokenizer) -> None:
