@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from tests.test_csts_data import write_official
-from tests.test_end_to_end import kgc, write_recipe as write_linkpred_recipe
+from tests.test_end_to_end import assert_resume_reproduces, kgc, write_recipe as write_linkpred_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -171,30 +171,9 @@ def test_compare_on_the_official_layout(tiny_bert, tmp_path, monkeypatch):
 
 def test_csts_resume_reproduces_the_uninterrupted_run(tiny_bert, tmp_path, monkeypatch):
     """The shared loop resumes a C-STS run exactly: batches, schedule and weights as if it never stopped."""
-    import shutil
-
-    import torch
-
-    import kgc.training.loop as loop
     from kgc.recipe import load_recipe
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, {"conditioner": "hypernet", "rank": 4},
                                       max_steps=5, checkpoint_every=2))
-    full = loop.train(recipe, out=tmp_path / "full", progress=False, echo=lambda m: None)
-    real_save, snapshot = loop.save_checkpoint, tmp_path / "snap"
-
-    def save_and_snapshot(path, state):
-        real_save(path, state)
-        if path.name == "last.pt" and state["step"] == 2 and not snapshot.exists():
-            shutil.copytree(path.parent.parent, snapshot)
-
-    monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
-    loop.train(recipe, out=tmp_path / "other", progress=False, echo=lambda m: None)
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
-    loop.train(resume=snapshot, progress=False, echo=lambda m: None)
-    a = torch.load(full / "checkpoints" / "last.pt", weights_only=False)
-    b = torch.load(snapshot / "checkpoints" / "last.pt", weights_only=False)
-    assert a["step"] == b["step"] == 5 and a["best_metric"] == b["best_metric"]
-    for k in a["model"]:
-        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
+    assert_resume_reproduces(recipe, tmp_path, monkeypatch, at_step=2, steps=5)

@@ -153,32 +153,36 @@ def test_sigkill_mid_epoch_then_resume(tiny_bert, tmp_path, data_home):
     assert json.loads((run / "train_summary.json").read_text())["steps"] == 40
 
 
-def test_resume_reproduces_the_uninterrupted_run(tiny_bert, tmp_path, data_home, monkeypatch):
-    """A run resumed from its step-3 checkpoint ends with exactly the weights of one that never stopped."""
-    import kgc.training.loop as train_mod
-    from kgc.recipe import load_recipe
+def assert_resume_reproduces(recipe, tmp_path, monkeypatch, *, at_step: int, steps: int) -> None:
+    """Train ``recipe`` uninterrupted, and again resumed from its step-``at_step`` checkpoint: the same end."""
+    import kgc.training.loop as loop
 
-    recipe = load_recipe(write_recipe(tmp_path / "tiny.yaml", tiny_bert, max_steps=6, checkpoint_every=3))
-    full = train_mod.train(recipe, out=tmp_path / "full", progress=False, echo=lambda m: None)
-
-    real_save = train_mod.save_checkpoint
-    snapshot = tmp_path / "snap"
+    full = loop.train(recipe, out=tmp_path / "full", progress=False, echo=lambda m: None)
+    real_save, snapshot = loop.save_checkpoint, tmp_path / "snap"
 
     def save_and_snapshot(path, state):
         real_save(path, state)
-        if path.name == "last.pt" and state["step"] == 3 and not snapshot.exists():
+        if path.name == "last.pt" and state["step"] == at_step and not snapshot.exists():
             shutil.copytree(path.parent.parent, snapshot)
 
-    monkeypatch.setattr(train_mod, "save_checkpoint", save_and_snapshot)
-    train_mod.train(recipe, out=tmp_path / "other", progress=False, echo=lambda m: None)
-    monkeypatch.setattr(train_mod, "save_checkpoint", real_save)
-    train_mod.train(resume=snapshot, progress=False, echo=lambda m: None)
+    monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
+    loop.train(recipe, out=tmp_path / "other", progress=False, echo=lambda m: None)
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    loop.train(resume=snapshot, progress=False, echo=lambda m: None)
     a = torch.load(full / "checkpoints" / "last.pt", weights_only=False)
     b = torch.load(snapshot / "checkpoints" / "last.pt", weights_only=False)
-    assert a["step"] == b["step"] == 6
+    assert a["step"] == b["step"] == steps and a["best_metric"] == b["best_metric"]
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+
+
+def test_resume_reproduces_the_uninterrupted_run(tiny_bert, tmp_path, data_home, monkeypatch):
+    """A run resumed from its step-3 checkpoint ends with exactly the weights of one that never stopped."""
+    from kgc.recipe import load_recipe
+
+    recipe = load_recipe(write_recipe(tmp_path / "tiny.yaml", tiny_bert, max_steps=6, checkpoint_every=3))
+    assert_resume_reproduces(recipe, tmp_path, monkeypatch, at_step=3, steps=6)
 
 
 @pytest.mark.parametrize("model,encoder", [
