@@ -71,8 +71,8 @@ class CSTSTask(Task):
         ev = evaluate(model, self.texts, self.data, "validation", batch_size=self.recipe.eval.batch_size,
                       max_groups=self.recipe.eval.dev_queries, seed=self.recipe.train.seed)
         r = ev.results
-        rho = r["spearman"] if r["spearman"] is not None else float("nan")
-        values = {"dev_spearman": rho, "dev_pearson": r["pearson"], "dev_pair_accuracy": r["pair_accuracy"],
-                  "dev_seconds": round(ev.seconds, 2)}
-        return values, f"dev Spearman {rho:.4f}  Pearson {r['pearson'] or float('nan'):.4f}  " \
-                       f"pair accuracy {r['pair_accuracy']:.4f}"
+        nan = lambda v: float("nan") if v is None else v  # noqa: E731  (constant predictions: no correlation)
+        values = {"dev_spearman": nan(r["spearman"]), "dev_pearson": nan(r["pearson"]),
+                  "dev_pair_accuracy": r["pair_accuracy"], "dev_seconds": round(ev.seconds, 2)}
+        return values, (f"dev Spearman {values['dev_spearman']:.4f}  Pearson {values['dev_pearson']:.4f}  "
+                        f"pair accuracy {r['pair_accuracy']:.4f}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from kgc.conditioning.base import build_conditioner
