@@ -89,8 +89,8 @@ def compare(recipes: list[Path], overrides: list[str], out: Path, *, echo=print,
         if task == "csts":
             key = _data_key(recipe)
             if key not in splits:
-                splits[key] = _labelled_split(recipe)
-                rows.append(_blind_row(recipe, splits[key], echo))
+                splits[key], blind = _blind_row(recipe, echo)
+                rows.append(blind)
             split = splits[key]
         run_dir = out / recipe.name
         seconds = None
@@ -133,28 +133,22 @@ def _data_key(recipe) -> str:
     return f"{d.dataset}|{d.path}|{d.synth.model_dump() if d.dataset == 'synth-csts' else ''}"
 
 
-def _labelled_split(recipe) -> str:
-    from kgc.csts.data import load_csts
-
-    d = recipe.data
-    data = load_csts(d.dataset, d.path, d.synth)
-    return "test" if "test" in data.splits and data.splits["test"].labelled.any() else "validation"
-
-
-def _blind_row(recipe, split: str, echo) -> dict:
-    """The condition-blind baseline on the first recipe's data and backbone: plain sentence cosine."""
+def _blind_row(recipe, echo) -> tuple[str, dict]:
+    """(the split to evaluate this recipe's dataset on — test when it has labels, else validation — and the
+    condition-blind baseline's row there: plain sentence cosine of the recipe's untrained backbone)."""
     from kgc.csts.data import load_csts
     from kgc.csts.evaluate import condition_blind
     from kgc.encoding.backbone import resolve_backbone
 
     d = recipe.data
     start = time.perf_counter()
-    r = condition_blind(load_csts(d.dataset, d.path, d.synth), resolve_backbone(recipe.model.backbone), split,
-                        max_tokens=d.max_tokens)
+    data = load_csts(d.dataset, d.path, d.synth)
+    split = "test" if "test" in data.splits and data.splits["test"].labelled.any() else "validation"
+    r = condition_blind(data, resolve_backbone(recipe.model.backbone), split, max_tokens=d.max_tokens)
     seconds = time.perf_counter() - start
     rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.4f}"
     echo(f"condition-blind baseline on {d.dataset}: {split} Spearman {rho}")
-    return {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained", "pooling": "mean",
+    return split, {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained", "pooling": "mean",
             "data": f"{d.dataset} {split}",
             "Spearman": r["spearman"], "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"],
             "trainable params": None, "total params": None, "train pairs/s": None, "train seconds": None,

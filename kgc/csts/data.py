@@ -185,8 +185,9 @@ def find_csts(dataset: str, path: str | None = None, synth=None) -> Path:
     if dataset.lower() == SYNTH:
         from kgc.csts.synth import synthetic_folder
 
-        s = synth.model_dump() if synth is not None else {}
-        return synthetic_folder(**{"seed": 0, "train_pairs": 2000, "validation_pairs": 300, "test_pairs": 500, **s})
+        from kgc.recipe import SynthConfig
+
+        return synthetic_folder(**(synth or SynthConfig()).model_dump())
     from kgc.data.catalog import find_dataset
 
     folder, _ = find_dataset(dataset, task="csts")

@@ -131,8 +131,7 @@ class TextEncoder(nn.Module):
         return layer - min(layer, self.num_layers - self.pooler.blocks + 1) + 1
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None,
-                normalize: bool = True) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``pool_mask`` (batch, len) pools a sub-span of the tokens (default: every real token)."""
         batch = {"input_ids": input_ids, "attention_mask": attention_mask,
                  "token_type_ids": token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)}
@@ -143,10 +142,9 @@ class TextEncoder(nn.Module):
             out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=n > 1,
                                 **kwargs)
             states = torch.stack(out.hidden_states[-n:], 2) if n > 1 else out.last_hidden_state.unsqueeze(2)
-            return self._pool(states, attention_mask if pool_mask is None else pool_mask, normalize)
+            return self._pool(states, attention_mask if pool_mask is None else pool_mask)
         layer = self.cache.layer
-        return self.run_from(self.hidden_at(batch, layer), attention_mask, layer, pool_mask=pool_mask,
-                             normalize=normalize)
+        return self.run_from(self.hidden_at(batch, layer), attention_mask, layer, pool_mask=pool_mask)
 
     def hidden_at(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
         """(batch, len, K, H): the states at ``layer`` (0 = embeddings output), K = :meth:`carried`."""
@@ -170,23 +168,22 @@ class TextEncoder(nn.Module):
         return keep[0].unsqueeze(2) if len(keep) == 1 else torch.stack(keep, 2)
 
     def run_from(self, states: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
-                 pool_mask: torch.Tensor | None = None, normalize: bool = True) -> torch.Tensor:
-        """Layers ``[layer, T)`` on the carried ``states`` (batch, len, K, H), then pool (and normalise)."""
+                 pool_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Layers ``[layer, T)`` on the carried ``states`` (batch, len, K, H), then pool and normalise."""
         states = self._continue(states, attention_mask, layer, self.num_layers)
-        return self._pool(states, attention_mask if pool_mask is None else pool_mask, normalize)
+        return self._pool(states, attention_mask if pool_mask is None else pool_mask)
 
-    def _pool(self, states: torch.Tensor, mask: torch.Tensor, normalize: bool) -> torch.Tensor:
-        vec = self.pooler(states, mask)  # (batch, H)
-        return F.normalize(vec, dim=-1) if normalize else vec
+    def _pool(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.pooler(states, mask), dim=-1)  # (batch, H)
 
-    def encode_unique(self, batch: dict[str, torch.Tensor], **kwargs) -> torch.Tensor:
+    def encode_unique(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Encode each distinct row once and scatter back (gradients flow to every use).
 
         Identical sequences are common in a batch (UMLS has 135 entities; a batch of 1024 tails repeats
         most of them), and a transformer forward is the whole cost of a step on a CPU.
         """
         sub, inverse = unique_rows(batch)
-        return self(**sub, **kwargs)[inverse]
+        return self(**sub)[inverse]
 
 
 def unique_rows(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

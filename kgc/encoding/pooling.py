@@ -51,9 +51,6 @@ class Pooling(nn.Module):
         """How many of the last layer outputs this pooling reads."""
         return 1
 
-    def describe(self) -> str:
-        return self.name
-
 
 def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``hidden`` (batch, len, H), ``mask`` (batch, len) → (batch, H): the mean over masked tokens."""
@@ -93,14 +90,10 @@ class S2SentPooling(Pooling):
         self.n, self.freqs = blocks, freqs[:frequencies]
         self.excite = nn.Linear(dim, max(1, dim // reduction))  # W1: D → D/r
         self.gates = nn.ModuleList(nn.Linear(max(1, dim // reduction), dim) for _ in range(blocks))  # W2⁽ᵇ⁾
-        self.reduction = reduction
 
     @property
     def blocks(self) -> int:
         return self.n
-
-    def describe(self) -> str:
-        return f"s2sent (n={self.n}, m={len(self.freqs)}, r={self.reduction})"
 
     def basis(self, mask: torch.Tensor) -> torch.Tensor:
         """(batch, len, blocks, m): each frequency's 2-D DCT basis on every sentence's own (block, token) grid."""
