@@ -53,9 +53,13 @@ class ModelConfig(_Section):
     rank: Optional[int] = Field(None, ge=1, description="hypernet: rank K of W1 W2ᵀ (default H/12)")
     hypernet_form: Literal["lowrank", "residual", "full"] = "lowrank"
     dropout: float = Field(0.1, ge=0, lt=1, description="concat: dropout on [h_s ; h_c]")
-    router_layers: int = Field(1, ge=1, description="router: the condition enters at layer T - k")
+    router_layers: Optional[int] = Field(None, ge=0, description="router: the condition enters at layer T - k "
+                                         "(default 1); biencoder: CSR routing in the top k layers (default 0, off)")
     weighting: Literal["one_plus_w", "w_only"] = "one_plus_w"
-    scorer: Literal["query_key", "hidden", "heavy"] = "query_key"
+    scorer: Literal["query_key", "hidden", "heavy", "cls_attention"] = "query_key"
+    cross_attend: Literal["none", "top", "all"] = Field(
+        "none", description="router: the sentence also attends to the condition's tokens in no layer, the "
+                            "router layers, or every layer (the released code; nothing cacheable)")
     case_projection: Literal["linear", "mlp"] = Field("linear", description="case: W x, or W2 LeakyReLU(W1 x)")
     case_dim: Optional[int] = Field(None, ge=1, description="case: projection width k (default H)")
 
@@ -90,6 +94,8 @@ class TrainConfig(_Section):
     max_steps: Optional[int] = Field(None, ge=1, description="stop after this many optimiser steps")
     batch_size: int = Field(1024, ge=2)
     lr: float = Field(5e-5, gt=0)
+    conditioner_lr: Optional[float] = Field(None, gt=0, description="peak lr of the parameters a conditioner adds "
+                                            "(Hyper-CL's generators, CSR's heavy W_q/W_k, projections); default lr")
     weight_decay: float = 1e-4
     warmup_steps: int = Field(400, ge=0)
     grad_clip: float = Field(10.0, gt=0)

@@ -12,6 +12,7 @@ from kgc.encoding.backbone import TextEncoder
 # case id → (registry name, kwargs) for the generic cases; every registered conditioner needs one
 CASES = {
     "biencoder": ("biencoder", {}),
+    "biencoder-csr-2": ("biencoder", {"router_layers": 2}),
     "hadamard": ("hadamard", {}),
     "concat": ("concat", {"dropout": 0.1}),
     "hypernet-lowrank": ("hypernet", {"rank": 4}),
@@ -20,6 +21,9 @@ CASES = {
     "router": ("router", {}),
     "router-2-w_only-hidden": ("router", {"router_layers": 2, "weighting": "w_only", "scorer": "hidden"}),
     "router-heavy": ("router", {"scorer": "heavy"}),
+    "router-top": ("router", {"cross_attend": "top"}),
+    "router-top-2-cls_attention": ("router", {"router_layers": 2, "cross_attend": "top", "scorer": "cls_attention"}),
+    "router-all": ("router", {"cross_attend": "all"}),
     "case": ("case", {}),
     "case-mlp-k16": ("case", {"case_projection": "mlp", "case_dim": 16}),
 }

@@ -104,7 +104,7 @@ def test_router_weights_follow_the_papers_equation(encoder, special):
         hc = encoder.backbone(**cb, output_hidden_states=True).hidden_states[t][:, 0]  # condition [CLS]
         attn = encoder.backbone.encoder.layer[t].attention.self
         nh, dh = attn.num_attention_heads, attn.attention_head_size
-        got = router.weights(*router.encode_sentences(SENTS), router.encode_conditions(CONDS))
+        got = router.weights(*router.encode_sentences(SENTS), router.encode_conditions(CONDS).query)
     for i in range(len(SENTS)):
         n = int(sb["attention_mask"][i].sum())
         q = attn.query(hc[i]).view(nh, dh)
@@ -124,7 +124,7 @@ def test_router_multiplies_context_by_one_plus_w(encoder, special):
         states, mask = router.encode_sentences(SENTS)  # (batch, len, K = 1, H): the state entering layer t
         assert states.shape[2] == 1
         hidden = states[:, :, -1]
-        w = router.weights(states, mask, router.encode_conditions(CONDS))
+        w = router.weights(states, mask, router.encode_conditions(CONDS).query)
         layer = encoder.backbone.encoder.layer[router.t]
         attn = layer.attention.self
         b, n, _ = hidden.shape

@@ -60,6 +60,12 @@ class Conditioner(nn.Module, ABC):
         return {"input": 0, "pooled": self.encoder.num_layers}[self.enters_at]
 
     @property
+    def plain_below(self) -> int:
+        """Layers below this run unchanged, once per input text, so a layer cache may serve them: the entry
+        layer for layer-level conditioners, every layer for the others (CSR inside the bi-encoder lowers it)."""
+        return self.entry_layer if self.enters_at == "layer" else self.encoder.num_layers
+
+    @property
     def out_dim(self) -> int:
         """Width of the embeddings :meth:`combine` returns."""
         return self.encoder.dim

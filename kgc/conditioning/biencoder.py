@@ -2,6 +2,14 @@
 
 Nothing can be cached below the condition (t = 0), so every (head, relation) pair runs the whole
 encoder. Identical pairs inside a batch are encoded once.
+
+``router_layers: k`` (default 0, off) adds CSR inside the bi-encoder (the CSR paper's Table 1, lower
+half): in each of the top k layers, w is the attention the condition pays to the sentence's tokens —
+the joint input has no [CLS] of its own for the condition, so the rows of the condition's tokens stand
+in for it: their head-averaged attention probabilities on the sentence's tokens ([CLS] and the head's
+tokens), averaged over the condition's tokens and renormalised — and the context vectors of the
+sentence's tokens are multiplied by (1 + w) (Eq. 1; the condition's tokens keep factor 1). The layers
+below T − k still run once per distinct input and can come from the layer cache.
 """
 
 from __future__ import annotations
@@ -9,6 +17,10 @@ from __future__ import annotations
 import torch
 
 from kgc.conditioning.base import Conditioner, TokenLists, register
+from kgc.conditioning.routing import Route, RoutedAttention
+from kgc.encoding.backbone import unique_rows
+from kgc.encoding.layers import check_bert_family
+from kgc.errors import KGCError
 
 
 @register
@@ -16,6 +28,24 @@ class BiEncoder(Conditioner):
     name = "biencoder"
     enters_at = "input"
     encodes_conditions = False
+    options = ("router_layers", "weighting")
+
+    def __init__(self, *, router_layers: int | None = 0, weighting: str = "one_plus_w", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.k, self.weighting = router_layers or 0, weighting
+        total = self.encoder.num_layers
+        if not 0 <= self.k <= total:
+            raise KGCError(f"model.router_layers={router_layers}: choose 0..{total} for the bi-encoder (0: no routing)")
+        if weighting not in ("one_plus_w", "w_only"):
+            raise KGCError(f"model.weighting {weighting!r}: choose one_plus_w or w_only")
+        self.routing = None
+        if self.k:
+            check_bert_family(self.encoder.backbone, "model.conditioner=biencoder with router_layers")
+            self.routing = RoutedAttention(self.encoder.backbone, range(total - self.k, total))
+
+    @property
+    def plain_below(self) -> int:
+        return self.encoder.num_layers - self.k
 
     def encode_conditions(self, conditions: TokenLists) -> TokenLists:
         return conditions  # t = 0: the condition's state is its token ids
@@ -23,9 +53,40 @@ class BiEncoder(Conditioner):
     def encode_sentences(self, sentences: TokenLists) -> TokenLists:
         return sentences  # t = 0: nothing is condition-free above the input
 
+    def route(self, sentence_state: TokenLists, condition_state: TokenLists,
+              condition_index: torch.Tensor) -> tuple[torch.Tensor, Route | None]:
+        """(batch, dim) embeddings, and with routing the :class:`Route` of the distinct pairs (w per layer in
+        ``seen``; ``route.mask`` and ``score_cols`` say which positions hold the pair and the sentence)."""
+        pairs, rows, cols = [], [], []
+        pre, mid, _ = self.special.pair
+        for s, i in zip(sentence_state, condition_index.tolist()):
+            c = condition_state[int(i)]
+            a, b = self.special.truncate_pair(s, c, self.max_tokens)
+            ids, types = self.special.wrap_pair(s, c, self.max_tokens)
+            n_sent, start = len(pre) + len(a), len(pre) + len(a) + len(mid)
+            pairs.append((ids, types))
+            cols.append([1] * n_sent + [0] * (len(ids) - n_sent))  # [CLS] and the sentence's tokens
+            cond = [0] * len(ids)
+            for j in range(start, start + len(b)) if b else range(n_sent, len(ids)):
+                cond[j] = 1  # the condition's tokens (its separators when it was cut away entirely)
+            rows.append(cond)
+        batch = self.special.pad(pairs)
+        if self.routing is None:
+            return self.encoder.encode_unique({k: v.to(self.device) for k, v in batch.items()}), None  # (batch, dim)
+        width = batch["input_ids"].shape[1]
+        for name, marks in (("route_rows", rows), ("route_cols", cols)):
+            batch[name] = torch.tensor([m + [0] * (width - len(m)) for m in marks])
+        sub, inverse = unique_rows({k: v.to(self.device) for k, v in batch.items()})
+        r = Route(mask=sub["attention_mask"], scale_layers=frozenset(self.routing_layers),
+                  score_rows=sub.pop("route_rows"), score_cols=sub.pop("route_cols"), weighting=self.weighting,
+                  order=inverse)
+        with self.routing.route(r):
+            return self.encoder(**sub)[inverse], r
+
+    @property
+    def routing_layers(self) -> range:
+        return range(self.encoder.num_layers - self.k, self.encoder.num_layers)
+
     def combine(self, sentence_state: TokenLists, condition_state: TokenLists,
                 condition_index: torch.Tensor) -> torch.Tensor:
-        pairs = [self.special.wrap_pair(s, condition_state[int(c)], self.max_tokens)
-                 for s, c in zip(sentence_state, condition_index)]
-        batch = {k: v.to(self.device) for k, v in self.special.pad(pairs).items()}
-        return self.encoder.encode_unique(batch)  # (batch, dim)
+        return self.route(sentence_state, condition_state, condition_index)[0]

@@ -10,7 +10,8 @@ Both tasks evaluate the same way: link prediction embeds (head | relation) queri
   pooled embedding); input-level conditioners (bi-encoder, CASE) run the whole encoder per pair.
 
 Per pair only ``combine`` runs. ``passes`` counts encoder passes by kind: ``sentences``, ``conditions``,
-``<unit>_full`` (whole encoder per pair) and ``<unit>_top_layers`` (the router's top k layers per pair).
+``<unit>_full`` (whole encoder per pair: input-level conditioners, and the router with ``cross_attend: all``)
+and ``<unit>_top_layers`` (the router's top k layers per pair).
 """
 
 from __future__ import annotations
@@ -24,12 +25,19 @@ from kgc.conditioning.base import Conditioner
 
 
 def cat_any(parts: list[Any]) -> Any:
-    """Concatenate chunked states row-wise: tensors, tuples of them, or lists (token ids)."""
+    """Concatenate chunked states row-wise: tensors (zero-padded along dim 1 where chunks differ in width, as
+    token states and masks do), tuples and named tuples of them, None, or lists (token ids)."""
     first = parts[0]
+    if first is None:
+        return None
     if isinstance(first, torch.Tensor):
+        width = max(p.shape[1] for p in parts) if first.dim() > 1 else None
+        if width is not None and any(p.shape[1] != width for p in parts):
+            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, width - p.shape[1])) for p in parts]
         return torch.cat(parts)
     if isinstance(first, tuple):
-        return tuple(cat_any(list(col)) for col in zip(*parts))
+        cols = [cat_any(list(col)) for col in zip(*parts)]
+        return type(first)(*cols) if hasattr(first, "_fields") else tuple(cols)
     return [row for part in parts for row in part]
 
 
@@ -88,5 +96,5 @@ class PairEncoder:
             self.passes[f"{self.unit}_full"] += len(s)
             return self.cond.combine(self.cond.encode_sentences([self.tokens[int(i)] for i in s]), self.conditions, c)
         if self.cond.enters_at == "layer":
-            self.passes[f"{self.unit}_top_layers"] += len(s)
+            self.passes[f"{self.unit}_{'full' if self.cond.entry_layer == 0 else 'top_layers'}"] += len(s)
         return self.cond.combine(self.cond.take(self.sentences, self.row[torch.as_tensor(s)]), self.conditions, c)

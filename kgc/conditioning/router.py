@@ -1,19 +1,27 @@
 """CSR, condition-specified routing: zero new parameters (with the default scorer).
 
-As the paper describes it: condition and sentence are encoded separately. At layer t = T − k
-(``router_layers`` k, default 1) the condition's [CLS] *query* vector (that layer's query projection,
-per head) scores the sentence tokens' *keys* of that layer: per-head scaled dot product, softmax over
-the sentence's non-padding tokens, averaged over heads → one weight w per token. In each of the top k
-layers the attention context vectors (softmax·V, heads merged) are multiplied by (1 + w) before the
-output projection and the residual.
+As the paper describes it (``cross_attend: none``): condition and sentence are encoded separately. At
+layer t = T − k (``router_layers`` k, default 1) the condition's [CLS] *query* vector (that layer's query
+projection, per head) scores the sentence tokens' *keys* of that layer: per-head scaled dot product,
+softmax over the sentence's non-padding tokens, averaged over heads → one weight w per token. In each of
+the top k layers the attention context vectors (softmax·V, heads merged) are multiplied by (1 + w)
+before the output projection and the residual.
 
-Variants: ``weighting`` ``one_plus_w`` (default) or ``w_only``; ``scorer`` ``query_key`` (default),
-``hidden`` (hidden-state dot product / √H) or ``heavy`` (new trainable W_q, W_k, initialised from the
-layer's own projections).
+The authors' released code (``utils/sts/modeling_router.py``) does more, and ``cross_attend`` covers it:
 
-Note: the authors' released C-STS code differs from this description — it also cross-attends to the
-condition tokens at every layer. We follow the paper, which keeps everything below layer t
-condition-free and therefore cacheable once per text.
+* ``top`` — in the k router layers the sentence's tokens also attend to the condition's final token
+  states (keys/values over [condition tokens ; sentence tokens], the condition's padding masked). The
+  condition's states are computed once per distinct condition; the sentence's states below t stay
+  condition-free, so they are still cached once per text;
+* ``all`` — that cross-attention in every layer, as the released code is written: nothing below is
+  condition-free, so every query runs the whole encoder (results.json records the entry layer 0).
+
+Scorers: ``query_key`` (default, the paper), ``hidden`` (hidden-state dot product / √H), ``heavy`` (new
+trainable W_q, W_k initialised from the layer's own projections) — all read once at layer t — and
+``cls_attention`` (the released code's ``router_type`` 3): in each router layer w is the sentence
+[CLS]'s row of that layer's attention probabilities on the sentence's tokens, head-averaged and
+renormalised over the sentence's tokens; it needs ``cross_attend`` top or all (otherwise w would not
+depend on the condition). ``weighting``: ``one_plus_w`` (default) or ``w_only``.
 
 Works with BERT-family encoders (BERT, RoBERTa, MiniLM); anything else fails with a clear message.
 """
@@ -22,25 +30,36 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from kgc.conditioning.base import Conditioner, TokenLists, register
+from kgc.conditioning.routing import Route, RoutedAttention
 from kgc.encoding.backbone import unique_rows
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
+
+
+class RouterCondition(NamedTuple):
+    """A condition's state, one row per distinct condition (None where the variant does not use it)."""
+
+    query: torch.Tensor | None  # (conditions, heads, head_dim) routing query; (conditions, H) for ``hidden``
+    tokens: torch.Tensor | None  # (conditions, m, H) final token states, the extra keys/values (cross_attend)
+    mask: torch.Tensor | None  # (conditions, m) their padding mask
 
 
 @register
 class Router(Conditioner):
     name = "router"
     enters_at = "layer"
-    options = ("router_layers", "weighting", "scorer")
+    options = ("router_layers", "weighting", "scorer", "cross_attend")
 
-    def __init__(self, *, router_layers: int = 1, weighting: str = "one_plus_w", scorer: str = "query_key",
-                 **kwargs) -> None:
+    def __init__(self, *, router_layers: int | None = 1, weighting: str = "one_plus_w", scorer: str = "query_key",
+                 cross_attend: str = "none", **kwargs) -> None:
         super().__init__(**kwargs)
+        router_layers = 1 if router_layers is None else router_layers
         backbone = self.encoder.backbone
         check_bert_family(backbone, "model.conditioner=router")
         total = self.encoder.num_layers
@@ -49,52 +68,57 @@ class Router(Conditioner):
                            "[CLS] vector would be read before any layer has seen the condition)")
         if weighting not in ("one_plus_w", "w_only"):
             raise KGCError(f"model.weighting {weighting!r}: choose one_plus_w or w_only")
-        if scorer not in ("query_key", "hidden", "heavy"):
-            raise KGCError(f"model.scorer {scorer!r}: choose query_key, hidden or heavy")
-        self.t, self.weighting, self.scorer = total - router_layers, weighting, scorer
+        if scorer not in ("query_key", "hidden", "heavy", "cls_attention"):
+            raise KGCError(f"model.scorer {scorer!r}: choose query_key, hidden, heavy or cls_attention")
+        if cross_attend not in ("none", "top", "all"):
+            raise KGCError(f"model.cross_attend {cross_attend!r}: choose none, top or all")
+        if scorer == "cls_attention" and cross_attend == "none":
+            raise KGCError("model.scorer=cls_attention reads the sentence [CLS]'s own attention, which sees the "
+                           "condition only through cross-attention: set model.cross_attend=top (or all)")
+        self.t, self.weighting, self.scorer, self.cross_attend = total - router_layers, weighting, scorer, cross_attend
         attn = backbone.encoder.layer[self.t].attention.self
         self.heads, self.head_dim = attn.num_attention_heads, attn.attention_head_size
         if scorer == "heavy":
             self.w_q, self.w_k = copy.deepcopy(attn.query), copy.deepcopy(attn.key)
-        self._factor: torch.Tensor | None = None  # (batch, len, 1) while combine() runs the top layers
-        self._hooks = [layer.attention.self.register_forward_hook(self._scale_context)
-                       for layer in backbone.encoder.layer[self.t:]]
+        self.routing = RoutedAttention(backbone, range(self.entry_layer, total))
 
     @property
     def entry_layer(self) -> int:
-        return self.t
-
-    def _scale_context(self, module, args, output):
-        """Multiply the merged-head context vectors by the routing factor, before the output projection."""
-        if self._factor is None:
-            return output
-        return (output[0] * self._factor.to(output[0].dtype),) + tuple(output[1:])
+        return 0 if self.cross_attend == "all" else self.t
 
     def _projections(self):
         attn = self.encoder.backbone.encoder.layer[self.t].attention.self
         return (self.w_q, self.w_k) if self.scorer == "heavy" else (attn.query, attn.key)
 
     def encode_sentences(self, sentences: TokenLists) -> tuple[torch.Tensor, torch.Tensor]:
-        """(states at layer t (batch, len, K, H), attention mask (batch, len)); duplicates run once.
+        """(states entering the entry layer (batch, len, K, H), attention mask (batch, len)); duplicates run once.
 
         K > 1 only when the pooling reads layer outputs below t (S²Sent): they are condition-free too.
         """
         batch = self.single_batch(sentences)
         sub, inverse = unique_rows(batch)
-        states = self.encoder.hidden_at(sub, self.t)
+        states = self.encoder.hidden_at(sub, self.entry_layer)
         return states[inverse], sub["attention_mask"][inverse]
 
-    def encode_conditions(self, conditions: TokenLists) -> torch.Tensor:
-        """The condition's routing query: (conditions, heads, head_dim), or its [CLS] state for ``hidden``."""
-        cls = self.encoder.hidden_at(self.single_batch(conditions), self.t)[:, 0, -1]  # (conditions, H)
-        if self.scorer == "hidden":
-            return cls
-        return self._projections()[0](cls).view(len(cls), self.heads, self.head_dim)
+    def encode_conditions(self, conditions: TokenLists) -> RouterCondition:
+        """The routing query read at layer t, and (cross_attend) the condition's final token states."""
+        batch = self.single_batch(conditions)
+        states = self.encoder.hidden_at(batch, self.t)  # (conditions, len, K, H)
+        query = None
+        if self.scorer != "cls_attention":
+            cls = states[:, 0, -1]  # (conditions, H)
+            query = cls if self.scorer == "hidden" else \
+                self._projections()[0](cls).view(len(cls), self.heads, self.head_dim)
+        if self.cross_attend == "none":
+            return RouterCondition(query, None, None)
+        mask = batch["attention_mask"]
+        tokens = self.encoder.advance(states, mask, self.t, self.encoder.num_layers)[:, :, -1]  # (conditions, m, H)
+        return RouterCondition(query, tokens, mask)
 
     def weights(self, states: torch.Tensor, mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         """w (batch, len): softmax over the sentence's real tokens of the condition's scores, head-averaged.
 
-        ``states`` (batch, len, K, H) as :meth:`encode_sentences` gives them; the last is the one entering t.
+        ``states`` (batch, len, K, H) as they enter layer t; the last of K is the one entering t.
         """
         hidden = states[:, :, -1]  # (batch, len, H)
         b, n, h = hidden.shape
@@ -106,14 +130,24 @@ class Router(Conditioner):
         scores = scores.masked_fill(mask[:, None, :] == 0, float("-inf"))
         return scores.softmax(-1).mean(1)  # (batch, len)
 
-    def combine(self, sentence_state, condition_state, condition_index):
+    def route(self, sentence_state, condition_state: RouterCondition, condition_index) -> tuple[torch.Tensor, Route]:
+        """(batch, dim) embeddings and the :class:`Route` they were computed under (its ``seen`` holds w per layer)."""
         states, mask = sentence_state
-        w = self.weights(states, mask, condition_state[condition_index])  # (batch, len)
-        self._factor = ((1 + w) if self.weighting == "one_plus_w" else w).unsqueeze(-1)
-        try:
-            return self.encoder.run_from(states, mask, self.t)  # (batch, dim)
-        finally:
-            self._factor = None
+        cond = RouterCondition(*(None if x is None else x[condition_index] for x in condition_state))
+        total = self.encoder.num_layers
+        if self.scorer == "cls_attention":
+            score, rows = None, torch.zeros_like(mask)
+            rows[:, 0] = 1  # the sentence's [CLS]
+        else:  # w from the states entering layer t, read when the pass gets there (with ``all`` they saw the condition)
+            score, rows = (lambda hidden: self.weights(hidden.unsqueeze(2), mask, cond.query)), None
+        r = Route(mask=mask, scale_layers=frozenset(range(self.t, total)), score=score, score_rows=rows,
+                  score_cols=mask, weighting=self.weighting, cond_states=cond.tokens, cond_mask=cond.mask,
+                  cross_layers=frozenset(range(self.entry_layer, total)) if self.cross_attend != "none" else frozenset())
+        with self.routing.route(r):
+            return self.encoder.run_from(states, mask, self.entry_layer), r  # (batch, dim)
+
+    def combine(self, sentence_state, condition_state, condition_index):
+        return self.route(sentence_state, condition_state, condition_index)[0]
 
     # evaluation tables: states of every entity (padded to one width, kept in fp16), gathered per chunk
     def take(self, state, index):

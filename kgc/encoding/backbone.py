@@ -150,16 +150,16 @@ class TextEncoder(nn.Module):
         """(batch, len, K, H): the states at ``layer`` (0 = embeddings output), K = :meth:`carried`."""
         if self.cache is not None and 0 < self.cache.layer <= layer:
             states = self.cache.lookup(batch, lambda sub: self._lower(sub, self.cache.layer))
-            return self._continue(states, batch["attention_mask"], self.cache.layer, layer)
+            return self.advance(states, batch["attention_mask"], self.cache.layer, layer)
         return self._lower(batch, layer)
 
     def _lower(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
         from kgc.encoding.layers import embed
 
         hidden = embed(self.backbone, batch["input_ids"], batch.get("token_type_ids"))
-        return self._continue(hidden.unsqueeze(2), batch["attention_mask"], 0, layer)
+        return self.advance(hidden.unsqueeze(2), batch["attention_mask"], 0, layer)
 
-    def _continue(self, states: torch.Tensor, attention_mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    def advance(self, states: torch.Tensor, attention_mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Carried states at ``start`` (batch, len, K_start, H) → carried states at ``end``."""
         from kgc.encoding.layers import run_layers
 
@@ -170,7 +170,7 @@ class TextEncoder(nn.Module):
     def run_from(self, states: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
                  pool_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Layers ``[layer, T)`` on the carried ``states`` (batch, len, K, H), then pool and normalise."""
-        states = self._continue(states, attention_mask, layer, self.num_layers)
+        states = self.advance(states, attention_mask, layer, self.num_layers)
         return self._pool(states, attention_mask if pool_mask is None else pool_mask)
 
     def _pool(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -43,8 +43,8 @@ def setup_layer_cache(encoders: list[TextEncoder], conditioner: Conditioner, rec
     """Freeze the layers below T - n in every encoder and attach one cache of their outputs.
 
     Frozen lower layers are identical in every tower (the same pretrained weights, never updated), so
-    one cache, keyed by exact token sequence, serves them all. The cache sits at min(T - n, t_condition):
-    the router must see the states entering its own layer.
+    one cache, keyed by exact token sequence, serves them all. The cache sits at min(T - n, the conditioner's
+    ``plain_below``): the router must see the states entering its own layer.
     """
     n = recipe.encoder.trainable_layers
     if n == "all":
@@ -57,7 +57,7 @@ def setup_layer_cache(encoders: list[TextEncoder], conditioner: Conditioner, rec
         check_bert_family(enc.backbone, "encoder.trainable_layers")
         t = enc.frozen_layers = frozen_below(enc.backbone, n)
         enc.train(enc.training)
-    layer = min(t, conditioner.entry_layer) if conditioner.enters_at == "layer" else t
+    layer = min(t, conditioner.plain_below)
     if layer == 0 or not recipe.encoder.cache:
         return
     first = encoders[0]
