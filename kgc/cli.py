@@ -167,6 +167,69 @@ def predict(run_dir: Path = typer.Argument(..., help="a run directory with a bui
 
 
 @app.command()
+def explain(run_dir: Path = typer.Argument(..., help="a router, biencoder+router_layers or hypernet run"),
+            head: Optional[str] = typer.Option(None, "--head", help="link prediction: entity id or text"),
+            relation: List[str] = typer.Option([], "--relation", help="relation name or text (repeatable; "
+                                                                      "default: every relation)"),
+            inverse: bool = typer.Option(False, "--inverse", help="the inverse direction of the relations"),
+            sentence: Optional[str] = typer.Option(None, "--sentence", help="C-STS: the sentence"),
+            condition: List[str] = typer.Option([], "--condition", help="C-STS: a condition (repeatable)"),
+            out: Optional[Path] = typer.Option(None, "--out", help="heatmap PNG (default RUN/explain.png)"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """What a condition selects: CSR's weight per token under each condition, or Hyper-CL's W_c spectra."""
+    from kgc.explain import check_explainable, hypernet_spectra, plot, render_text, router_weights
+    from kgc.training.run import open_run
+
+    run = open_run(run_dir)
+    if run.recipe.task == "linkpred":
+        if sentence is not None or condition:
+            raise KGCError("--sentence/--condition are for C-STS runs; for link prediction give --head and --relation")
+        from kgc.encoding.backbone import load_tokenizer
+
+        model, graph = run.load("cpu")
+        tokenizer = load_tokenizer(run.backbone)
+        kind = check_explainable(model.conditioner)
+        rels = [graph.find_relation(r) for r in relation] if relation else list(range(graph.num_relations))
+        rels = [r + graph.num_relations if inverse else r for r in rels]
+        names = [graph.relation_label(r) for r in rels]
+        conds = [model.bank.relation_ids[r] for r in rels]
+        if kind == "router":
+            if head is None:
+                raise KGCError("give --head (an entity id or text): the router weighs the tokens of its text")
+            h = graph.find_entity(head)
+            sent, title = model.bank.entity_ids(h), graph.entities[h]
+    else:
+        if head is not None or relation or inverse:
+            raise KGCError("--head/--relation/--inverse are for link-prediction runs; for C-STS give --sentence and "
+                           "--condition")
+        from kgc.csts.model import CSTSRun
+
+        model, tokenizer = CSTSRun(run_dir).load("cpu")
+        kind = check_explainable(model.conditioner)
+        if not condition:
+            raise KGCError('give at least one --condition, e.g. --condition "The colour of the car."')
+        names = list(condition)
+        conds = tokenizer(names, add_special_tokens=False)["input_ids"]
+        if kind == "router":
+            if sentence is None:
+                raise KGCError("give --sentence: the router weighs its tokens")
+            sent, title = tokenizer(sentence, add_special_tokens=False)["input_ids"], sentence
+    cond = model.conditioner
+    if kind == "router":
+        ex = router_weights(cond, sent, conds, tokenizer, names)
+        title = f"router weight w per token: {title[:60]}"
+    else:
+        ex = hypernet_spectra(cond, conds, names)
+        title = f"singular values of W_c ({cond.form}, K = {cond.rank})"
+    png = plot(ex, out or run.path / "explain.png", title)
+    if as_json:
+        _echo(json.dumps({**ex.to_json(), "png": str(png)}, indent=2))
+        return
+    _echo(render_text(ex))
+    _echo(f"wrote {png}")
+
+
+@app.command()
 def compare(recipes: List[Path] = typer.Argument(..., help="recipes of one task, e.g. recipes/umls_*.yaml"),
             set_: List[str] = typer.Option([], "--set", help="the shared budget, e.g. --set train.epochs=1"),
             out: Path = typer.Option(Path("runs/compare"), "--out", help="folder for the runs and compare.md"),
@@ -183,7 +246,9 @@ def compare(recipes: List[Path] = typer.Argument(..., help="recipes of one task,
 @bench_app.command("inference")
 def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
                     conditioner: List[str] = typer.Option(["biencoder", "hadamard", "hypernet", "router"],
-                                                          "--conditioner"),
+                                                          "--conditioner",
+                                                          help="repeatable; options after a colon, e.g. "
+                                                               "router:cross_attend=top,router_layers=2"),
                     limit: Optional[int] = typer.Option(None, "--limit", help="only the first N test triples"),
                     set_: List[str] = typer.Option([], "--set"),
                     out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON"),
@@ -195,7 +260,7 @@ def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
     result = run(dataset=dataset, conditioners=conditioner, limit=limit, overrides=set_, echo=_echo, progress=progress)
     for row in result["rows"]:
         ratio = row["speedup_vs_biencoder"]
-        _echo(f"{row['conditioner']:<10} {row['queries_per_s']:>10.1f} queries/s" +
+        _echo(f"{row['conditioner']:<24} {row['queries_per_s']:>10.1f} queries/s" +
               (f"   {ratio:>7.1f}x the bi-encoder" if ratio is not None else ""))
     if out:
         write_json(out, result)

@@ -100,6 +100,17 @@ def test_every_conditioner_on_synthetic_csts(model, encoder, tiny_bert, tmp_path
     np.testing.assert_allclose([float(r["similarity"]) for r in scored], sim[:5], atol=2e-3)
     assert all(1 <= float(r["predicted_label"]) <= 5 for r in scored)
 
+    if model["conditioner"] in ("router", "hypernet"):  # kgc explain on a C-STS run: the paper's Figures 5-7
+        ex = json.loads(kgc("explain", run, "--sentence", first["sentence1"], "--condition", first["condition"],
+                            "--condition", "The colour of the car.", "--json").stdout)
+        assert len(ex["conditions"]) == 2 and Path(ex["png"]).is_file()
+        if model["conditioner"] == "router":
+            assert ex["tokens"][0] == "[CLS]" and ex["tokens"][-1] == "[SEP]"
+            for row in ex["weights"].values():
+                assert len(row) == len(ex["tokens"]) and sum(row) == pytest.approx(1.0, abs=1e-5)
+        else:
+            assert all(len(v) == 32 for v in ex["singular_values"].values())
+
 
 def test_task_mixups_fail_clearly(tiny_bert, tmp_path, monkeypatch):
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))

@@ -41,17 +41,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_optimizer(modules: Iterable[nn.Module], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; biases, LayerNorm weights and the temperature are excluded from weight decay."""
-    decay, no_decay, seen = [], [], set()
+def make_optimizer(modules: Iterable[nn.Module], lr: float, weight_decay: float, *,
+                   other: set[int] = frozenset(), other_lr: float | None = None) -> torch.optim.AdamW:
+    """AdamW; biases, LayerNorm weights and the temperature are excluded from weight decay. Parameters whose
+    ``id`` is in ``other`` (a conditioner's own parameters) train at ``other_lr`` when it is given."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    seen: set[int] = set()
     for module in modules:
         for name, p in module.named_parameters():
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            (no_decay if any(k in name for k in NO_DECAY) else decay).append(p)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+            key = (other_lr is not None and id(p) in other, any(k in name for k in NO_DECAY))
+            groups.setdefault(key, []).append(p)
+    order = [(False, False), (False, True), (True, False), (True, True)]  # fixed: resumable optimiser state
+    return torch.optim.AdamW([{"params": groups.get(k, []), "weight_decay": 0.0 if k[1] else weight_decay,
+                               "lr": other_lr if k[0] else lr} for k in order if k[0] is False or k in groups],
+                             lr=lr)
 
 
 def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int):

@@ -142,7 +142,8 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     total = steps_per_epoch * tc.epochs
     if tc.max_steps:
         total = min(total, tc.max_steps)
-    optimizer = make_optimizer([model, criterion], tc.lr, tc.weight_decay)
+    own = {id(p) for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")}
+    optimizer = make_optimizer([model, criterion], tc.lr, tc.weight_decay, other=own, other_lr=tc.conditioner_lr)
     scheduler = linear_schedule(optimizer, tc.warmup_steps, total)
     scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and tc.amp == "fp16")
     params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
