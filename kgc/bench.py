@@ -41,8 +41,10 @@ def bench_inference(*, dataset: str = "wn18rr", conditioners=("biencoder", "hada
     folder = resolve_backbone(recipe.model.backbone)
     seed_everything(0)
     table, table_seconds, rows = None, 0.0, []
-    for name in conditioners:
-        model, _ = build_model(load_recipe(None, base + [f"model.conditioner={name}"]), graph, folder)
+    for name in conditioners:  # "router" or, with model options, "router:cross_attend=top,router_layers=2"
+        kind, _, opts = name.partition(":")
+        extra = [f"model.{kv.strip()}" for kv in opts.split(",") if kv.strip()]
+        model, _ = build_model(load_recipe(None, base + [f"model.conditioner={kind}", *extra]), graph, folder)
         model.eval()
         if table is None:  # the cached entity embeddings, shared by every conditioner (same tail tower)
             start = time.perf_counter()

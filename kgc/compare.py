@@ -1,11 +1,14 @@
 """``kgc compare``: train and evaluate several recipes of one task under one budget, and tabulate them.
 
 The same ``--set`` overrides (the budget: epochs, max_steps, batch size, …) apply to every recipe. A run
-already finished in the output folder is reused, an interrupted one resumed. The table is the
+already finished in the output folder is reused (and its results file, when newer than its weights), an
+interrupted one resumed. The table is the
 toolkit's version of the papers' tables:
 
-* link prediction: conditioner, pooling, MRR, H@1, H@3, H@10, trainable/total parameters, training
-  triples/s, evaluation seconds, cache bytes;
+* link prediction: conditioner, pooling, MRR, H@1, H@3, H@10 (test), the best dev MRR (when the recipe
+  validates), trainable/total parameters, training
+  triples/s, training seconds, evaluation seconds (all of it) and query seconds (the query vectors alone,
+  entity states cached: the cost a deployed model pays per query), cache bytes;
 * C-STS: conditioner, pooling, Spearman, Pearson, pair accuracy, trainable/total parameters, training
   pairs/s, training and evaluation seconds, cache bytes — with, before the first recipe of each
   dataset, a row for the condition-blind baseline (the untrained backbone's plain sentence cosine) on
@@ -26,12 +29,12 @@ from kgc.training.loop import train
 from kgc.training.run import open_run
 
 COLUMNS = {
-    "linkpred": ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "trainable params",
-                 "total params", "train triples/s", "eval seconds", "cache bytes"],
+    "linkpred": ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "dev MRR", "trainable params",
+                 "total params", "train triples/s", "train seconds", "eval seconds", "query seconds", "cache bytes"],
     "csts": ["recipe", "conditioner", "pooling", "data", "Spearman", "Pearson", "pair accuracy", "trainable params",
              "total params", "train pairs/s", "train seconds", "eval seconds", "cache bytes"],
 }
-METRICS = {"MRR", "H@1", "H@3", "H@10", "Spearman", "Pearson", "pair accuracy"}
+METRICS = {"MRR", "H@1", "H@3", "H@10", "dev MRR", "Spearman", "Pearson", "pair accuracy"}
 
 
 def _fmt_int(n: int) -> str:
@@ -41,7 +44,9 @@ def _fmt_int(n: int) -> str:
 def describe_conditioner(recipe) -> str:
     m = recipe.model
     extra = {"hypernet": f" ({m.hypernet_form}, K={m.rank or 'H/12'})",
-             "router": f" (k={m.router_layers}, {m.scorer}, {m.weighting})",
+             "router": f" (k={m.router_layers or 1}, {m.scorer}, {m.weighting}"
+                       + (f", cross-attends {m.cross_attend}" if m.cross_attend != "none" else "") + ")",
+             "biencoder": f" + CSR in the top {m.router_layers} layers ({m.weighting})" if m.router_layers else "",
              "case": f" ({m.case_projection}, k={m.case_dim or 'H'})"}.get(m.conditioner, "")
     layers = recipe.encoder.trainable_layers
     return m.conditioner + extra + {"all": "", 0: ", frozen encoder"}.get(layers, f", top {layers} layers")
@@ -63,7 +68,9 @@ def _row(run, ev, summary: dict, seconds: float) -> dict:
     if recipe.task == "linkpred":
         both = ev.results["both"]["realistic"]
         row.update({"MRR": both["inverse_harmonic_mean_rank"], "H@1": both["hits_at_1"], "H@3": both["hits_at_3"],
-                    "H@10": both["hits_at_10"], "train triples/s": summary["triples_per_s"]})
+                    "H@10": both["hits_at_10"], "train triples/s": summary["triples_per_s"],
+                    "train seconds": round(seconds, 1), "dev MRR": summary.get("best_dev_mrr"),
+                    "query seconds": ev.results["kgc"].get("query_encoding_seconds")})
     else:
         r = ev.results
         row.update({"data": f"{recipe.data.dataset} {r['split']}", "Spearman": r["spearman"], "Pearson": r["pearson"],
@@ -107,7 +114,7 @@ def compare(recipes: list[Path], overrides: list[str], out: Path, *, echo=print,
         if seconds is None:
             seconds = summary.get("train_seconds") or 0.0
         run = open_run(run_dir)
-        ev = _evaluate(run, split, progress)
+        ev = _evaluate(run, split, progress, echo)
         rows.append(_row(run, ev, summary, seconds))
         key = "MRR" if task == "linkpred" else "Spearman"
         value = rows[-1][key]
@@ -118,7 +125,14 @@ def compare(recipes: list[Path], overrides: list[str], out: Path, *, echo=print,
     return rows
 
 
-def _evaluate(run, split: str, progress: bool):
+def _evaluate(run, split: str, progress: bool, echo=print):
+    """Evaluate ``run`` on ``split``, or reuse its results file when it is newer than the weights it scored."""
+    from types import SimpleNamespace
+
+    done = run.path / f"results{'' if split == 'test' else f'.{split}'}.json"
+    if done.is_file() and done.stat().st_mtime >= (run.path / "best.pt").stat().st_mtime:
+        echo(f"{run.recipe.name}: {split} results already in {done}, reusing them")
+        return SimpleNamespace(results=json.loads(done.read_text()))
     if run.recipe.task == "linkpred":
         from kgc.linkpred.evaluate import evaluate_run
 

@@ -38,10 +38,14 @@ def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, 
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     result = bench_inference(dataset="umls", limit=20, overrides=[f"model.backbone={tiny_bert}"],
+                             conditioners=("biencoder", "hadamard", "hypernet", "router", "router:cross_attend=top",
+                                           "router:cross_attend=all,scorer=cls_attention"),
                              echo=lambda m: None, progress=False)
     rows = {r["conditioner"]: r for r in result["rows"]}
     assert rows["biencoder"]["passes"]["queries_full"] == 40 and rows["biencoder"]["speedup_vs_biencoder"] == 1.0
     assert rows["router"]["passes"]["queries_top_layers"] == 40 and rows["router"]["passes"]["sentences"] == 135
+    assert rows["router:cross_attend=top"]["passes"]["queries_top_layers"] == 40
+    assert rows["router:cross_attend=all,scorer=cls_attention"]["passes"]["queries_full"] == 40  # nothing cached
     for name in ("hadamard", "hypernet"):  # the cached entity table serves as h_s: only relations are encoded
         assert rows[name]["passes"] == {"sentences": 0, "conditions": 92, "queries_full": 0, "queries_top_layers": 0}
     recipe = write_recipe(tmp_path / "r.yaml", tiny_bert, {"conditioner": "router"})

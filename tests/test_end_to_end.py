@@ -190,7 +190,10 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_bert, tmp_path, data_home,
     ({"conditioner": "concat", "shared_towers": True}, {}),
     ({"conditioner": "hypernet", "shared_towers": True, "hypernet_form": "residual", "rank": 4}, {"trainable_layers": 0}),
     ({"conditioner": "router", "router_layers": 1}, {"trainable_layers": 1}),
-], ids=["hadamard", "concat", "hypernet-residual-frozen", "router-top1-cached"])
+    ({"conditioner": "router", "router_layers": 1, "cross_attend": "top"}, {"trainable_layers": 1}),
+    ({"conditioner": "router", "router_layers": 1, "cross_attend": "all", "scorer": "cls_attention"}, {}),
+], ids=["hadamard", "concat", "hypernet-residual-frozen", "router-top1-cached", "router-cross-top-cached",
+        "router-cross-all-cls"])
 def test_every_conditioner_through_the_cli(model, encoder, tiny_bert, tmp_path, data_home, monkeypatch):
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     run = tmp_path / "run"
@@ -210,10 +213,15 @@ def test_every_conditioner_through_the_cli(model, encoder, tiny_bert, tmp_path, 
     res = json.loads((run / "results.json").read_text())["kgc"]
     passes = res["encoder_passes_by_kind"]
     assert passes["conditions"] == 92 and passes["sentences"] == 135  # every relation and entity once
-    if model["conditioner"] == "router":
+    if model.get("cross_attend") == "all":  # the condition is read from layer 0: the whole encoder per query
+        assert passes["queries_full"] == 1322 and passes["queries_top_layers"] == 0
+        assert res["condition_enters_at_layer"] == 0 and res["encoder_layers_per_query"] == 2
+    elif model["conditioner"] == "router":
         assert passes["queries_top_layers"] == 1322 and passes["queries_full"] == 0
+        assert res["condition_enters_at_layer"] == 1 and res["encoder_layers_per_query"] == 1
     else:  # the tri-encoders compose: no encoder pass per query, the entity table is the sentence table
         assert passes["queries_full"] == passes["queries_top_layers"] == 0 and "entities" not in passes
+        assert res["condition_enters_at_layer"] == 2 and res["encoder_layers_per_query"] == 0
     assert res["cache_bytes"] > 0
     kgc("index", run, "--no-progress")
     out = json.loads(kgc("predict", run, "--head", "virus", "--relation", "isa", "--top-k", "3", "--json").stdout)

@@ -96,6 +96,8 @@ def evaluate(model: SimilarityModel, texts: Texts, data: CSTSData, split: str = 
                       "sentence_condition_pairs": int(len(pairs)),
                       "encoder_passes": int(sum(engine.passes.values())),
                       "encoder_passes_by_kind": dict(engine.passes),
+                      "condition_enters_at_layer": model.conditioner.entry_layer,
+                      "encoder_layers_per_pair": model.conditioner.encoder.num_layers - model.conditioner.entry_layer,
                       "cache_bytes": int(table.numel() * table.element_size() + engine.state_bytes
                                          + (cache.nbytes if cache is not None else 0)),
                       "sampled": bool(n < len(sp))}
