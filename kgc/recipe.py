@@ -163,6 +163,24 @@ class Recipe(_Section):
                              "Remove them (or set task).")
         return self
 
+    @model_validator(mode="after")
+    def _options_of_this_conditioner(self) -> "Recipe":
+        from kgc.conditioning.base import CONDITIONERS, conditioner_class
+
+        try:
+            mine = set(conditioner_class(self.model.conditioner).options)
+        except KGCError:
+            return self  # an unknown name fails later, with the list of registered ones
+        others = {k: name for name, cls in CONDITIONERS.items() for k in cls.options if name != self.model.conditioner}
+        fields = ModelConfig.model_fields  # a saved recipe.yaml lists every key: only a changed value counts
+        wrong = sorted(k for k in self.model.model_fields_set if k in others and k not in mine
+                       and getattr(self.model, k) != fields[k].default)
+        if wrong:
+            raise ValueError(f"{', '.join('model.' + k for k in wrong)}: not read by model.conditioner="
+                             f"{self.model.conditioner} (only by {', '.join(sorted({others[k] for k in wrong}))}). "
+                             "Remove them, or choose that conditioner.")
+        return self
+
     def to_yaml(self) -> str:
         """The fully resolved recipe, without the keys only the other task reads."""
         tree = self.model_dump(mode="json")

@@ -218,3 +218,14 @@ def test_conditioner_lr_puts_the_conditioners_own_parameters_in_their_own_groups
     assert decay[id(hyper.gen1.bias)] == 0.0 and decay[id(hyper.gen1.weight)] == 0.01
     plain = make_optimizer([hyper], 1e-4, 0.01, other=own)  # no conditioner_lr: one lr for all
     assert {g["lr"] for g in plain.param_groups} == {1e-4} and len(plain.param_groups) == 2
+
+
+def test_an_option_of_another_conditioner_is_an_error_not_a_silent_no_op():
+    from kgc.recipe import load_recipe
+
+    with pytest.raises(KGCError, match="model.cross_attend: not read by model.conditioner=biencoder .only by router"):
+        load_recipe(None, ["model.conditioner=biencoder", "model.cross_attend=top"])
+    with pytest.raises(KGCError, match="model.rank: not read by model.conditioner=router .only by hypernet"):
+        load_recipe(None, ["model.conditioner=router", "model.rank=8"])
+    assert load_recipe(None, ["model.conditioner=router", "model.cross_attend=top"]).model.cross_attend == "top"
+    assert load_recipe(None, ["model.conditioner=biencoder", "model.router_layers=2"]).model.router_layers == 2
