@@ -11,29 +11,14 @@ import torch.nn.functional as F
 
 from kgc.conditioning import build_conditioner
 from kgc.conditioning.router import RouterCondition
-from kgc.data.texts import SpecialTokens
-from kgc.encoding.backbone import TextEncoder, load_backbone, pool
+from kgc.encoding.backbone import pool
 from kgc.encoding.cache import LayerCache, lower_weights_hash
 from kgc.errors import KGCError
-from tests.conftest import sharpen_attention
+from tests.test_layered import batch_of, encoder, special  # noqa: F401  (fixtures shared with it)
 
 SENTS = [[2000, 2001, 2002, 2010], [2003], [2004, 2005], [2000, 2001, 2002, 2010]]
 CONDS = [[3000], [3001, 3002, 3003], [3000], [3001, 3002, 3003]]
 NEG = torch.finfo(torch.float32).min
-
-
-@pytest.fixture()
-def encoder(tiny_bert):
-    return TextEncoder(sharpen_attention(load_backbone(tiny_bert))).eval()
-
-
-@pytest.fixture(scope="module")
-def special(tokenizer):
-    return SpecialTokens.from_tokenizer(tokenizer)
-
-
-def batch_of(special, seqs):
-    return special.pad([special.wrap(s, 24) for s in seqs])
 
 
 def router(encoder, special, **kw):
