@@ -241,8 +241,13 @@ def _explain(err: ValidationError, source: str) -> KGCError:
     return KGCError(f"{source}: bad recipe:\n  " + "\n  ".join(lines))
 
 
-def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
-    """Read a YAML recipe (or defaults when ``path`` is None) and apply ``key=value`` overrides."""
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, *, saved: bool = False) -> Recipe:
+    """Read a YAML recipe (or defaults when ``path`` is None) and apply ``key=value`` overrides.
+
+    ``saved``: the ``recipe.yaml`` of a run directory. Runs written before ``model.cross_attend`` existed list
+    ``router_layers: 1`` whatever their conditioner (only the router read it then); the bi-encoder reads it
+    now (CSR inside the bi-encoder), so in those files it is dropped unless the run is a router run.
+    """
     tree: dict[str, Any] = {}
     source = "recipe"
     if path is not None:
@@ -257,6 +262,9 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(tree, dict):
             raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval)")
         tree.setdefault("name", path.stem)
+        model = tree.get("model")
+        if saved and isinstance(model, dict) and "cross_attend" not in model and model.get("conditioner") != "router":
+            model.pop("router_layers", None)
     for key, value in parse_overrides(overrides or []).items():
         _set_dotted(tree, key, value)
     try:

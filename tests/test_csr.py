@@ -214,3 +214,15 @@ def test_an_option_of_another_conditioner_is_an_error_not_a_silent_no_op():
         load_recipe(None, ["model.conditioner=router", "model.rank=8"])
     assert load_recipe(None, ["model.conditioner=router", "model.cross_attend=top"]).model.cross_attend == "top"
     assert load_recipe(None, ["model.conditioner=biencoder", "model.router_layers=2"]).model.router_layers == 2
+
+
+def test_runs_saved_before_cross_attend_existed_keep_their_plain_bi_encoder(tmp_path):
+    """Their recipe.yaml lists router_layers: 1 for every conditioner (the router's default then)."""
+    from kgc.recipe import load_recipe
+
+    old = tmp_path / "recipe.yaml"
+    old.write_text("name: old\nmodel: {conditioner: biencoder, router_layers: 1, weighting: one_plus_w}\n")
+    assert load_recipe(old, saved=True).model.router_layers is None
+    assert load_recipe(old).model.router_layers == 1  # a recipe someone writes today means it
+    old.write_text("name: old\nmodel: {conditioner: router, router_layers: 2}\n")
+    assert load_recipe(old, saved=True).model.router_layers == 2

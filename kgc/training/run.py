@@ -24,7 +24,7 @@ class RunDir:
         self.path = Path(path)
         if not (self.path / "recipe.yaml").is_file():
             raise KGCError(f"{self.path}: not a run directory (no recipe.yaml). Train one with `kgc train RECIPE`.")
-        self.recipe = load_recipe(self.path / "recipe.yaml")
+        self.recipe = load_recipe(self.path / "recipe.yaml", saved=True)
         if self.task is not None and self.recipe.task != self.task:
             hint = "kgc similarity RUN --s1 … --s2 … --condition …" if self.recipe.task == "csts" else \
                 "kgc predict RUN --head … --relation …"
