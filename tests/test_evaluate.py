@@ -49,9 +49,21 @@ def setup():
     # one decimal place: many deliberate ties
     scores = {k: np.round(rng.random((len(test), E)), 1).astype(np.float32) for k in queries}
     ours = RankBasedEvaluator(filtered=True, clear_on_finalize=False)
+    counts = {}
     for target, q in queries.items():
-        score_and_rank(torch.as_tensor(scores[target]), torch.eye(E), graph, q, evaluator=ours, target=target)
+        score_and_rank(torch.as_tensor(scores[target]), torch.eye(E), graph, q, evaluator=ours, target=target,
+                       counts=counts)
+    ours.head_above_gold = counts["head_above_gold"]
     return graph, queries, scores, ours
+
+
+def test_head_above_gold_counts_queries_whose_own_head_outscores_the_answer(setup):
+    graph, queries, scores, ours = setup
+    allq = np.concatenate([graph.both_directions(s) for s in ("train", "dev", "test")])
+    known = {(h, r, a) for h, r, a in allq}
+    ref = sum(1 for target in queries for (h, r, a), row in zip(queries[target], scores[target])
+              if h != a and (h, r, h) not in known and row[h] > row[a])  # a filtered head never counts
+    assert ref > 0 and ours.head_above_gold == ref
 
 
 def test_ranks_match_brute_force(setup):

@@ -53,8 +53,12 @@ def filter_scores_(scores: torch.Tensor, graph: KnowledgeGraph, heads: np.ndarra
 
 def score_and_rank(query_vectors: torch.Tensor, entity_table: torch.Tensor, graph: KnowledgeGraph,
                    queries: np.ndarray, *, evaluator: RankBasedEvaluator, target: str,
-                   boost: dict[int, np.ndarray] | None = None, boost_weight: float = 0.0) -> None:
-    """queries (batch, 3) = (query head, relation id in 0..2R-1, answer); feeds pykeen's evaluator."""
+                   boost: dict[int, np.ndarray] | None = None, boost_weight: float = 0.0,
+                   counts: dict[str, int] | None = None) -> None:
+    """queries (batch, 3) = (query head, relation id in 0..2R-1, answer); feeds pykeen's evaluator.
+
+    ``counts["head_above_gold"]`` adds the queries whose own head entity outscores the gold answer (a text
+    model's first failure: "head under relation" starts out closest to the head's own text)."""
     scores = (query_vectors.float() @ entity_table.t()).cpu()  # (batch, entities)
     if boost:
         for i, h in enumerate(queries[:, 0]):
@@ -62,6 +66,9 @@ def score_and_rank(query_vectors: torch.Tensor, entity_table: torch.Tensor, grap
     answers = queries[:, 2]
     true = scores[torch.arange(len(queries)), torch.as_tensor(answers)].unsqueeze(1).clone()  # (batch, 1)
     filter_scores_(scores, graph, queries[:, 0], queries[:, 1], answers)
+    if counts is not None:
+        own = scores[torch.arange(len(queries)), torch.as_tensor(queries[:, 0])]  # NaN where the head is an answer
+        counts["head_above_gold"] = counts.get("head_above_gold", 0) + int((own > true[:, 0]).sum())
     r = graph.num_relations
     if target == "tail":
         hrt = queries.copy()
@@ -106,7 +113,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
         boost = n_hop_neighbours(graph, np.concatenate([q[:, 0] for q in directions.values()]), rerank["n_hop"])
     passes = len(directions) * len(triples)
     bar = tqdm(total=passes, desc=f"evaluate {split}", disable=not progress, leave=False)
-    query_seconds = 0.0
+    query_seconds, counts = 0.0, {}
     for target, queries in directions.items():
         for s in range(0, len(queries), batch_size):
             chunk = queries[s: s + batch_size]
@@ -114,7 +121,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
             q = engine(chunk[:, 0], chunk[:, 1])
             query_seconds += time.perf_counter() - tick
             score_and_rank(q, table, graph, chunk, evaluator=evaluator, target=target, boost=boost,
-                           boost_weight=rerank.get("weight", 0.0))
+                           boost_weight=rerank.get("weight", 0.0), counts=counts)
             bar.update(len(chunk))
     bar.close()
     results = evaluator.finalize().to_dict()
@@ -133,6 +140,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
                       # the entity table (tail tower), and the query vectors alone (entity states cached)
                       "state_seconds": round(state_seconds, 3), "entity_table_seconds": round(table_seconds, 3),
                       "query_encoding_seconds": round(query_seconds, 3),
+                      "head_above_gold": round(counts.get("head_above_gold", 0) / max(1, passes), 4),
                       "encoder_passes": int(sum(engine.passes.values())),
                       "encoder_passes_by_kind": dict(engine.passes),
                       "condition_enters_at_layer": model.conditioner.entry_layer,
