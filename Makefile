@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test clean
+.PHONY: install quickstart test clean study-umls wn18rr-cpu
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,29 @@ quickstart: install
 test: install
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The UMLS measurements behind the router and Hyper-CL recipes (README: "Why the router failed on UMLS"):
+# one epoch each, 2 CPU cores, ~30 min in all; every row is a `kgc compare` of one recipe with --set.
+STUDY ?= runs/umls_study
+study-umls: install
+	set -e; run() { n=$$1; shift; $(BIN)/kgc compare "$$@" --set name=$$n --no-progress --out $(STUDY)/$$n; }; \
+	CSR="recipes/umls_csr_top2.yaml --set model.router_layers=1 --set model.cross_attend=none"; \
+	HRES="recipes/umls_hypercl_residual.yaml --set train.conditioner_lr=null"; \
+	LONG="--set data.long_text=true --set data.max_tokens=48"; \
+	run csr_k1 $$CSR; \
+	run csr_k2 $$CSR --set model.router_layers=2; \
+	run csr_top_k1 $$CSR --set model.cross_attend=top; \
+	run csr_top_k2 $$CSR --set model.cross_attend=top --set model.router_layers=2; \
+	run csr_top_k3 $$CSR --set model.cross_attend=top --set model.router_layers=3 --set encoder.trainable_layers=3; \
+	run csr_top_k1_cls $$CSR --set model.cross_attend=top --set model.scorer=cls_attention; \
+	run csr_top_k2_heavy_lr $$CSR --set model.cross_attend=top --set model.router_layers=2 \
+	    --set model.scorer=heavy --set train.conditioner_lr=3e-3; \
+	run csr_k1_long $$CSR $$LONG; \
+	run csr_top_k2_long $$CSR $$LONG --set model.cross_attend=top --set model.router_layers=2; \
+	run hyper_res $$HRES; \
+	run hyper_res_lr $$HRES --set train.conditioner_lr=3e-3; \
+	run hyper_res_long $$HRES $$LONG
+	head -n 2 $(STUDY)/csr_k1/compare.md; for d in $(STUDY)/*/; do tail -n 1 $$d/compare.md; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -197,7 +197,7 @@ def explain(run_dir: Path = typer.Argument(..., help="a router, biencoder+router
             if head is None:
                 raise KGCError("give --head (an entity id or text): the router weighs the tokens of its text")
             h = graph.find_entity(head)
-            sent, title = model.bank.entity_ids(h), graph.entities[h]
+            sent, title = model.bank.entity_ids(h), f"{graph.entities[h]}, {graph.full_texts[h]}"
     else:
         if head is not None or relation or inverse:
             raise KGCError("--head/--relation/--inverse are for link-prediction runs; for C-STS give --sentence and "
