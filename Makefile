@@ -51,7 +51,8 @@ study-umls: install
 	run csr_top_k2_long $$CSR $$LONG --set model.cross_attend=top --set model.router_layers=2; \
 	run hyper_res $$HRES; \
 	run hyper_res_lr $$HRES --set train.conditioner_lr=3e-3; \
-	run hyper_res_long $$HRES $$LONG
+	run hyper_res_long $$HRES $$LONG; \
+	run biencoder_csr1 recipes/umls_biencoder.yaml --set model.router_layers=1
 	head -n 2 $(STUDY)/csr_k1/compare.md; for d in $(STUDY)/*/; do tail -n 1 $$d/compare.md; done
 
 clean:
