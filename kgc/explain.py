@@ -21,9 +21,6 @@ import torch
 
 from kgc.errors import KGCError
 
-ROUTED = ("router", "biencoder")
-
-
 @dataclass
 class Explanation:
     kind: str  # "router" or "hypernet"
@@ -87,15 +84,7 @@ def router_weights(cond, sentence: Sequence[int], conditions: Sequence[Sequence[
 @torch.no_grad()
 def hypernet_spectra(cond, conditions: Sequence[Sequence[int]], names: list[str]) -> Explanation:
     """Singular values of W_c (H × H) for each condition, descending."""
-    state = cond.encode_conditions(conditions)
-    h = cond.encoder.dim
-    if cond.form == "full":
-        mats = state
-    else:
-        w1, w2 = state  # (conditions, H, K) each
-        mats = w1 @ w2.transpose(1, 2)
-        if cond.form == "residual":
-            mats = mats + torch.eye(h, device=mats.device)
+    mats = cond.matrices(cond.encode_conditions(conditions))  # (conditions, H, H)
     return Explanation("hypernet", names, torch.linalg.svdvals(mats.float()).cpu().numpy())
 
 

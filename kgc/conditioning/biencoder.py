@@ -41,7 +41,7 @@ class BiEncoder(Conditioner):
         self.routing = None
         if self.k:
             check_bert_family(self.encoder.backbone, "model.conditioner=biencoder with router_layers")
-            self.routing = RoutedAttention(self.encoder.backbone, range(total - self.k, total))
+            self.routing = RoutedAttention(self.encoder.backbone, self.routing_layers)
 
     @property
     def plain_below(self) -> int:
@@ -57,12 +57,16 @@ class BiEncoder(Conditioner):
               condition_index: torch.Tensor) -> tuple[torch.Tensor, Route | None]:
         """(batch, dim) embeddings, and with routing the :class:`Route` of the distinct pairs (w per layer in
         ``seen``; ``route.mask`` and ``score_cols`` say which positions hold the pair and the sentence)."""
+        conds = [condition_state[int(i)] for i in condition_index.tolist()]
+        if self.routing is None:
+            pairs = [self.special.wrap_pair(s, c, self.max_tokens) for s, c in zip(sentence_state, conds)]
+            batch = {k: v.to(self.device) for k, v in self.special.pad(pairs).items()}
+            return self.encoder.encode_unique(batch), None  # (batch, dim)
         pairs, rows, cols = [], [], []
         pre, mid, _ = self.special.pair
-        for s, i in zip(sentence_state, condition_index.tolist()):
-            c = condition_state[int(i)]
+        for s, c in zip(sentence_state, conds):
             a, b = self.special.truncate_pair(s, c, self.max_tokens)
-            ids, types = self.special.wrap_pair(s, c, self.max_tokens)
+            ids, types = self.special.wrap_pair(a, b, self.max_tokens)  # already fits: no second cut
             n_sent, start = len(pre) + len(a), len(pre) + len(a) + len(mid)
             pairs.append((ids, types))
             cols.append([1] * n_sent + [0] * (len(ids) - n_sent))  # [CLS] and the sentence's tokens
@@ -71,8 +75,6 @@ class BiEncoder(Conditioner):
                 cond[j] = 1  # the condition's tokens (its separators when it was cut away entirely)
             rows.append(cond)
         batch = self.special.pad(pairs)
-        if self.routing is None:
-            return self.encoder.encode_unique({k: v.to(self.device) for k, v in batch.items()}), None  # (batch, dim)
         width = batch["input_ids"].shape[1]
         for name, marks in (("route_rows", rows), ("route_cols", cols)):
             batch[name] = torch.tensor([m + [0] * (width - len(m)) for m in marks])

@@ -94,6 +94,15 @@ class HyperNet(PooledConditioner):
             return self.gen(hc).view(n, h, h)
         return self.gen1(hc).view(n, h, self.rank), self.gen2(hc).view(n, h, self.rank)
 
+    def matrices(self, condition_state) -> torch.Tensor:
+        """W_c of every condition as (conditions, H, H) — for inspection (``kgc explain``); :meth:`combine`
+        applies the factors without building these."""
+        if self.form == "full":
+            return condition_state
+        w1, w2 = condition_state  # (conditions, H, K) each
+        mats = w1 @ w2.transpose(1, 2)
+        return mats + torch.eye(mats.shape[-1], device=mats.device) if self.form == "residual" else mats
+
     def combine(self, sentence_state, condition_state, condition_index):
         out = torch.empty_like(sentence_state)  # (batch, H)
         for c in torch.unique(condition_index).tolist():  # one small matmul per distinct condition
