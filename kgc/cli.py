@@ -30,11 +30,25 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
           out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<recipe>-<time>)"),
           set_: List[str] = typer.Option([], "--set", help="override a recipe key, e.g. --set train.lr=3e-5"),
           resume: Optional[Path] = typer.Option(None, "--resume", help="continue this run from its last checkpoint"),
+          nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+                                              help="data-parallel processes (launches torchrun --nproc-per-node "
+                                                   "N; train.batch_size is the global batch)"),
           progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
-    """Train from a recipe (link prediction or C-STS, by its `task`), or resume an interrupted run."""
+    """Train from a recipe (link prediction or C-STS, by its `task`), or resume an interrupted run.
+
+    Multi-process: `kgc train RECIPE --nproc 2`, or `torchrun --nproc-per-node 2 -m kgc train RECIPE`."""
     from kgc.recipe import load_recipe
+    from kgc.training import distributed as dist
     from kgc.training.loop import train as run_train
 
+    if nproc is not None and nproc > 1 and not dist.launched():
+        argv, skip = [], False
+        for arg in sys.argv[1:]:  # the same command without --nproc, under torchrun
+            if skip or arg == "--nproc" or arg.startswith("--nproc="):
+                skip = arg == "--nproc"
+                continue
+            argv.append(arg)
+        raise typer.Exit(dist.launch(nproc, argv))
     if resume is None and recipe is None:
         raise KGCError("give a recipe (e.g. `kgc train recipes/umls_biencoder.yaml`) or --resume RUN_DIR")
     if resume is not None and (recipe is not None or set_):

@@ -63,39 +63,51 @@ class SimKGCLoss(nn.Module):
     def forward(self, query: torch.Tensor, tail: torch.Tensor, head: torch.Tensor | None, *,
                 heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, train_keys: torch.Tensor,
                 num_entities: int, num_relations2: int) -> torch.Tensor:
-        """query, tail, head: (B, d) unit vectors; heads, rels, tails: (B,) ids; returns the scalar loss."""
+        """query, tail, head: (B, d) unit vectors; heads, rels, tails: (B,) ids; returns the scalar loss.
+
+        Under ``torchrun`` these are this rank's B/N rows of the global batch: queries and tails are gathered
+        from every rank with gradients, so row i is scored against the global batch's tails (and column j
+        against its queries), and the loss is the mean over this rank's rows — its average over ranks, which
+        DDP's gradient averaging takes, is the single-process loss of the global batch.
+        """
+        from kgc.training import distributed as dist
+
         b = query.size(0)
         inv_t = self.inv_t
-        hr = heads * num_relations2 + rels  # (B,)
-        logits = query @ tail.t()  # (B, B)
-        logits = logits - torch.eye(b, device=logits.device, dtype=logits.dtype) * self.margin
-        logits = logits * inv_t
-        keep = torch.eye(b, dtype=torch.bool, device=logits.device)  # (B, B) the positives stay
+        hr = heads * num_relations2 + rels  # (b,)
+        tail_all, query_all = dist.gather_with_grad(tail), dist.gather_with_grad(query)  # (B, d)
+        tails_all, hr_all = dist.gather(tails), dist.gather(hr)  # (B,)
+        own = torch.arange(b, device=query.device) + dist.rank() * b  # column of each local row's positive
+        positive = torch.zeros(b, tail_all.size(0), dtype=torch.bool, device=query.device)
+        positive[torch.arange(b), own] = True  # (b, B)
+        rows = (query @ tail_all.t() - positive * self.margin) * inv_t  # (b, B) queries → global tails
+        cols = (tail @ query_all.t() - positive * self.margin) * inv_t  # (b, B) tails → global queries
+        keep_rows, keep_cols = positive.clone(), positive.clone()
         if self.in_batch:
             if self.mask_false_negatives:
-                keep |= false_negative_mask(hr, tails, tails, train_keys, num_entities)
+                keep_rows |= false_negative_mask(hr, tails, tails_all, train_keys, num_entities)
+                keep_cols |= false_negative_mask(hr_all, tails_all, tails, train_keys, num_entities).t()
             else:
-                keep |= ~torch.eye(b, dtype=torch.bool, device=logits.device)
-        logits = logits.masked_fill(~keep, MASKED)
-        blocks = [logits]
+                keep_rows, keep_cols = torch.ones_like(positive), torch.ones_like(positive)
+        rows = rows.masked_fill(~keep_rows, MASKED)
+        blocks = [rows]
         if self.pre_batch and self.queue:
             old_vec = torch.cat([v for v, _ in self.queue])  # (K, d)
             old_ids = torch.cat([i for _, i in self.queue])  # (K,)
-            pre = (query @ old_vec.t()) * inv_t * self.pre_batch_weight  # (B, K)
+            pre = (query @ old_vec.t()) * inv_t * self.pre_batch_weight  # (b, K)
             if self.mask_false_negatives:
                 pre = pre.masked_fill(~false_negative_mask(hr, tails, old_ids, train_keys, num_entities), MASKED)
             blocks.append(pre)
         if self.self_negative and head is not None:
-            self_logit = (query * head).sum(-1) * inv_t  # (B,)
-            head_is_answer = torch.isin(hr * num_entities + heads, train_keys)  # (B,)
+            self_logit = (query * head).sum(-1) * inv_t  # (b,)
+            head_is_answer = torch.isin(hr * num_entities + heads, train_keys)  # (b,)
             blocks.append(self_logit.masked_fill(head_is_answer, MASKED).unsqueeze(1))
-        all_logits = torch.cat(blocks, dim=1)  # (B, B + K + 1)
-        labels = torch.arange(b, device=logits.device)
-        loss = F.cross_entropy(all_logits, labels)
+        all_logits = torch.cat(blocks, dim=1)  # (b, B + K + 1)
+        loss = F.cross_entropy(all_logits, own)
         if self.symmetric:
-            loss = loss + F.cross_entropy(logits.t(), labels)  # tail -> query
+            loss = loss + F.cross_entropy(cols.masked_fill(~keep_cols, MASKED), own)  # tail -> query
         if self.pre_batch and self.training:
-            self.queue.append((tail.detach(), tails.detach()))
+            self.queue.append((tail_all.detach(), tails_all.detach()))  # the global batch's tails
             self.queue = self.queue[-self.pre_batch:]
         return loss
 

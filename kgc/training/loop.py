@@ -8,11 +8,15 @@ Resumable: ``checkpoints/last.pt`` (written atomically every ``train.checkpoint_
 after each validation and at each epoch end) holds model, loss state, optimiser, schedule, RNG states and
 the step count. The batches of an epoch are a pure function of (seed, epoch), so a resumed run replays
 the same batches from the same step with the same schedule.
+
+Under ``torchrun`` (:mod:`kgc.training.distributed`) every rank runs this loop on its shard of each global
+batch inside DDP; rank 0 alone writes the run directory, checkpoints, metrics, curves and the progress bar.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from abc import ABC, abstractmethod
 from datetime import datetime
@@ -26,8 +30,9 @@ from torch import nn
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_text
 from kgc.recipe import Recipe
-from kgc.training.common import (MetricsLog, linear_schedule, load_checkpoint, make_optimizer, pick_device,
+from kgc.training.common import (MetricsLog, linear_schedule, load_checkpoint, make_optimizer,
                                  plot_curves, rng_state, save_checkpoint, seed_everything, set_rng_state)
+from kgc.training import distributed as dist
 from kgc.training.run import RunDir
 from kgc.training.setup import count_parameters, pooling_parameters, save_backbone_files
 
@@ -81,6 +86,16 @@ class Task(ABC):
         pass
 
 
+class _NoLog:
+    """Ranks other than 0 write no metrics."""
+
+    def write(self, **record: Any) -> None:
+        pass
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+
 def make_task(recipe: Recipe) -> Task:
     module, cls = TASKS[recipe.task].split(":")
     return getattr(importlib.import_module(module), cls)(recipe)
@@ -99,13 +114,50 @@ def _prepare_new_run(recipe: Recipe, out: Path | None) -> Path:
     return run_dir
 
 
+class _Step(nn.Module):
+    """Model + objective as one module, so DDP averages the gradients of both (τ included)."""
+
+    def __init__(self, task: Task, model: nn.Module, criterion: nn.Module) -> None:
+        super().__init__()
+        self.task, self.model, self.criterion = task, model, criterion
+
+    def forward(self, batch: np.ndarray) -> torch.Tensor:
+        return self.task.batch_loss(self.model, self.criterion, batch)
+
+
+def _on_main(fn):
+    """Run ``fn`` on rank 0; every rank gets its result, or raises its error."""
+    result = error = None
+    if dist.is_main():
+        try:
+            result = fn()
+        except KGCError as exc:
+            error = str(exc)
+    result, error = dist.broadcast((result, error))
+    if error is not None:
+        raise KGCError(error)
+    return result
+
+
 def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path | None = None,
           progress: bool = True, echo=print) -> Path:
-    """Train (or resume) the recipe's task and return the run directory."""
+    """Train (or resume) the recipe's task and return the run directory.
+
+    Under ``torchrun`` every process calls this; the run directory is rank 0's and is returned on every rank.
+    """
+    try:
+        return _train(recipe, out=out, resume=resume, progress=progress, echo=echo)
+    finally:
+        dist.shutdown()
+
+
+def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, progress: bool, echo) -> Path:
     from tqdm.auto import tqdm
 
     from kgc.encoding.backbone import resolve_backbone
 
+    main = not dist.launched() or os.environ.get("RANK", "0") == "0"
+    say = echo if main else (lambda _msg: None)
     ckpt = None
     if resume is not None:
         run_dir = Path(resume)
@@ -113,21 +165,28 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         if not (run_dir / "checkpoints" / "last.pt").is_file():
             raise KGCError(f"{run_dir}: no checkpoints/last.pt to resume from; start it again with `kgc train`.")
         ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-        echo(f"resuming {run_dir} from step {ckpt['step']}")
+        say(f"resuming {run_dir} from step {ckpt['step']}")
     else:
         assert recipe is not None
         task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
-        run_dir = _prepare_new_run(recipe, out)
-        echo(f"run directory: {run_dir}")
     tc = recipe.train
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    device = pick_device(tc.device)
+    device = dist.init(tc.device)  # joins the torchrun group, if any
+    world, rank = dist.world_size(), dist.rank()
+    if world > 1 and recipe.task != "linkpred":
+        raise KGCError(f"task {recipe.task} trains in one process (its batches are groups of rows that one rank must "
+                       "see whole); drop --nproc / torchrun")
+    dist.check_batch(tc.batch_size)
+    if ckpt is None:
+        run_dir = _on_main(lambda: _prepare_new_run(recipe, out))
+        say(f"run directory: {run_dir}" + (f" ({world} processes, global batch {tc.batch_size})" if world > 1 else ""))
     seed_everything(tc.seed)
     if ckpt is None:
         model, tokenizer = task.build_model(resolve_backbone(recipe.model.backbone))
-        save_backbone_files(run_dir / "backbone", recipe, tokenizer)
-        write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
+        if dist.is_main():
+            save_backbone_files(run_dir / "backbone", recipe, tokenizer)
+            write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
     else:
         task = make_task(recipe)
         model, _ = task.build_model(run_dir / "backbone", pretrained=False)
@@ -137,6 +196,12 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     model.to(device)
     criterion.to(device)
     task.to(device)
+    step_module: nn.Module = _Step(task, model, criterion)
+    if world > 1:  # rank 0's weights are broadcast; gradients are averaged in buckets during backward
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_module = DistributedDataParallel(step_module, device_ids=[device.index] if device.type == "cuda" else None,
+                                              static_graph=True)  # the same parameters every step; some unused
 
     steps_per_epoch = task.steps_per_epoch
     total = steps_per_epoch * tc.epochs
@@ -147,7 +212,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     scheduler = linear_schedule(optimizer, tc.warmup_steps, total)
     scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and tc.amp == "fp16")
     params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    metrics = MetricsLog(run_dir / "metrics.jsonl") if dist.is_main() else _NoLog()
     rate_key = f"{task.unit}_per_s"
 
     step, validated, best = 0, 0, float("-inf")
@@ -156,19 +221,31 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         task.load_loss_state(criterion, ckpt.get("loss_extra"), device)
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
-        set_rng_state(ckpt["rng"])
+        ranks = ckpt.get("rng_ranks")
+        set_rng_state(ranks[rank] if ranks and len(ranks) == world else ckpt["rng"])
         step, validated, best = ckpt["step"], ckpt["validated_epochs"], ckpt["best_metric"]
         metrics.truncate_after(step)
+    elif world > 1:
+        torch.manual_seed(tc.seed + rank)  # the weights are rank 0's; dropout masks differ per rank
 
     def checkpoint() -> None:
+        rngs = dist.gather_objects(rng_state())  # every rank's generators: a resumed group replays them
+        if not dist.is_main():
+            return
         model.save_cache()
         save_checkpoint(run_dir / "checkpoints" / "last.pt", {
             "model": model.state_dict(), "loss": criterion.state_dict(), "loss_extra": task.loss_state(criterion),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs[0],
+            "rng_ranks": rngs if world > 1 else None, "world_size": world,
             "step": step, "validated_epochs": validated, "best_metric": best, "total_steps": total})
 
     def validate(epoch: int) -> None:
         nonlocal best
+        if not dist.is_main():  # rank 0 validates (and keeps best.pt); the others wait for it
+            dist.barrier()
+            model.train()
+            criterion.train()
+            return
         values, summary = task.validate(model)
         metrics.write(step=step, epoch=epoch + 1, **values)
         value = values[task.metric]
@@ -176,14 +253,15 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         if improved:
             best = value
             save_checkpoint(run_dir / "best.pt", {"model": model.state_dict(), "step": step, task.metric: value})
-        echo(f"step {step} (epoch {epoch + 1}): {summary}{'  (best)' if improved else ''}  "
-             f"[{values['dev_seconds']:.1f}s]")
+        say(f"step {step} (epoch {epoch + 1}): {summary}{'  (best)' if improved else ''}  "
+            f"[{values['dev_seconds']:.1f}s]")
+        dist.barrier()
         model.train()
         criterion.train()
 
     model.train()
     criterion.train()
-    bar = tqdm(total=total, initial=step, desc="train", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=total, initial=step, desc="train", disable=not progress or not dist.is_main(), dynamic_ncols=True)
     seen, t_start = 0, time.perf_counter()
     for epoch in range(step // steps_per_epoch if step < total else tc.epochs, tc.epochs):
         batches = task.epoch_batches(epoch)
@@ -192,7 +270,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
                 continue  # done before the resume
             if step >= total:
                 break
-            loss = task.batch_loss(model, criterion, batch)
+            loss = step_module(dist.shard(batch, rank, world) if world > 1 else batch)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
@@ -201,14 +279,15 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
             scaler.update()
             scheduler.step()
             step += 1
-            seen += task.batch_size(batch)
+            seen += task.batch_size(batch)  # the global batch
             rate = seen / (time.perf_counter() - t_start)
             tau = getattr(criterion, "temperature", None)
+            loss_value = dist.mean(loss.item())  # the global batch's loss
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
+            bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
                             **{rate_key: f"{rate:.1f}"})
             if step % tc.log_every == 0 or step == total:
-                metrics.write(step=step, epoch=epoch + 1, loss=round(loss.item(), 5),
+                metrics.write(step=step, epoch=epoch + 1, loss=round(loss_value, 5),
                               **({"tau": tau} if tau is not None else {}), lr=scheduler.get_last_lr()[0],
                               **{rate_key: round(rate, 2)})
             every = recipe.eval.validate_every_steps
@@ -225,6 +304,8 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         if step >= total:
             break
     bar.close()
+    if not dist.is_main():
+        return run_dir
     if not (run_dir / "best.pt").is_file():  # no validation asked for: the final weights are the model
         save_checkpoint(run_dir / "best.pt", {"model": model.state_dict(), "step": step, task.metric: None})
     model.save_cache()
@@ -239,6 +320,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         "pooling_params": pooling_parameters(model.encoders), "conditioner": recipe.model.conditioner,
         "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
                                                    "misses": cache.misses, "folder": str(cache.folder)},
-        "train_seconds": round(time.perf_counter() - t_start, 2), "device": str(device), "finished": True})
+        "train_seconds": round(time.perf_counter() - t_start, 2), "device": str(device), "processes": world,
+        "finished": True})
     echo(f"finished {step} steps; run directory: {run_dir}")
     return run_dir
