@@ -65,6 +65,17 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
              batch_size: Optional[int] = typer.Option(None, "--batch-size"),
              rerank: Optional[bool] = typer.Option(None, "--rerank/--no-rerank", help="SimKGC graph re-ranking"),
              device: str = typer.Option("auto", "--device"),
+             entities_from: Optional[Path] = typer.Option(
+                 None, "--entities-from", help="inductive: rank the test triples of this KG-BERT folder over its "
+                                               "entities, unseen in training (kgc data inductive-split makes one)"),
+             candidates: str = typer.Option("split", "--candidates",
+                                            help="with --entities-from: split (the entities of the evaluated "
+                                                 "split's triples, SimKGC's protocol) or all (every entity of "
+                                                 "the folder)"),
+             use_index: bool = typer.Option(False, "--use-index",
+                                            help="rank within the top --top-k of the run's FAISS index (its type, "
+                                                 "e.g. hnsw), re-scored exactly: what a deployed search returns"),
+             top_k: int = typer.Option(100, "--top-k", help="with --use-index: candidates retrieved per query"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Evaluate a run on a split: filtered link prediction (both directions) or C-STS similarity."""
     from kgc.training.common import pick_device
@@ -73,6 +84,26 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
     run = open_run(run_dir)
     split = split or "test"
     suffix = "" if split == "test" else f".{split}"
+    if use_index and (entities_from is not None or run.recipe.task != "linkpred"):
+        raise KGCError("--use-index evaluates a link-prediction run against its own FAISS index; drop it here")
+    if entities_from is not None:
+        if run.recipe.task != "linkpred":
+            raise KGCError("--entities-from is inductive link prediction; this is a C-STS run")
+        if split not in ("test", "dev"):
+            raise KGCError(f"--split {split!r}: choose test or dev")
+        from kgc.linkpred.evaluate import format_table
+        from kgc.linkpred.inductive import evaluate_inductive
+
+        ev = evaluate_inductive(run, entities_from, split=split, candidates=candidates, device=pick_device(device),
+                                batch_size=batch_size, rerank=rerank, progress=progress,
+                                warn=lambda m: typer.echo(m, err=True))
+        info = ev.results["kgc"]["inductive"]
+        _echo(f"inductive {entities_from} {split}: {len(ev.ranks)} queries over {info['entities']} entities "
+              f"({candidates}), filtered, realistic ranks ({ev.seconds:.1f}s)")
+        _echo(format_table(ev.results))
+        suffix = ".inductive" + suffix
+        _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
+        return
     if run.recipe.task == "csts":
         from kgc.csts.evaluate import evaluate_run as evaluate_csts, format_summary
 
@@ -92,8 +123,12 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
 
     if split not in ("test", "dev"):
         raise KGCError(f"--split {split!r}: choose test or dev")
-    ev = evaluate_run(run, split, device=pick_device(device), batch_size=batch_size, rerank=rerank, progress=progress)
-    _echo(f"{ev.results['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks "
+    ev = evaluate_run(run, split, device=pick_device(device), batch_size=batch_size, rerank=rerank, progress=progress,
+                      use_index=use_index, top_k=top_k)
+    search = ev.results["kgc"]["search"]
+    how = "" if search is None else (f", within the top {search['top_k']} of its {search['index']['type']} index "
+                                     f"(gold not retrieved for {search['gold_missed']:.1%})")
+    _echo(f"{ev.results['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks{how} "
           f"({ev.seconds:.1f}s)")
     _echo(format_table(ev.results))
     _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
@@ -139,45 +174,121 @@ def similarity(run_dir: Path = typer.Argument(..., help="a C-STS run directory")
 @app.command()
 def index(run_dir: Path = typer.Argument(..., help="a run directory"),
           device: str = typer.Option("auto", "--device"),
+          add: Optional[Path] = typer.Option(None, "--add", help="append new entities (TSV: id<TAB>name<TAB>"
+                                                                   "description) to the index, no retraining"),
+          type_: Optional[str] = typer.Option(None, "--type", help="flat (exact), ivf, hnsw or ivfpq; default: "
+                                                                   "the existing index's type, else the recipe's "
+                                                                   "index.type"),
+          nlist: Optional[int] = typer.Option(None, "--nlist", help="ivf, ivfpq: cells (default 4·√entities)"),
+          nprobe: Optional[int] = typer.Option(None, "--nprobe", help="ivf, ivfpq: cells visited per query"),
+          hnsw_m: Optional[int] = typer.Option(None, "--hnsw-m", help="hnsw: links per node"),
+          ef_search: Optional[int] = typer.Option(None, "--ef-search", help="hnsw: search beam width"),
+          ef_construction: Optional[int] = typer.Option(None, "--ef-construction", help="hnsw: build beam width"),
+          pq_bytes: Optional[int] = typer.Option(None, "--pq-bytes", help="ivfpq: bytes per vector (divides dim)"),
+          train_size: Optional[int] = typer.Option(None, "--train-size", help="ivf, ivfpq: k-means sample"),
+          force: bool = typer.Option(False, "--force", help="rebuild (and re-embed) even when up to date"),
           progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
-    """Embed every entity once and store a FAISS index in RUN_DIR/index."""
-    from kgc.linkpred.index import build_index
+    """Embed every entity once and store a FAISS index in RUN_DIR/index (entities added before are kept);
+    or, with --add, embed new entities with the trained tail tower and append them.
+
+    The index type and its parameters are those of the existing index (a first build: the recipe's `index:`
+    section; --type starts again from the recipe's), overridden by the options here. An index that is already
+    fresh and of that type is kept (only nprobe / ef_search are updated, no rebuild); a different type or build
+    parameter rebuilds it, reusing the stored entity embeddings."""
+    from kgc.linkpred.index import stored_config
+    from kgc.linkpred.index_types import index_config
+    from kgc.linkpred.inductive import add_entities, rebuild_index
     from kgc.linkpred.model import Run
     from kgc.training.common import pick_device
 
     run = Run(run_dir)
-    model, _ = run.load(pick_device(device))
-    meta = build_index(run, model, progress=progress)
-    _echo(f"indexed {meta['entities']} entities (dim {meta['dim']}) in {meta['seconds']}s → {run.path / 'index'}")
+    # an existing index keeps its type and build parameters (`kgc index RUN --nprobe 64` on an ivf index, or a
+    # rebuild after retraining, must not turn it back into the recipe's type); --type starts from the recipe
+    stored = stored_config(run) if type_ is None else None
+    if stored is not None and nlist is not None and train_size is None:  # its train_size was 64·(old nlist)
+        stored = stored.model_copy(update={"train_size": None})
+    base = stored if stored is not None else run.recipe.index
+    config = index_config(base, type=type_, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m,
+                          ef_search=ef_search, ef_construction=ef_construction, pq_bytes=pq_bytes,
+                          train_size=train_size)  # bad options stop here, before the model is loaded
+    if add is not None and any(v is not None for v in (type_, nlist, nprobe, hnsw_m, ef_search, ef_construction,
+                                                       pq_bytes, train_size)):
+        raise KGCError("--add appends to the index as it is built; change its type or parameters in a separate "
+                       f"`kgc index {run_dir} --type …` first")
+    model, graph = run.load(pick_device(device))
+    if add is not None:
+        from kgc.linkpred.prepare import ensure_index
+
+        ensure_index(run, model, graph, progress=progress, echo=lambda m: typer.echo(m, err=True))
+        meta = add_entities(run, model, graph, add, batch_size=run.recipe.eval.batch_size, progress=progress)
+        _echo(f"added {meta['added_entities']['sources'][-1]['count']} entities from {add}: the index holds "
+              f"{meta['entities']} ({graph.num_entities} + {meta['added_entities']['count']} added) → "
+              f"{run.path / 'index'}")
+        return
+    from kgc.linkpred.index import index_plan, update_search_params
+
+    action, why = index_plan(run, model, config)
+    if action == "none" and not force:
+        _echo(f"{run.path / 'index'}: {why}; nothing to do (--force rebuilds it)")
+        return
+    if action == "search" and not force:
+        update_search_params(run, model, config)
+        _echo(f"{run.path / 'index'}: search parameters {why}, stored in meta.json (no rebuild)")
+        return
+    meta = rebuild_index(run, model, graph, progress=progress, config=config, reuse_embeddings=not force,
+                         faiss_device="cpu" if device == "cpu" else "auto")
+    added = meta.get("added_entities", {}).get("count", 0)
+    params = ", ".join(f"{k}={v}" for k, v in meta["index"].items() if k != "type")
+    _echo(f"indexed {meta['entities']} entities{f' ({added} of them added, kept)' if added else ''} "
+          f"(dim {meta['dim']}) as {meta['index']['type']}{f' ({params})' if params else ''} in "
+          f"{meta['seconds']}s, embeddings {meta['embeddings']} → {run.path / 'index'}")
 
 
 @app.command()
-def predict(run_dir: Path = typer.Argument(..., help="a run directory with a built index"),
-            head: str = typer.Option(..., "--head", help="entity id or text"),
+def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory (default: the newest run "
+                                                                  "under ./runs); its index is built if missing"),
+            head: str = typer.Option(..., "--head", help="entity id or text (an added entity too)"),
             relation: str = typer.Option(..., "--relation", help="relation name or text"),
             top_k: int = typer.Option(10, "--top-k"),
             inverse: bool = typer.Option(False, "--inverse", help="ask (?, relation, head) instead"),
             filter_known: bool = typer.Option(False, "--filter-known", help="drop answers already in the graph"),
-            as_json: bool = typer.Option(False, "--json")) -> None:
-    """Top-k answers to (head, relation, ?)."""
-    from kgc.linkpred.index import load_index
-    from kgc.linkpred.model import Run
+            as_json: bool = typer.Option(False, "--json"),
+            progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar if the index is "
+                                                                                  "built first")) -> None:
+    """Top-k answers to (head, relation, ?), over the run's entities and those added with `kgc index --add`."""
     from kgc.linkpred.predict import predict as run_predict
+    from kgc.linkpred.prepare import open_predictor
 
-    run = Run(run_dir)
-    model, graph = run.load("cpu")
-    idx = load_index(run, model)
+    run, model, graph, idx = open_predictor(run_dir, progress=progress, echo=lambda m: typer.echo(m, err=True))
     start = time.perf_counter()
     h, r, preds = run_predict(model, graph, idx, head=head, relation=relation, top_k=top_k, inverse=inverse,
                               filter_known=filter_known)
     seconds = time.perf_counter() - start
     if as_json:
-        _echo(json.dumps({"head": graph.entities[h], "relation": graph.relation_label(r), "seconds": seconds,
-                          "predictions": [p.__dict__ for p in preds]}, indent=2))
+        _echo(json.dumps({"run": str(run.path), "head": graph.entities[h], "relation": graph.relation_label(r),
+                          "seconds": seconds, "predictions": [p.__dict__ for p in preds]}, indent=2))
         return
     _echo(f"({graph.full_texts[h][:70]}, {graph.relation_text(r)}, ?)   [{seconds * 1000:.0f} ms]")
     for p in preds:
         _echo(f"{p.rank:>4}  {p.entity:<24} {p.score:7.4f}  {p.text[:80]}")
+
+
+@app.command()
+def export(run_dir: Path = typer.Argument(..., help="a link-prediction run directory"),
+           out: Path = typer.Argument(..., help="folder to write (new or empty; --force replaces an earlier export)"),
+           format: str = typer.Option("sentence-transformers", "--format",
+                                      help="sentence-transformers (SentenceTransformer(OUT) embeds entities) or hf "
+                                           "(save_pretrained folders)"),
+           force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT")) -> None:
+    """Write the towers as sentence-transformers / Hugging Face folders; kgc.json says how to compose them."""
+    from kgc.export import export_run
+
+    meta = export_run(run_dir, out, format=format, force=force)
+    towers, cond, texts = meta["towers"], meta["conditioner"], meta["texts"]["entities"]
+    _echo(f"exported {run_dir} ({meta['format']}) → {out}")
+    _echo(f"  tail tower (entities): {out / towers['tail']}   query tower: {out / towers['query']}")
+    _echo(f"  conditioner {cond['name']}: query reproducible outside kgc: {cond['reproducible_outside_kgc']}")
+    _echo(f"  entities.tsv: {texts['exact']} of {texts['rows']} texts tokenise exactly as kgc's token ids")
 
 
 @app.command()
@@ -296,13 +407,61 @@ def bench_train(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_csr
         write_json(out, result)
 
 
+def _int_list(option: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise KGCError(f"{option} {text!r}: expected positive integers separated by commas, e.g. {option} 8,16,32")
+    return values
+
+
+@bench_app.command("index")
+def bench_index(entities: int = typer.Option(1_000_000, "--entities", min=1),
+                dim: int = typer.Option(384, "--dim", min=1),
+                queries: int = typer.Option(1000, "--queries", min=1),
+                types: str = typer.Option("flat,ivf,hnsw,ivfpq", "--types", help="comma-separated index types"),
+                nprobe: str = typer.Option("8,16,32,64,128", "--nprobe", help="ivf, ivfpq: the values to sweep"),
+                ef_search: str = typer.Option("16,32,64,128", "--ef-search", help="hnsw: the values to sweep"),
+                nlist: Optional[int] = typer.Option(None, "--nlist", help="ivf, ivfpq (default 4·√entities)"),
+                hnsw_m: Optional[int] = typer.Option(None, "--hnsw-m"),
+                ef_construction: Optional[int] = typer.Option(None, "--ef-construction"),
+                pq_bytes: Optional[int] = typer.Option(None, "--pq-bytes"),
+                train_size: Optional[int] = typer.Option(None, "--train-size"),
+                clusters: int = typer.Option(2000, "--clusters", min=1, help="Gaussian clusters in the synthetic set"),
+                seed: int = typer.Option(0, "--seed"),
+                threads: Optional[int] = typer.Option(None, "--threads", min=1, help="FAISS threads (default: "
+                                                                                       "every core)"),
+                repeats: int = typer.Option(3, "--repeats", min=1, help="searches per setting; the fastest counts"),
+                out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
+    """Index types on synthetic clustered unit vectors: build time, size, queries/s, recall@10 vs exact."""
+    from kgc.bench import bench_index as run, index_table
+    from kgc.fileio import write_json
+
+    result = run(entities=entities, dim=dim, queries=queries, types=[t.strip() for t in types.split(",") if t.strip()],
+                 nprobe=_int_list("--nprobe", nprobe), ef_search=_int_list("--ef-search", ef_search),
+                 build={"nlist": nlist, "hnsw_m": hnsw_m, "ef_construction": ef_construction, "pq_bytes": pq_bytes,
+                        "train_size": train_size},
+                 clusters=clusters, seed=seed, threads=threads, repeats=repeats, echo=_echo)
+    _echo(index_table(result))
+    best = result["fastest_at_recall_0.95"]
+    if best is not None:
+        params = ", ".join(f"{k}={v}" for k, v in best["params"].items() if k != "type")
+        _echo(f"fastest at recall@{result['k']} >= 0.95: {best['type']} ({params}), {best['speedup_vs_flat']}× flat")
+    if out:
+        write_json(out, result)
+
+
 @data_app.command("list")
 def data_list() -> None:
     """Show which catalog datasets are found, and where."""
     from kgc.data.catalog import list_datasets
 
-    for row in list_datasets():
-        _echo(f"{row['name']:<11} {row['where']:<28} {row['folder']}")
+    rows = list_datasets()
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        _echo(f"{row['name']:<{width}} {row['where']:<28} {row['folder']}")
 
 
 @data_app.command("fetch")
@@ -310,12 +469,32 @@ def data_fetch(name: str = typer.Argument(..., help="catalog name, e.g. wn18rr o
                dest: Optional[Path] = typer.Option(None, "--dest", help="data home (default $KGC_DATA_HOME or ./data)"),
                password: Optional[str] = typer.Option(None, "--password",
                                                       help="csts: the password its authors give on request"),
-               source: Optional[str] = typer.Option(None, "--from", help="csts: a local csts.tar.enc instead of "
-                                                                         "downloading it")) -> None:
-    """Download a dataset from its public home (sha256 checked; csts decrypted and its columns checked)."""
+               source: Optional[str] = typer.Option(None, "--from", help="csts: a local csts.tar.enc; wikidata5m: "
+                                                                         "a folder of its archives (no download)"),
+               yes: bool = typer.Option(False, "--yes", "-y", help="agree to a large download (wikidata5m, "
+                                                                  "~1.3 GB) without being asked")) -> None:
+    """Download a dataset from its public home (sha256 checked; csts decrypted and its columns checked;
+    wikidata5m converted to the KG-BERT layout)."""
     from kgc.data.catalog import fetch_dataset
 
-    _echo(f"fetched into {fetch_dataset(name, dest, password=password, source=source)}")
+    ask = (lambda question: typer.confirm(question, default=False)) if sys.stdin.isatty() else None
+    _echo(f"fetched into {fetch_dataset(name, dest, password=password, source=source, yes=yes, ask=ask)}")
+
+
+@data_app.command("inductive-split")
+def data_inductive_split(source: str = typer.Argument(..., help="catalog name or KG-BERT folder, e.g. wn18rr"),
+                         out: Path = typer.Argument(..., help="new folder for the split"),
+                         held_out: int = typer.Option(..., "--held-out", min=2, help="entities kept out of train"),
+                         seed: int = typer.Option(0, "--seed")) -> None:
+    """Hold entities out of training: test = triples among them (both ends unseen), train/dev = the rest."""
+    from kgc.data.inductive import inductive_split
+
+    summary = inductive_split(source, out, held_out=held_out, seed=seed)
+    t = summary["triples"]
+    _echo(f"held out {summary['held_out_entities']} entities: train {t['train']}, dev {t['dev']}, test {t['test']} "
+          f"triples ({summary['dropped_triples']} dropped: one end held out, or a test triple of seen "
+          f"entities) → {out}")
+    _echo(f"train on it (data.path: {out}), then `kgc evaluate RUN --entities-from {out}`")
 
 
 @data_app.command("synth-csts")

@@ -119,6 +119,26 @@ class EvalConfig(_Section):
     validate_every_epoch: bool = True
     validate_every_steps: Optional[int] = Field(None, ge=1, description="also validate every N steps")
     rerank: RerankConfig = RerankConfig()
+    max_score_bytes: int = Field(256 * 2**20, ge=4096, description="largest dense (queries × entities) float32 "
+                                 "score block evaluation forms; entity blocks when one row is larger")
+
+
+class IndexConfig(_Section):
+    """The entity index ``kgc index RUN`` builds (options there override these). Inner product on unit vectors
+    throughout, so scores are cosines; every type but ``flat`` is approximate (kgc bench index measures it)."""
+    type: Literal["flat", "ivf", "hnsw", "ivfpq"] = Field(
+        "flat", description="flat: exact; ivf: k-means cells, a query visits nprobe of them; hnsw: a graph with "
+                            "hnsw_m links per node; ivfpq: ivf with vectors compressed to pq_bytes bytes")
+    nlist: Optional[int] = Field(None, ge=1, description="ivf, ivfpq: number of cells (default 4·√entities, "
+                                                         "clamped to 16..65536 and ≤ entities / 39)")
+    nprobe: int = Field(32, ge=1, description="ivf, ivfpq: cells visited per query (search time; no rebuild)")
+    hnsw_m: int = Field(32, ge=2, le=256, description="hnsw: links per node (memory: 8·M bytes per entity)")
+    ef_search: int = Field(64, ge=1, description="hnsw: candidate list per query (search time; no rebuild)")
+    ef_construction: int = Field(40, ge=1, description="hnsw: candidate list while inserting (build quality/time)")
+    pq_bytes: Optional[int] = Field(None, ge=1, description="ivfpq: bytes per vector (sub-quantisers of 8 bits); "
+                                                            "must divide the embedding dim (default ≈ dim / 8)")
+    train_size: Optional[int] = Field(None, ge=1, description="ivf, ivfpq: entities sampled to train k-means "
+                                                              "(default 64·nlist, at most all of them)")
 
 
 # keys that only one task reads: setting one in the other task's recipe is an error, not a silent no-op
@@ -127,7 +147,7 @@ TASK_KEYS = {
                  "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight",
                  "loss.self_negative", "loss.margin", "loss.temperature", "loss.learn_temperature",
                  "loss.min_temperature", "loss.max_temperature", "loss.mask_false_negatives", "loss.symmetric",
-                 "eval.rerank"},
+                 "eval.rerank", "eval.max_score_bytes", "index"},
     "csts": {"data.synth", "loss.mse_weight", "loss.contrastive", "loss.contrastive_weight",
              "loss.contrastive_temperature"},
 }
@@ -152,6 +172,7 @@ class Recipe(_Section):
     loss: LossConfig = LossConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    index: IndexConfig = IndexConfig()
 
     @model_validator(mode="after")
     def _keys_of_this_task(self) -> "Recipe":
@@ -185,8 +206,11 @@ class Recipe(_Section):
         """The fully resolved recipe, without the keys only the other task reads."""
         tree = self.model_dump(mode="json")
         for key in TASK_KEYS["csts" if self.task == "linkpred" else "linkpred"]:
-            section, name = key.split(".")
-            tree[section].pop(name, None)
+            section, _, name = key.partition(".")
+            if name:
+                tree[section].pop(name, None)
+            else:  # a whole section (index)
+                tree.pop(section, None)
         return yaml.safe_dump(tree, sort_keys=False)
 
 

@@ -126,8 +126,10 @@ def test_stale_index_is_refused(trained, tmp_path):
     state = torch.load(run / "best.pt", weights_only=False)
     next(iter(state["model"].values())).add_(1.0)
     torch.save(state, run / "best.pt")
-    bad = kgc("predict", run, "--head", "virus", "--relation", "isa", check=False)
+    bad = kgc("evaluate", run, "--no-progress", check=False)
     assert bad.returncode == 2 and "stale" in bad.stderr and f"kgc index {run}" in bad.stderr
+    out = kgc("predict", run, "--head", "virus", "--relation", "isa", "--no-progress")  # predict rebuilds it
+    assert f"rebuilding the index of {run}: it was built from other model weights" in out.stderr
 
 
 def test_sigkill_mid_epoch_then_resume(tiny_bert, tmp_path, data_home):

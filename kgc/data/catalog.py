@@ -1,7 +1,8 @@
 """Names → local folders. Lookup order: an explicit path → $KGC_DATA_HOME/<NAME> → ./data/<NAME>
 → the copies bundled inside the pykeen wheel (UMLS, Nations, Kinships) → ``kgc data fetch NAME``.
 
-Link-prediction sets are KG-BERT or PyKEEN label-TSV folders; ``csts`` (task csts) is a folder of the
+Link-prediction sets are KG-BERT or PyKEEN label-TSV folders (Wikidata5M's own layout is converted to KG-BERT's
+by its fetch, :mod:`kgc.data.wikidata5m`); ``csts`` (task csts) is a folder of the
 official C-STS CSVs, fetched from the authors' encrypted archive with the password they give on request.
 """
 
@@ -15,6 +16,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from kgc.errors import KGCError
 from kgc.fileio import sha256_file
@@ -32,6 +34,7 @@ class CatalogEntry:
     pykeen_bundle: str | None = None  # sub-folder of pykeen/datasets holding train/valid/test.txt
     task: str = "linkpred"
     encrypted: bool = False  # url is one ``openssl enc -aes-256-cbc -a -salt -pbkdf2`` tar archive
+    wikidata5m: str | None = None  # Wikidata5M split (transductive/inductive): archives converted at fetch
 
     @property
     def probe(self) -> tuple[str, ...]:
@@ -82,8 +85,21 @@ CATALOG: dict[str, CatalogEntry] = {
                      files={f"csts_{s}.csv": None for s in ("train", "validation", "test")},
                      url="https://raw.githubusercontent.com/princeton-nlp/c-sts/main/data/csts.tar.enc",
                      task="csts", encrypted=True),
+        # Wikidata5M: archives (mirrors and sizes in kgc.data.wikidata5m) converted to KG-BERT files at fetch
+        CatalogEntry("wikidata5m", "Wikidata5M", "Wikidata + Wikipedia abstracts (Wang et al. 2021), transductive; "
+                     "4.6M entities, ~1.3 GB download", url="https://deepgraphlearning.github.io/project/wikidata5m",
+                     wikidata5m="transductive"),
+        CatalogEntry("wikidata5m-inductive", "Wikidata5M-inductive", "Wikidata5M, inductive split (test entities "
+                     "unseen in training)", url="https://deepgraphlearning.github.io/project/wikidata5m",
+                     wikidata5m="inductive"),
     ]
 }
+
+
+def catalog_entry(name: str) -> CatalogEntry | None:
+    """The entry for a name, ignoring case and dashes (``FB15k-237`` → fb15k237, ``Wikidata5M-inductive``)."""
+    key = name.lower().replace("-", "")
+    return next((e for n, e in CATALOG.items() if n.replace("-", "") == key), None)
 
 
 def data_homes() -> list[tuple[str, Path]]:
@@ -122,8 +138,7 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpr
             raise KGCError(f"data.path {folder}: no train.tsv or train.txt there. Point it at a KG-BERT "
                            "folder (train.tsv, dev.tsv, test.tsv, entity2text.txt) or a PyKEEN label-TSV folder.")
         return folder, "recipe path"
-    key = name_or_path.lower().replace("-", "")
-    entry = CATALOG.get(key)
+    entry = catalog_entry(name_or_path)
     if entry is None:
         folder = Path(name_or_path).expanduser()
         if _looks_like_dataset(folder, task):
@@ -163,14 +178,16 @@ def list_datasets() -> list[dict[str, str]]:
 
 
 def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | None = None,
-                  source: str | None = None) -> Path:
+                  source: str | None = None, yes: bool = False, ask: Callable[[str], bool] | None = None) -> Path:
     """Download a catalog dataset from its public home into <home>/<FOLDER>, checking sha256 sums.
 
     Files land in a temporary folder first; the folder is renamed into place only when every file
     arrived and matched, so an interrupted or failed fetch leaves nothing behind. An encrypted entry
     (``csts``) needs ``password``; ``source`` reads its archive from a local file instead of the URL.
+    Wikidata5M is converted while it is read (:mod:`kgc.data.wikidata5m`); its download is large, so it
+    needs ``yes`` or an ``ask(question)`` that returns True; ``source`` is then a folder of its archives.
     """
-    entry = CATALOG.get(name.lower().replace("-", ""))
+    entry = catalog_entry(name)
     if entry is None:
         raise KGCError(f"unknown dataset {name!r}; catalog names: {', '.join(CATALOG)}")
     if entry.url is None:
@@ -179,6 +196,10 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     target = home / entry.folder
     if _looks_like_dataset(target, entry.task):
         return target
+    if entry.wikidata5m:
+        from kgc.data import wikidata5m
+
+        return wikidata5m.fetch(variant=entry.wikidata5m, target=target, home=home, source=source, yes=yes, ask=ask)
     if entry.encrypted and not password:
         raise KGCError(f"{entry.name} is distributed encrypted: pass --password (its authors give it on request), "
                        f"or put {', '.join(entry.files)} into {target} yourself")

@@ -14,9 +14,11 @@ Relation ids ``0..R-1`` are the forward relations, ``R..2R-1`` their inverses (t
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,6 +29,32 @@ from kgc.errors import KGCError
 SPLIT_FILES = {"train": ("train.tsv", "train.txt"), "dev": ("dev.tsv", "valid.txt", "valid.tsv", "dev.txt"),
                "test": ("test.tsv", "test.txt")}
 
+
+class AnswerIndex:
+    """Known answers per query key ``h * 2R + r``, stored by the keys that occur (O(triples) memory).
+
+    A sparse matrix with one row per possible key would need E · 2R rows — 7.5e9 for Wikidata5M, a 60 GB
+    row-pointer array — so the distinct keys are kept sorted, and ``index[keys]`` builds the (batch, entities)
+    CSR rows of just those queries (``searchsorted``)."""
+
+    def __init__(self, hr_keys: np.ndarray, answers: np.ndarray, num_entities: int) -> None:
+        pairs = np.unique(np.stack([hr_keys.astype(np.int64), answers.astype(np.int64)], axis=1), axis=0)
+        self.keys, starts = np.unique(pairs[:, 0], return_index=True)  # (K,) sorted distinct query keys
+        self.indptr = np.append(starts, len(pairs)).astype(np.int64)  # (K + 1,)
+        self.answers = pairs[:, 1]  # (pairs,) sorted within each key
+        self.num_entities = num_entities
+
+    def __getitem__(self, hr_keys: np.ndarray) -> sp.csr_matrix:
+        """(batch, entities) boolean CSR: row i holds the known answers of query key ``hr_keys[i]``."""
+        hr_keys = np.asarray(hr_keys, dtype=np.int64).reshape(-1)
+        pos = np.minimum(np.searchsorted(self.keys, hr_keys), max(0, len(self.keys) - 1))
+        found = self.keys[pos] == hr_keys if len(self.keys) else np.zeros(len(hr_keys), dtype=bool)
+        starts = self.indptr[pos]
+        lengths = np.where(found, self.indptr[pos + 1] - starts, 0) if len(self.keys) else np.zeros(len(hr_keys), int)
+        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        take = np.repeat(starts - indptr[:-1], lengths) + np.arange(indptr[-1])  # positions in self.answers
+        return sp.csr_matrix((np.ones(len(take), dtype=np.bool_), self.answers[take], indptr),
+                             shape=(len(hr_keys), self.num_entities))
 
 @dataclass
 class KnowledgeGraph:
@@ -73,23 +101,19 @@ class KnowledgeGraph:
     def hr_keys(self, heads: np.ndarray, rels: np.ndarray) -> np.ndarray:
         return heads.astype(np.int64) * (2 * self.num_relations) + rels.astype(np.int64)
 
-    def _answers_matrix(self, splits: tuple[str, ...]) -> sp.csr_matrix:
+    def _answers_matrix(self, splits: tuple[str, ...]) -> "AnswerIndex":
         q = np.concatenate([self.both_directions(s) for s in splits], axis=0)
-        rows = self.hr_keys(q[:, 0], q[:, 1])
-        data = np.ones(len(q), dtype=np.bool_)
-        shape = (self.num_entities * 2 * self.num_relations, self.num_entities)
-        m = sp.csr_matrix((data, (rows, q[:, 2])), shape=shape)
-        m.sum_duplicates()
-        return m
+        return AnswerIndex(self.hr_keys(q[:, 0], q[:, 1]), q[:, 2], self.num_entities)
 
     @cached_property
-    def all_answers(self) -> sp.csr_matrix:
-        """Filter index: row ``h * 2R + r`` holds every known answer from train + dev + test."""
+    def all_answers(self) -> "AnswerIndex":
+        """Filter index: ``all_answers[hr_keys]`` is a (batch, entities) sparse matrix of every known answer from
+        train + dev + test to each query ``h * 2R + r``."""
         return self._answers_matrix(("train", "dev", "test"))
 
     @cached_property
-    def train_answers(self) -> sp.csr_matrix:
-        """Row ``h * 2R + r`` holds the train answers (the false-negative mask's "known tails")."""
+    def train_answers(self) -> "AnswerIndex":
+        """The train answers per ``h * 2R + r`` (the false-negative mask's "known tails")."""
         return self._answers_matrix(("train",))
 
     @cached_property
@@ -152,8 +176,8 @@ class KnowledgeGraph:
 # ---------------------------------------------------------------- readers
 
 
-def _read_rows(path: Path, width: int) -> list[tuple[int, list[str]]]:
-    rows = []
+def _iter_rows(path: Path, width: int) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, fields)`` of each non-blank line, streamed (Wikidata5M: 20M triples, 4.6M texts)."""
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             line = line.rstrip("\n").rstrip("\r")
@@ -166,17 +190,36 @@ def _read_rows(path: Path, width: int) -> list[tuple[int, list[str]]]:
                 what = "head<TAB>relation<TAB>tail" if width == 3 else "id<TAB>text"
                 raise KGCError(f"{path}:{lineno}: expected {width} tab-separated fields ({what}), "
                                f"got {len(parts)}: {line[:80]!r}. Fix or delete that line.")
-            rows.append((lineno, [p.strip() for p in parts]))
-    return rows
+            yield lineno, [p.strip() for p in parts]
 
 
 def _read_texts(path: Path) -> dict[str, str]:
+    """id → text, read in one pass straight into the dict (no intermediate list of rows)."""
     out: dict[str, str] = {}
-    for lineno, (key, text) in _read_rows(path, 2):
+    for lineno, (key, text) in _iter_rows(path, 2):
         if key in out:
             raise KGCError(f"{path}:{lineno}: id {key!r} appears twice. Keep one line per id.")
         out[key] = text
     return out
+
+
+def _read_triples(path: Path, entities: dict[str, int], relations: dict[str, int], *, grow: bool,
+                  ent_file: Path) -> np.ndarray:
+    """A split as ``(n, 3)`` int64 ids, streamed into a flat buffer (no per-line Python lists kept).
+
+    Entity ids come from ``entities`` (an unknown one is an error, or gets the next id when ``grow``);
+    relations are numbered in first-seen order into ``relations`` (the caller renumbers them).
+    """
+    ids = array("q")
+    for lineno, (h, r, t) in _iter_rows(path, 3):
+        for ent in (h, t):
+            if ent not in entities:
+                if not grow:
+                    raise KGCError(f"{path}:{lineno}: unknown entity {ent!r} (not in {ent_file.name}). "
+                                   "Add it to entity2text.txt or fix the triple.")
+                entities[ent] = len(entities)
+        ids.extend((entities[h], relations.setdefault(r, len(relations)), entities[t]))
+    return np.frombuffer(ids, dtype=np.int64).reshape(-1, 3) if ids else np.empty((0, 3), dtype=np.int64)
 
 
 def _split_path(folder: Path, split: str) -> Path:
@@ -193,19 +236,21 @@ def _strip_name_prefix(name: str, desc: str) -> str:
     return desc
 
 
-def read_graph(folder: Path, *, long_text: bool = False) -> KnowledgeGraph:
+def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[str, ...] = ()) -> KnowledgeGraph:
+    """``optional_splits`` may be absent (read as empty): an inductive test folder needs no train split."""
     folder = Path(folder)
-    triples_raw = {s: _read_rows(_split_path(folder, s), 3) for s in SPLIT_FILES}
-    paths = {s: _split_path(folder, s) for s in SPLIT_FILES}
+    paths = {s: _split_path(folder, s) for s in SPLIT_FILES
+             if s not in optional_splits or any((folder / f).is_file() for f in SPLIT_FILES[s])}
     ent_file, rel_file, long_file = (folder / "entity2text.txt", folder / "relation2text.txt",
                                      folder / "entity2textlong.txt")
-    if ent_file.is_file():  # KG-BERT layout
+    kgbert = ent_file.is_file()
+    if kgbert:  # KG-BERT layout
         ent_texts = _read_texts(ent_file)
         entities = list(ent_texts)
         if long_file.is_file():
             names = [ent_texts[e] for e in entities]
             longs = _read_texts(long_file) if long_text else {}
-            descriptions = [longs.get(e, "") for e in entities]
+            descriptions = [longs.pop(e, "") for e in entities]  # pop: each text held once
         else:
             names, descriptions = [], []
             for e in entities:
@@ -213,39 +258,29 @@ def read_graph(folder: Path, *, long_text: bool = False) -> KnowledgeGraph:
                 names.append(name)
                 descriptions.append(desc)
         rel_texts = _read_texts(rel_file) if rel_file.is_file() else {}
-    else:  # PyKEEN label TSV: texts from labels
-        seen: dict[str, None] = {}
-        for s in SPLIT_FILES:
-            for _, (h, _, t) in triples_raw[s]:
-                seen.setdefault(h)
-                seen.setdefault(t)
-        entities = list(seen)
+    else:  # PyKEEN label TSV: entities come from the triples, texts from labels
+        entities, rel_texts = [], {}
+    # Triples stream straight into id arrays (Wikidata5M's 20M lines never sit in memory as Python lists).
+    ent_index = {e: i for i, e in enumerate(entities)}
+    first_seen: dict[str, int] = {}  # relation → provisional id, in first-seen order
+    splits = {s: _read_triples(paths[s], ent_index, first_seen, grow=not kgbert, ent_file=ent_file)
+              if s in paths else np.empty((0, 3), dtype=np.int64) for s in SPLIT_FILES}
+    if not kgbert:
+        entities = list(ent_index)
         names = [e.replace("_", " ") for e in entities]
         descriptions = [""] * len(entities)
-        rel_texts = {}
-    relations: dict[str, None] = {}
-    for s in SPLIT_FILES:
-        for _, (_, r, _) in triples_raw[s]:
-            relations.setdefault(r)
+    relations = dict.fromkeys(first_seen)
     if rel_texts:
         relations = {**{r: None for r in rel_texts if r in relations}, **relations}
     rel_list = list(relations)
     relation_texts = [rel_texts.get(r, r.strip("_").replace("_", " ")) for r in rel_list]
-    descriptions = [_strip_name_prefix(n, d) for n, d in zip(names, descriptions)]
-
-    ent_index = {e: i for i, e in enumerate(entities)}
+    for i, name in enumerate(names):  # in place: millions of descriptions are not copied
+        descriptions[i] = _strip_name_prefix(name, descriptions[i])
     rel_index = {r: i for i, r in enumerate(rel_list)}
-    splits = {}
-    for s, rows in triples_raw.items():
-        arr = np.empty((len(rows), 3), dtype=np.int64)
-        for k, (lineno, (h, r, t)) in enumerate(rows):
-            for ent in (h, t):
-                if ent not in ent_index:
-                    raise KGCError(f"{paths[s]}:{lineno}: unknown entity {ent!r} (not in {ent_file.name}). "
-                                   "Add it to entity2text.txt or fix the triple.")
-            arr[k] = (ent_index[h], rel_index[r], ent_index[t])
-        splits[s] = arr
-    if len(splits["train"]) == 0:
+    renumber = np.array([rel_index[r] for r in first_seen], dtype=np.int64)
+    for arr in splits.values():
+        arr[:, 1] = renumber[arr[:, 1]]
+    if len(splits["train"]) == 0 and "train" not in optional_splits:
         raise KGCError(f"{paths['train']}: no triples")
     return KnowledgeGraph(entities=entities, names=names, descriptions=descriptions, relations=rel_list,
                           relation_texts=relation_texts, splits=splits, source=str(folder))

@@ -127,9 +127,31 @@ class TextBank:
         self.base_colon = tok(f"{n}: {d}" if d else f"{n}:" for n, d in zip(names, graph.descriptions))
         self.name_ids = tok(names)
         self.relation_ids = tok(graph.relation_text(r) for r in range(2 * graph.num_relations))
+        self.short_description_words = short_description_words
         self.short = [len(d.split()) < short_description_words for d in graph.descriptions]
         nbrs = graph.train_neighbors if self.max_neighbors else [[] for _ in names]
         self.neighbors = [n[: self.max_neighbors] for n in nbrs]
+
+    def extended(self, graph: KnowledgeGraph, tokenizer) -> "TextBank":
+        """A bank over ``graph`` = this bank's graph with entities appended (``kgc index --add``); only the new
+        entities are tokenised, and this bank is left as it was. New entities have no train-graph
+        neighbours, so their text is ``name: description``, as for any entity without neighbours."""
+        import copy
+
+        old = self.graph.num_entities
+        if graph.entities[:old] != self.graph.entities:
+            raise ValueError("extended: the new graph must start with this bank's entities, in order")
+        new = range(old, graph.num_entities)
+        tok = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"] if new else []  # noqa: E731
+        bank = copy.copy(self)
+        bank.graph = graph
+        bank.base = self.base + tok(graph.full_texts[e] for e in new)
+        bank.base_colon = self.base_colon + tok(f"{graph.names[e]}: {graph.descriptions[e]}" if graph.descriptions[e]
+                                                else f"{graph.names[e]}:" for e in new)
+        bank.name_ids = self.name_ids + tok(graph.names[e] for e in new)
+        bank.short = self.short + [len(graph.descriptions[e].split()) < self.short_description_words for e in new]
+        bank.neighbors = self.neighbors + [[] for _ in new]
+        return bank
 
     def entity_ids(self, e: int, exclude: int | None = None) -> list[int]:
         """Token ids (no specials) of entity ``e``'s text, leaving neighbour ``exclude`` out."""

@@ -1,7 +1,12 @@
-"""Entity index of a run: float32 embeddings (``.npy``) + a FAISS ``IndexFlatIP``, fingerprinted.
+"""Entity index of a run: float32 embeddings (``entities.npy``) + a FAISS index (``entities.faiss``), fingerprinted.
 
 The fingerprint is (sha256 of the weights file, sha256 of every entity's token ids). An index whose
 fingerprint does not match the run's current weights and texts is refused, never silently used.
+
+The FAISS structure is the recipe's ``index:`` section (``kgc index RUN --type ivf --nprobe 16`` overrides it):
+flat (exact, the default), ivf, hnsw or ivfpq (:mod:`kgc.linkpred.index_types`). ``meta.json`` records the type
+and its parameters; a search uses the stored ones (``nprobe`` / ``ef_search`` are applied at load), so an index
+is never read as another type. ``entities.npy`` always holds the exact table: evaluation scores against it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import numpy as np
 
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_with
+from kgc.linkpred import index_types
+from kgc.linkpred.index_types import search_index  # noqa: F401  (the search API lives beside the index)
 from kgc.linkpred.model import LinkPredictor, Run
+from kgc.recipe import IndexConfig
 
 
 def fingerprint(run: Run, model: LinkPredictor) -> dict[str, str]:
@@ -23,31 +31,160 @@ def fingerprint(run: Run, model: LinkPredictor) -> dict[str, str]:
             "weights_file": run.weights_file().name}
 
 
-def build_index(run: Run, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True) -> dict:
+def _save_npy(path: Path, table: np.ndarray) -> None:
+    with open(path, "wb") as fh:  # a file object: np.save would append ".npy" to the temp file's name
+        np.save(fh, table)
+
+
+def _read_meta(folder: Path) -> dict | None:
+    f = folder / "meta.json"
+    if not f.is_file():
+        return None
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise KGCError(f"{f}: unreadable ({exc}). Delete {folder} and rebuild it with `kgc index {folder.parent}`.") \
+            from None
+    kind = (meta.get("index") or {}).get("type", "flat") if isinstance(meta, dict) else None
+    if kind not in ("flat", "ivf", "hnsw", "ivfpq"):
+        raise KGCError(f"{f}: not an index description kgc wrote (index type {kind!r}). Delete {folder} and "
+                       f"rebuild it with `kgc index {folder.parent}`.")
+    return meta
+
+
+def stored_params(meta: dict) -> dict:
+    """The type and parameters an index was built with (indexes from before ``index:`` existed are flat)."""
+    return meta.get("index") or {"type": "flat"}
+
+
+def stored_config(run: Run) -> IndexConfig | None:
+    """An ``index:`` section that rebuilds the run's current index as it is (its type and parameters, from
+    meta.json; a stale one too), or None when there is none: to rebuild a stale index without changing its type."""
+    meta = _read_meta(run.path / "index")
+    return None if meta is None else IndexConfig(**stored_params(meta))
+
+
+def index_params(run: Run, model: LinkPredictor) -> dict:
+    """The fresh index's type and parameters plus ``exact`` (only flat is), e.g. for results.json to say what
+    a search used: ``{"type": "ivf", "nlist": 4000, "train_size": 256000, "nprobe": 32, "exact": False}``."""
+    params = stored_params(_read_meta(_check_fresh(run, model)))
+    return {**params, "exact": params["type"] == "flat"}
+
+
+def _reusable_table(folder: Path, meta: dict | None, current: dict, entities: int) -> np.ndarray | None:
+    """A stored ``entities.npy`` built from the current weights and texts (the graph's rows first, then any added
+    with ``kgc index --add``), else None."""
+    if meta is None or any(meta.get(k) != current[k] for k in ("weights_sha256", "texts_sha256")):
+        return None
+    if not (folder / "entities.npy").is_file():
+        return None
+    table = np.load(folder / "entities.npy")
+    if table.ndim != 2 or table.shape[0] < entities or table.shape[1] != meta.get("dim") or table.dtype != np.float32:
+        return None
+    return table
+
+
+def build_index(run: Run, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True,
+                config: IndexConfig | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto") -> dict:
+    """Build ``run/index`` from scratch for the graph's entities, as ``config`` says (default: the recipe's
+    ``index:`` section). The entity table is reused from a stored ``entities.npy`` made by the same weights
+    and texts (only the FAISS structure is rebuilt) unless ``reuse_embeddings`` is false. ``faiss_device``:
+    auto (a FAISS GPU when there is one), gpu or cpu. Returns the new ``meta.json``."""
     start = time.perf_counter()
-    table = model.entity_table(batch_size, progress=progress).numpy().astype(np.float32)  # (entities, dim)
-    index = faiss.IndexFlatIP(table.shape[1])
-    index.add(table)
+    config = config if config is not None else run.recipe.index
     folder = run.path / "index"
     folder.mkdir(exist_ok=True)
-    write_with(folder / "entities.npy", lambda tmp: np.save(open(tmp, "wb"), table))
+    current = fingerprint(run, model)
+    entities = model.bank.graph.num_entities
+    stored = _reusable_table(folder, _read_meta(folder), current, entities) if reuse_embeddings else None
+    source = "reused" if stored is not None else "computed"
+    if stored is None:
+        table = model.entity_table(batch_size, progress=progress).numpy().astype(np.float32)  # (entities, dim)
+    else:  # rows added by `kgc index --add` are dropped here; rebuild_index re-adds them after
+        table = np.ascontiguousarray(stored[:entities])
+    params = index_types.resolve(config, *table.shape)  # bad parameters stop here, before anything is touched
+    index, info = index_types.build(table, params, device=faiss_device)
+    index = index_types.to_cpu(index)
+    # only now (an interrupted k-means leaves the old index, its type and its reusable embeddings as they were):
+    (folder / "meta.json").unlink(missing_ok=True)  # incomplete until the new meta.json is written
+    if stored is None or stored.shape[0] != table.shape[0]:
+        write_with(folder / "entities.npy", lambda tmp: _save_npy(tmp, table))
     write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
-    meta = {**fingerprint(run, model), "entities": int(table.shape[0]), "dim": int(table.shape[1]),
-            "seconds": round(time.perf_counter() - start, 2)}
+    meta = {**current, "entities": int(table.shape[0]), "dim": int(table.shape[1]),
+            "seconds": round(time.perf_counter() - start, 2), "index": params,
+            "faiss": {**info, "version": faiss.__version__,
+                      "bytes": (folder / "entities.faiss").stat().st_size},  # serialize_index would copy it in RAM
+            "embeddings": source}
     write_json(folder / "meta.json", meta)  # written last: an index without meta.json is incomplete
     return meta
 
 
-def _check_fresh(run: Run, model: LinkPredictor) -> Path:
+def index_plan(run: Run, model: LinkPredictor, config: IndexConfig | None = None) -> tuple[str, str]:
+    """What ``kgc index`` has to do for ``config``: ``("build", why)``, ``("search", why)`` (only nprobe /
+    ef_search differ: meta.json is updated, nothing rebuilt) or ``("none", "up to date")``."""
+    config = config if config is not None else run.recipe.index
+    reason = stale_reason(run, model)
+    if reason is not None:
+        return "build", reason
+    meta = _read_meta(run.path / "index")
+    have = stored_params(meta)
+    want = index_types.resolve(config, model.bank.graph.num_entities, int(meta["dim"]))
+    if index_types.build_params(have) != index_types.build_params(want):
+        return "build", f"it is {_describe(have)}, asked for {_describe(want)}"
+    if index_types.search_params(have) != index_types.search_params(want):
+        return "search", f"{_describe(have, search_only=True)} -> {_describe(want, search_only=True)}"
+    return "none", f"up to date ({_describe(have)})"
+
+
+def _describe(params: dict, *, search_only: bool = False) -> str:
+    """``ivf (nlist=4000, train_size=256000, nprobe=32)``, or with ``search_only`` just ``nprobe=32``."""
+    shown = index_types.search_params(params) if search_only else {k: v for k, v in params.items() if k != "type"}
+    inner = ", ".join(f"{k}={v}" for k, v in shown.items())
+    if search_only:
+        return inner
+    return f"{params['type']} ({inner})" if inner else params["type"]
+
+
+def update_search_params(run: Run, model: LinkPredictor, config: IndexConfig | None = None) -> dict:
+    """Store ``config``'s nprobe / ef_search in a fresh index's meta.json (no rebuild); returns the meta."""
+    folder = _check_fresh(run, model)
+    meta = _read_meta(folder)
+    have = stored_params(meta)
+    want = index_types.resolve(config if config is not None else run.recipe.index,
+                               model.bank.graph.num_entities, int(meta["dim"]))
+    if index_types.build_params(have) != index_types.build_params(want):
+        raise KGCError(f"{folder} is {_describe(have)}, not {_describe(want)}: rebuild it with `kgc index {run.path}`")
+    meta["index"] = {**have, **index_types.search_params(want)}
+    write_json(folder / "meta.json", meta)
+    return meta
+
+
+NO_INDEX = "there is no index yet"
+
+
+def stale_reason(run: Run, model: LinkPredictor) -> str | None:
+    """Why the run's index cannot serve ``model`` (its own graph): missing or stale; None when it is fresh."""
+    from kgc.linkpred.inductive import added_stale_reason
+
     folder = run.path / "index"
     if not (folder / "meta.json").is_file():
-        raise KGCError(f"{run.path}: no index yet. Build it with `kgc index {run.path}`.")
+        return NO_INDEX
     meta = json.loads((folder / "meta.json").read_text())
     current = fingerprint(run, model)
     stale = [k for k in ("weights_sha256", "texts_sha256") if meta.get(k) != current[k]]
     if stale:
         what = " and ".join("model weights" if k.startswith("weights") else "entity texts" for k in stale)
-        raise KGCError(f"{folder} is stale: it was built from other {what}. Rebuild it with `kgc index {run.path}`.")
+        return f"it was built from other {what}"
+    return added_stale_reason(folder, meta)  # an index with added entities: the added file must match too
+
+
+def _check_fresh(run: Run, model: LinkPredictor) -> Path:
+    folder = run.path / "index"
+    reason = stale_reason(run, model)
+    if reason == NO_INDEX:
+        raise KGCError(f"{run.path}: no index yet. Build it with `kgc index {run.path}`.")
+    if reason:
+        raise KGCError(f"{folder} is stale: {reason}. Rebuild it with `kgc index {run.path}`.")
     return folder
 
 
@@ -55,13 +192,32 @@ def load_embeddings(run: Run, model: LinkPredictor) -> np.ndarray | None:
     """(entities, dim) from a fresh index, or None when there is none (a stale one is an error)."""
     if not (run.path / "index" / "meta.json").is_file():
         return None
-    return np.load(_check_fresh(run, model) / "entities.npy")
+    return np.load(_check_fresh(run, model) / "entities.npy")[: model.bank.graph.num_entities]  # not added ones
 
 
-def load_index(run: Run, model: LinkPredictor) -> faiss.Index:
+def load_index(run: Run, model: LinkPredictor, *, nprobe: int | None = None, ef_search: int | None = None,
+               faiss_device: str = "auto") -> faiss.Index:
+    """The run's fresh FAISS index with the search parameters stored in meta.json (``nprobe`` / ``ef_search``
+    override them for this load), on a FAISS GPU when there is one (``faiss_device``: auto, gpu or cpu).
+    Search it with :func:`search_index` (or ``index.search``)."""
     folder = _check_fresh(run, model)
+    params = dict(stored_params(_read_meta(folder)))
     index = faiss.read_index(str(folder / "entities.faiss"))
-    if index.ntotal != model.bank.graph.num_entities:
-        raise KGCError(f"{folder}: holds {index.ntotal} entities, the graph has {model.bank.graph.num_entities}. "
-                       f"Rebuild it with `kgc index {run.path}`.")
+    found = index_types.type_of(index)
+    if found != params["type"] or ("nlist" in params and faiss.extract_index_ivf(index).nlist != params["nlist"]):
+        raise KGCError(f"{folder}: meta.json records a {_describe(params)} index, entities.faiss holds "
+                       f"{found or type(index).__name__}. Rebuild it with `kgc index {run.path}`.")
+    from kgc.linkpred.inductive import added_count  # entities added with `kgc index --add` follow the graph's
+
+    if index.ntotal != model.bank.graph.num_entities + added_count(folder):
+        raise KGCError(f"{folder}: holds {index.ntotal} entities, the graph has {model.bank.graph.num_entities} "
+                       f"(+ {added_count(folder)} added). Rebuild it with `kgc index {run.path}`.")
+    overrides = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
+    if overrides:  # validated like the recipe keys (a key the stored type does not read is an error)
+        config = index_types.index_config(IndexConfig(type=params["type"]), **overrides)
+        params.update({k: getattr(config, k) for k in overrides})
+        if "nprobe" in overrides:
+            params["nprobe"] = min(params["nprobe"], params["nlist"])
+    index, _ = index_types.to_device(index, params["type"], faiss_device)
+    index_types.set_search_params(index, params)
     return index

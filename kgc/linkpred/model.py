@@ -112,8 +112,11 @@ class Run(RunDir):
         d = self.recipe.data
         return load_graph(d.dataset, path=d.path, long_text=d.long_text)
 
-    def load(self, device: str | torch.device = "cpu") -> tuple[LinkPredictor, KnowledgeGraph]:
-        graph = self.graph()
+    def load(self, device: str | torch.device = "cpu", *,
+             graph: KnowledgeGraph | None = None) -> tuple[LinkPredictor, KnowledgeGraph]:
+        """The trained model with its TextBank over ``graph`` (default: the run's own dataset). The weights do
+        not depend on the graph, so another graph (an inductive test folder) gets the same towers."""
+        graph = graph if graph is not None else self.graph()
         model, _ = build_model(self.recipe, graph, self.backbone, pretrained=False)
         model.load_state_dict(self.model_state())
         model.attach_layer_cache(self.recipe)

@@ -75,7 +75,8 @@ class LinkPredTask(Task):
 
     def validate(self, model):
         ev = evaluate(model, self.graph, "dev", batch_size=self.recipe.eval.batch_size,
-                      max_triples=self.recipe.eval.dev_queries, seed=self.recipe.train.seed, progress=False)
+                      max_triples=self.recipe.eval.dev_queries, seed=self.recipe.train.seed, progress=False,
+                      max_score_bytes=self.recipe.eval.max_score_bytes)
         mrr, h10 = ev.metric(), ev.metric(key="hits_at_10")
         return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_seconds": round(ev.seconds, 2)},
                 f"dev MRR {mrr:.4f}  H@10 {h10:.4f}")

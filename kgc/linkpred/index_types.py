@@ -1,0 +1,252 @@
+"""The FAISS structures an entity index can be — ``flat``, ``ivf``, ``hnsw``, ``ivfpq`` — as one registry.
+
+Every type uses ``METRIC_INNER_PRODUCT`` on unit vectors, so a score is a cosine (for ``ivfpq``, the cosine
+with the compressed vector). A type reads two kinds of recipe keys (``index:``): *build* keys, fixed once the
+index is built (changing one means rebuilding it), and *search* keys (``nprobe``, ``ef_search``), applied
+whenever the index is loaded — they are stored in ``meta.json`` and can change without a rebuild.
+
+Where FAISS has a GPU version of a type (flat, ivf, ivfpq) and a GPU is present, the index is trained, filled
+and searched there; the file on disk is always the CPU form.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+from pydantic import ValidationError
+
+from kgc.errors import KGCError
+from kgc.recipe import IndexConfig
+
+
+@dataclass(frozen=True)
+class IndexType:
+    name: str
+    build: tuple[str, ...]  # recipe keys fixed at build time
+    search: tuple[str, ...]  # recipe keys applied at load time
+    gpu: bool  # FAISS has a GPU version of it
+    summary: str
+
+
+TYPES = {t.name: t for t in (
+    IndexType("flat", (), (), True, "exact: every entity scored (IndexFlatIP)"),
+    IndexType("ivf", ("nlist", "train_size"), ("nprobe",), True,
+              "k-means cells, a query scans nprobe of them (IndexIVFFlat)"),
+    IndexType("hnsw", ("hnsw_m", "ef_construction"), ("ef_search",), False,
+              "navigable small-world graph, beam search of width ef_search (IndexHNSWFlat)"),
+    IndexType("ivfpq", ("nlist", "pq_bytes", "train_size"), ("nprobe",), True,
+              "ivf whose vectors are product-quantised to pq_bytes bytes (IndexIVFPQ)"),
+)}
+FAISS_PARAMETER = {"nprobe": "nprobe", "ef_search": "efSearch"}
+PQ_BITS = 8  # bits per sub-quantiser code: 256 centroids each, so ivfpq needs >= 256 training vectors
+_FAISS_CLASS = {"IndexFlat": "flat", "IndexFlatIP": "flat", "IndexIVFFlat": "ivf", "IndexHNSWFlat": "hnsw",
+                "IndexIVFPQ": "ivfpq", "GpuIndexFlat": "flat", "GpuIndexFlatIP": "flat", "GpuIndexIVFFlat": "ivf",
+                "GpuIndexIVFPQ": "ivfpq"}
+
+
+def index_config(base: IndexConfig | None = None, **changes) -> IndexConfig:
+    """``base`` (a recipe's ``index:`` section) with ``changes`` applied (``None`` values are ignored), validated.
+
+    A change the resulting type does not read (``nprobe`` for ``hnsw``) is an error, not a silent no-op."""
+    changes = {k: v for k, v in changes.items() if v is not None}
+    tree = {**(base or IndexConfig()).model_dump(), **changes}
+    try:
+        config = IndexConfig.model_validate(tree)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            if e["type"] == "extra_forbidden":
+                lines.append(f"unknown key 'index.{loc}'. Valid keys: {', '.join(IndexConfig.model_fields)}")
+            else:
+                lines.append(f"index.{loc}: {e['msg']} (got {e.get('input')!r})")
+        raise KGCError("bad index parameters:\n  " + "\n  ".join(lines)) from None
+    kind = TYPES[config.type]
+    unread = sorted(k for k in changes if k != "type" and k not in kind.build + kind.search)
+    if unread:
+        readers = {k: ", ".join(t.name for t in TYPES.values() if k in t.build + t.search) for k in unread}
+        only = next(iter(readers.values())) if len(readers) == 1 else "; ".join(f"{k}: {v}" for k, v in readers.items())
+        raise KGCError(f"{', '.join('index.' + k for k in unread)}: not read by index type {config.type} (only by "
+                       f"{only}). Drop {'it' if len(unread) == 1 else 'them'}, or choose that type.")
+    return config
+
+
+def default_nlist(entities: int) -> int:
+    """4·√N cells, clamped to 16..65536, and at most N / 39 (FAISS wants >= 39 training points per cell)."""
+    return max(1, min(int(np.clip(round(4 * math.sqrt(entities)), 16, 65536)), entities // 39))
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def default_pq_bytes(dim: int) -> int:
+    """The largest divisor of ``dim`` that is at most dim / 8 (384 → 48 bytes, 32× smaller than float32)."""
+    return max(d for d in divisors(dim) if d <= max(1, dim // 8))
+
+
+def resolve(config: IndexConfig, entities: int, dim: int) -> dict:
+    """The parameters an index of ``entities`` vectors of ``dim`` is built and searched with: the type's own keys
+    only, defaults filled in, checked against the sizes (``{"type": "ivf", "nlist": 4000, "train_size": …}``)."""
+    kind = TYPES[config.type]
+    params: dict = {"type": kind.name}
+    if "nlist" in kind.build:
+        nlist = config.nlist if config.nlist is not None else default_nlist(entities)
+        if nlist > entities:
+            raise KGCError(f"index.nlist={nlist} is more cells than the {entities} entities. Choose nlist <= "
+                           f"{max(1, entities // 39)} (or leave it unset: 4·√entities).")
+        params["nlist"] = nlist
+    if kind.name == "ivfpq":
+        pq = config.pq_bytes if config.pq_bytes is not None else default_pq_bytes(dim)
+        if dim % pq:
+            raise KGCError(f"index.pq_bytes={pq} does not divide the embedding dim {dim}: each byte codes dim / "
+                           f"pq_bytes dimensions. Choose one of {', '.join(map(str, divisors(dim)))}.")
+        if entities < 2 ** PQ_BITS:
+            raise KGCError(f"index.type=ivfpq needs at least {2 ** PQ_BITS} entities to train its codebooks; this "
+                           f"index has {entities}. Use index.type=flat (exact) or ivf.")
+        params["pq_bytes"] = pq
+    if "train_size" in kind.build:
+        low = max(params["nlist"], 2 ** PQ_BITS if kind.name == "ivfpq" else 1)
+        size = min(entities, config.train_size if config.train_size is not None else 64 * params["nlist"])
+        if size < low:
+            raise KGCError(f"index.train_size={size} is too few to train {params['nlist']} cells"
+                           f"{' and 256-centroid codebooks' if kind.name == 'ivfpq' else ''}. Choose train_size >= "
+                           f"{low} (39·nlist = {39 * params['nlist']} or more is better), or leave it unset.")
+        params["train_size"] = size
+    if kind.name == "hnsw":
+        params["hnsw_m"], params["ef_construction"] = config.hnsw_m, config.ef_construction
+    if "nprobe" in kind.search:
+        params["nprobe"] = min(config.nprobe, params["nlist"])
+    if "ef_search" in kind.search:
+        params["ef_search"] = config.ef_search
+    return params
+
+
+def build_params(params: dict) -> dict:
+    """The part of ``params`` that only a rebuild can change (type and build keys)."""
+    return {k: v for k, v in params.items() if k == "type" or k in TYPES[params["type"]].build}
+
+
+def search_params(params: dict) -> dict:
+    return {k: params[k] for k in TYPES[params["type"]].search if k in params}
+
+
+def factory_string(params: dict) -> str:
+    kind = params["type"]
+    if kind == "flat":
+        return "Flat"
+    if kind == "ivf":
+        return f"IVF{params['nlist']},Flat"
+    if kind == "hnsw":
+        return f"HNSW{params['hnsw_m']},Flat"
+    return f"IVF{params['nlist']},PQ{params['pq_bytes']}x{PQ_BITS}"
+
+
+# ---------------------------------------------------------------- devices
+
+
+_GPU_RESOURCES: list = []  # one StandardGpuResources for the process, kept alive while its indexes live
+
+
+def gpu_available() -> bool:
+    """FAISS was built with GPU support and sees a GPU."""
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def on_gpu(index: faiss.Index) -> bool:
+    return type(index).__name__.startswith("Gpu")
+
+
+def to_device(index: faiss.Index, kind: str, device: str = "auto") -> tuple[faiss.Index, str]:
+    """``index`` on the GPU when ``device`` is auto or gpu, the type has a GPU version and a GPU is present;
+    ``(index, "gpu" | "cpu")``. A GPU that refuses the index (memory, PQ size) leaves it on the CPU under auto."""
+    if device == "cpu" or not TYPES[kind].gpu or not gpu_available():
+        if device == "gpu":
+            why = "FAISS has no GPU version of it" if not TYPES[kind].gpu else \
+                f"faiss {faiss.__version__} sees no GPU (faiss-cpu, or no device)"
+            raise KGCError(f"index type {kind} cannot run on the GPU: {why}. Use device auto or cpu.")
+        return index, "cpu"
+    if not _GPU_RESOURCES:
+        _GPU_RESOURCES.append(faiss.StandardGpuResources())
+    options = faiss.GpuClonerOptions()
+    options.useFloat16LookupTables = kind == "ivfpq"  # large PQ tables do not fit shared memory in float32
+    try:
+        return faiss.index_cpu_to_gpu(_GPU_RESOURCES[0], 0, index, options), "gpu"
+    except RuntimeError as exc:
+        if device == "gpu":
+            raise KGCError(f"FAISS could not put the {kind} index on the GPU: {exc}") from None
+        return index, "cpu"
+
+
+def to_cpu(index: faiss.Index) -> faiss.Index:
+    return faiss.index_gpu_to_cpu(index) if on_gpu(index) else index
+
+
+def type_of(index: faiss.Index) -> str | None:
+    """The registry name of a FAISS index object (None for a structure this module does not build)."""
+    return _FAISS_CLASS.get(type(index).__name__)
+
+
+# ---------------------------------------------------------------- build, search
+
+
+def build(vectors: np.ndarray, params: dict, *, seed: int = 0, device: str = "auto") -> tuple[faiss.Index, dict]:
+    """Train (ivf, ivfpq: on ``train_size`` vectors sampled with ``seed``) and fill an index of ``vectors``
+    (entities, dim), unit rows. Returns the index (on the GPU when one was used, search parameters set) and
+    ``{"factory", "device", "train_seconds", "add_seconds"}``."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    n, dim = vectors.shape
+    kind = params["type"]
+    index = faiss.index_factory(dim, factory_string(params), faiss.METRIC_INNER_PRODUCT)
+    if kind == "hnsw":
+        index.hnsw.efConstruction = params["ef_construction"]
+    if kind == "ivfpq":
+        index.do_polysemous_training = False  # the factory's default: minutes of annealing, unused by our search
+    index, where = to_device(index, kind, device)
+    start = time.perf_counter()
+    if not index.is_trained:
+        take = params["train_size"]
+        sample = vectors if take >= n else vectors[np.sort(np.random.default_rng(seed).choice(n, take, replace=False))]
+        index.train(sample)
+    train_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    index.add(vectors)
+    add_seconds = time.perf_counter() - start
+    set_search_params(index, params)
+    return index, {"factory": factory_string(params), "device": where, "train_seconds": round(train_seconds, 3),
+                   "add_seconds": round(add_seconds, 3)}
+
+
+def set_search_params(index: faiss.Index, params: dict) -> None:
+    """Apply ``nprobe`` / ``ef_search`` from ``params`` to a loaded or freshly built index."""
+    space = faiss.GpuParameterSpace() if on_gpu(index) else faiss.ParameterSpace()
+    for key, value in search_params(params).items():
+        space.set_index_parameter(index, FAISS_PARAMETER[key], value)
+
+
+def index_bytes(index: faiss.Index) -> int:
+    """Size of the index's serialised (CPU) form: what it holds in memory, give or take a few KB of headers."""
+    return int(faiss.serialize_index(to_cpu(index)).nbytes)
+
+
+def search_index(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` of every query: ``(scores, ids)``, both (queries, k), best first; scores are cosines.
+
+    ``queries`` (queries, dim) or (dim,), unit rows. ``k`` is capped at the index size; an approximate index
+    may return fewer than ``k`` hits for a query (the rest have id -1)."""
+    q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)  # (queries, dim)
+    if q.shape[1] != index.d:
+        raise KGCError(f"queries have dim {q.shape[1]}, the index holds vectors of dim {index.d}")
+    if k < 1:
+        raise KGCError(f"k={k}: ask for at least one hit")
+    k = min(k, index.ntotal)
+    if k == 0:
+        return np.zeros((len(q), 0), np.float32), np.zeros((len(q), 0), np.int64)
+    if on_gpu(index) and k > 2048:
+        raise KGCError(f"k={k}: FAISS on the GPU returns at most 2048 hits per query; search a CPU copy instead")
+    scores, ids = index.search(q, k)
+    return scores, ids
