@@ -1,0 +1,236 @@
+"""The Python API (kgc.train / kgc.load / kgc.Run) with a tiny random BERT, and the README's Python example.
+
+The README example is the fenced ```python block after the line holding ``<!-- api-example -->``; until README.md
+has one, :data:`EXAMPLE` (the same text) runs. The example trains the real quickstart recipe; here, and only
+here, ``kgc.train`` is wrapped so that ``model.backbone`` is the tiny BERT fixture (everything else — recipe,
+calls, output — is the example's own), which keeps the test near 30 s on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kgc
+from kgc.errors import KGCError
+from tests.test_csts_cli import write_recipe as write_csts_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "<!-- api-example -->"
+
+EXAMPLE = '''\
+import kgc
+
+# the quickstart recipe, a few steps (overrides: section__key=value, as `--set section.key=value`)
+run = kgc.train("recipes/umls_biencoder.yaml", train__max_steps=5, progress=False)
+
+results = run.evaluate()  # PyKEEN's layout; also written to run.path / "results.json"
+print("MRR", results["both"]["realistic"]["inverse_harmonic_mean_rank"])
+
+answers = run.predict("virus", "causes", top_k=5)  # pandas DataFrame: rank, entity, text, score
+print(answers.to_string(index=False))
+
+run = kgc.load(run.path)  # any run directory, later
+entities = run.embed_entities(["virus", "a tiny infectious agent"])  # an entity id, or any text
+queries = run.embed_queries(["virus"], "causes")  # (head, relation) queries, like `kgc predict`
+print(entities.shape, queries @ entities.T)  # cosines: the vectors are unit length
+'''
+
+
+def readme_example(readme: Path = ROOT / "README.md") -> str | None:
+    """The ```python block following the marker line in README.md, or None when there is none."""
+    if not readme.is_file():
+        return None
+    text = readme.read_text(encoding="utf-8")
+    at = next((m.end() for m in re.finditer(r"^.*" + re.escape(MARKER) + r".*$", text, flags=re.M)), None)
+    if at is None:
+        return None
+    block = re.match(r"\s*```python[^\n]*\n(.*?)^```", text[at:], flags=re.S | re.M)
+    return block.group(1) if block else None
+
+
+def tiny_linkpred(backbone: Path, **train) -> dict:
+    return {"name": "tiny_api", "data": {"dataset": "umls", "neighbor_text": False, "max_tokens": 24},
+            "model": {"backbone": str(backbone), "conditioner": "biencoder"},
+            "loss": {"pre_batch": 0},
+            "train": {"epochs": 1, "batch_size": 32, "lr": 1e-3, "warmup_steps": 1, "log_every": 1,
+                      "num_threads": 1, "max_steps": 2, **train},
+            "eval": {"batch_size": 128, "dev_queries": 20}}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def lp_run(tiny_bert, tmp_path_factory, data_home):
+    out = tmp_path_factory.mktemp("api") / "run"
+    return kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=3)
+
+
+def test_readme_example_runs(tiny_bert, tmp_path, monkeypatch, capsys, data_home):
+    code = readme_example() or EXAMPLE
+    real_train = kgc.train
+
+    def train_with_tiny_backbone(recipe, out=None, **kwargs):
+        overrides = dict(kwargs.pop("overrides", None) or {})
+        return real_train(recipe, out, overrides={**overrides, "model.backbone": str(tiny_bert),
+                                                  "train.num_threads": 1}, **kwargs)
+
+    monkeypatch.setattr(kgc, "train", train_with_tiny_backbone)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    exec(compile(code, "README.md <!-- api-example -->", "exec"), {"__name__": "__api_example__"})
+    out = capsys.readouterr().out
+    assert "MRR" in out and "rank" in out and "(2, " in out
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "results.json").is_file() and (runs[0] / "index" / "meta.json").is_file()
+
+
+def test_overrides_and_bad_keys(tiny_bert):
+    r = kgc.resolve_recipe(tiny_linkpred(tiny_bert), {"train.lr": 2e-4}, eval__rerank__enabled=True)
+    assert r.train.lr == 2e-4 and r.eval.rerank.enabled and r.train.max_steps == 2
+    r = kgc.resolve_recipe(ROOT / "recipes" / "umls_biencoder.yaml", ["train.max_steps=7"])
+    assert r.name == "umls_biencoder" and r.train.max_steps == 7 and r.data.max_tokens == 32
+    with pytest.raises(KGCError, match=r"--set train\.max_step: unknown recipe key"):
+        kgc.train(tiny_linkpred(tiny_bert), train__max_step=3)
+    with pytest.raises(KGCError, match=r"'train.lr'"):
+        kgc.resolve_recipe(tiny_linkpred(tiny_bert), train__lr=-1)
+
+
+def test_train_load_evaluate_predict(lp_run, tiny_bert):
+    assert isinstance(lp_run, kgc.Run) and lp_run.task == "linkpred" and lp_run.recipe.train.max_steps == 3
+    run = kgc.load(lp_run.path)
+    res = run.evaluate()
+    for side in ("head", "tail", "both"):
+        assert 0 < res[side]["realistic"]["inverse_harmonic_mean_rank"] <= 1
+        assert {"hits_at_1", "hits_at_10", "arithmetic_mean_rank"} <= set(res[side]["optimistic"])
+    assert json.loads((run.path / "results.json").read_text())["both"] == json.loads(json.dumps(res["both"]))
+    assert run.evaluate("dev")["kgc"]["split"] == "dev"
+    df = run.predict("virus", "causes", top_k=4)
+    assert list(df.columns) == ["rank", "entity", "text", "score"] and list(df["rank"]) == [1, 2, 3, 4]
+    assert df["score"].is_monotonic_decreasing and (run.path / "index" / "meta.json").is_file()
+    inv = run.predict("virus", "causes", top_k=4, inverse=True, filter_known=True)
+    assert len(inv) == 4
+    model = run._cache["model"]
+    run.predict("bacterium", "causes")
+    assert run._cache["model"] is model  # loaded once
+    with pytest.raises(KGCError, match="unknown entity"):
+        run.predict("no such thing at all", "causes")
+    with pytest.raises(KGCError, match="split 'validation': choose test or dev"):
+        run.evaluate("validation")
+
+
+def test_embeddings(lp_run):
+    import torch
+
+    run = kgc.load(lp_run.path)
+    model, graph = run._linkpred()
+    table = model.entity_table().numpy()
+    ids = ["virus", "idea_or_concept", "alga"]
+    emb = run.embed_entities(ids)
+    assert emb.shape == (3, table.shape[1]) and emb.dtype == np.float32
+    np.testing.assert_allclose(emb, table[[graph.entity_index[i] for i in ids]], atol=1e-5)
+    both = run.embed_entities(["idea_or_concept", "idea or concept"])  # the id, and its entity's exact text
+    assert graph.full_texts[graph.entity_index["idea_or_concept"]] == "idea or concept"
+    np.testing.assert_allclose(both[0], both[1], atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(run.embed_entities("some new text"), axis=1), 1, atol=1e-5)
+    q = run.embed_queries(["virus", "Idea or Concept"], "causes")
+    h, r = [graph.entity_index["virus"], graph.entity_index["idea_or_concept"]], graph.find_relation("causes")
+    with torch.no_grad():
+        np.testing.assert_allclose(q, model.encode_queries(h, [r, r]).numpy(), atol=1e-5)
+    qi = run.embed_queries("virus", ["causes"], inverse=True)
+    assert qi.shape == (1, q.shape[1]) and not np.allclose(qi[0], q[0])
+    # the query's ranking agrees with predict's scores
+    top = run.predict("virus", "causes", top_k=1)
+    assert float(q[0] @ table[graph.entity_index[top["entity"][0]]]) == pytest.approx(top["score"][0], abs=1e-4)
+    with pytest.raises(KGCError, match="2 heads but 3 relations"):
+        run.embed_queries(["virus", "alga"], ["causes"] * 3)
+    with pytest.raises(KGCError, match=r"Run\.similarity\(\) needs a C-STS run"):
+        run.similarity("a", "b", "c")
+
+
+def test_triples_factory_as_data(tiny_bert, tmp_path):
+    from pykeen.triples import TriplesFactory
+
+    from tests.conftest import TOY_TEST, TOY_TRAIN
+
+    tf = TriplesFactory.from_labeled_triples(np.array(TOY_TRAIN + TOY_TEST, dtype=str))
+    train_tf = TriplesFactory.from_labeled_triples(np.array(TOY_TRAIN, dtype=str), entity_to_id=tf.entity_to_id,
+                                                   relation_to_id=tf.relation_to_id)
+    test_tf = TriplesFactory.from_labeled_triples(np.array(TOY_TEST, dtype=str), entity_to_id=tf.entity_to_id,
+                                                  relation_to_id=tf.relation_to_id)
+    recipe = tiny_linkpred(tiny_bert, batch_size=4)
+    run = kgc.train(recipe, tmp_path / "run", data=train_tf, testing=test_tf, progress=False,
+                    texts={"e_dog": "dog, a domesticated carnivorous mammal"}, relation_texts={"_has_part": "has part"})
+    folder = run.path / "data"
+    assert run.recipe.data.path == str(folder.resolve())
+    assert "e_dog\tdog, a domesticated carnivorous mammal\n" in (folder / "entity2text.txt").read_text()
+    assert "e_cat\te cat\n" in (folder / "entity2text.txt").read_text()
+    assert "_hypernym\thypernym\n" in (folder / "relation2text.txt").read_text()
+    assert (folder / "dev.tsv").read_text() == "" and not (run.path / "metrics.jsonl").read_text().count("dev_mrr")
+    again = kgc.load(run.path)  # reloadable from the run directory alone
+    res = again.evaluate()
+    assert res["kgc"]["triples"] == len(TOY_TEST)
+    with pytest.raises(KGCError, match="the dev split has no triples"):
+        again.evaluate("dev")
+    assert again.predict("dog", "has part", top_k=3)["entity"].tolist()[0].startswith("e_")
+    with pytest.raises(KGCError, match="not an entity label"):
+        kgc.train(recipe, tmp_path / "run2", data=train_tf, texts={"e_wolf": "wolf"})
+    assert not (tmp_path / "run2").exists()
+    with pytest.raises(KGCError, match="already holds a run"):
+        kgc.train(recipe, run.path, data=train_tf)
+
+
+def test_pykeen_dataset_as_data(tiny_bert, tmp_path):
+    from pykeen.datasets import Nations
+
+    run = kgc.train(tiny_linkpred(tiny_bert, batch_size=16), tmp_path / "run", data=Nations(), progress=False,
+                    eval__dev_queries=10)
+    counts = {s: len((run.path / "data" / f"{s}.tsv").read_text().splitlines()) for s in ("train", "dev", "test")}
+    assert counts == {"train": 1592, "dev": 199, "test": 201}
+    assert "dev_mrr" in (run.path / "metrics.jsonl").read_text()
+    res = kgc.load(run.path).evaluate()
+    assert res["kgc"]["entities"] == 14 and 0 < res["both"]["realistic"]["inverse_harmonic_mean_rank"] <= 1
+
+
+def test_csts_similarity(tiny_bert, tmp_path):
+    recipe = write_csts_recipe(tmp_path / "r.yaml", tiny_bert, {"conditioner": "hadamard"}, max_steps=2)
+    run = kgc.train(recipe, tmp_path / "run", progress=False)
+    assert run.task == "csts"
+    run = kgc.load(run.path)
+    s = run.similarity("A red car.", "A blue car.", "The colour of the car.")
+    assert isinstance(s, float) and -1 <= s <= 1
+    many = run.similarity(["A red car.", "A red car."], ["A blue car.", "A red car."], "The colour of the car.")
+    assert isinstance(many, np.ndarray) and many.shape == (2,) and many[0] == pytest.approx(s, abs=1e-5)
+    assert many[1] == pytest.approx(1.0, abs=1e-5)
+    from kgc.csts.predict import score
+
+    model, tokenizer = run._csts()
+    ref = score(model, tokenizer, [{"sentence1": "A red car.", "sentence2": "A blue car.",
+                                    "condition": "The colour of the car."}])[0]["similarity"]
+    assert s == pytest.approx(ref, abs=1e-5)
+    res = run.evaluate("validation")
+    assert "spearman" in res and (run.path / "results.validation.json").is_file()
+    for call in (lambda: run.predict("a", "b"), lambda: run.embed_entities(["a"]),
+                 lambda: run.embed_queries(["a"], "b")):
+        with pytest.raises(KGCError, match="needs a link-prediction run; .* is a csts run"):
+            call()
+    with pytest.raises(KGCError, match="rows; give lists of one length"):
+        run.similarity(["a", "b"], ["c"] * 3, "d")
+    with pytest.raises(KGCError, match="task csts"):
+        kgc.train(recipe, tmp_path / "run3", data=object())
+
+
+def test_readme_marker_extraction(tmp_path):
+    readme = tmp_path / "README.md"
+    assert readme_example(readme) is None
+    readme.write_text("# x\n```python\nnot this\n```\n<!-- api-example -->\n\n```python\nprint(1)\n```\nafter\n")
+    assert readme_example(readme) == "print(1)\n"
+    readme.write_text("<!-- api-example -->\nno block\n")
+    assert readme_example(readme) is None
