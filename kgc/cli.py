@@ -130,6 +130,13 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
                                      f"(gold not retrieved for {search['gold_missed']:.1%})")
     _echo(f"{ev.results['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks{how} "
           f"({ev.seconds:.1f}s)")
+    fused = ev.results["kgc"].get("structure")
+    if fused:  # a run with a structural model: both components, then the fused result
+        for name, part in (("text only", "text"), (f"structure only ({fused['model']})", "structure")):
+            _echo(f"{name}:")
+            _echo(format_table(ev.results["kgc"]["components"][part]))
+        _echo(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: "
+              + ", ".join(f"{g['alpha']}: {g['dev_mrr']:.4f}" for g in fused["grid"]) + "):")
     _echo(format_table(ev.results))
     _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
 
@@ -259,10 +266,16 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
     from kgc.linkpred.predict import predict as run_predict
     from kgc.linkpred.prepare import open_predictor
 
+    from kgc.linkpred.structure import has_structure, predict_fused
+
     run, model, graph, idx = open_predictor(run_dir, progress=progress, echo=lambda m: typer.echo(m, err=True))
     start = time.perf_counter()
-    h, r, preds = run_predict(model, graph, idx, head=head, relation=relation, top_k=top_k, inverse=inverse,
-                              filter_known=filter_known)
+    if has_structure(run):  # text and structure fused over every entity (text alone for added ones)
+        h, r, preds, _ = predict_fused(run, model, graph, head=head, relation=relation, top_k=top_k,
+                                       inverse=inverse, filter_known=filter_known)
+    else:
+        h, r, preds = run_predict(model, graph, idx, head=head, relation=relation, top_k=top_k, inverse=inverse,
+                                  filter_known=filter_known)
     seconds = time.perf_counter() - start
     if as_json:
         _echo(json.dumps({"run": str(run.path), "head": graph.entities[h], "relation": graph.relation_label(r),
@@ -271,6 +284,32 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
     _echo(f"({graph.full_texts[h][:70]}, {graph.relation_text(r)}, ?)   [{seconds * 1000:.0f} ms]")
     for p in preds:
         _echo(f"{p.rank:>4}  {p.entity:<24} {p.score:7.4f}  {p.text[:80]}")
+
+
+@app.command()
+def structure(run_dir: Path = typer.Argument(..., help="a link-prediction run directory"),
+              set_: List[str] = typer.Option([], "--set", help="override a structure key, e.g. "
+                                                               "--set structure.epochs=200"),
+              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """(Re)train only the structural PyKEEN model of a run (RUN/structure/); the text model is untouched.
+    Settings: the run's `structure:` section, then --set structure.KEY=VALUE (a run without one gets defaults)."""
+    from kgc.linkpred.model import Run
+    from kgc.linkpred.structure import train_run_structure
+    from kgc.recipe import StructureConfig, load_recipe
+
+    run = Run(run_dir)
+    if run.recipe.task != "linkpred":
+        raise KGCError(f"{run_dir}: a structural model belongs to a link-prediction run")
+    bad = [s for s in set_ if not s.startswith("structure.")]
+    if bad:
+        raise KGCError(f"--set {bad[0]}: `kgc structure` changes only structure.* keys")
+    config = run.recipe.structure
+    if set_:
+        base = {f"structure.{k}={json.dumps(v)}" for k, v in (config.model_dump(mode="json") if config else {}).items()}
+        config = load_recipe(None, sorted(base) + list(set_)).structure
+    config = config or StructureConfig()
+    meta = train_run_structure(run, config=config, progress=progress, echo=_echo)
+    _echo(f"{meta['model']}: {meta['train_seconds']}s of training; `kgc evaluate {run_dir}` fuses it with the text")
 
 
 @app.command()

@@ -141,13 +141,51 @@ class IndexConfig(_Section):
                                                               "(default 64·nlist, at most all of them)")
 
 
+class StructureConfig(_Section):
+    """A PyKEEN model trained beside the text model on the same train triples (``kgc.linkpred.structure``);
+    evaluation and ``kgc predict`` fuse α·z(text cosine) + (1 − α)·z(structural score), α chosen on dev."""
+    model: str = Field("RotatE", description="a PyKEEN model name (RotatE, TransE, ComplEx, DistMult, ...)")
+    dim: int = Field(200, ge=1, description="embedding_dim")
+    epochs: int = Field(100, ge=1)
+    batch_size: int = Field(256, ge=1)
+    lr: float = Field(1e-3, gt=0, description="Adam's learning rate")
+    loss: Optional[str] = Field(None, description="a PyKEEN loss name (e.g. NSSALoss); default: the model's own")
+    loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {margin: 9, adversarial_temperature: 1}")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="further model options besides dim")
+    training_loop: Literal["lcwa", "slcwa"] = Field(
+        "lcwa", description="lcwa: every (h, r) scored against all entities (fast on small graphs); slcwa: "
+                            "sampled negatives (structure.negatives)")
+    negatives: int = Field(32, ge=1, description="slcwa: negatives per positive (basic sampler)")
+    seed: Optional[int] = Field(None, description="default: train.seed")
+    device: Optional[str] = Field(None, description="default: train.device")
+    alphas: list[float] = Field(default_factory=lambda: [round(0.1 * i, 1) for i in range(11)],
+                                description="the α grid tried on dev (1: text only, 0: structure only)")
+
+    @model_validator(mode="after")
+    def _known_to_pykeen(self) -> "StructureConfig":
+        from pykeen.losses import loss_resolver
+        from pykeen.models import model_resolver
+
+        for kind, resolver, name in (("model", model_resolver, self.model), ("loss", loss_resolver, self.loss)):
+            if name is None:
+                continue
+            try:
+                resolver.lookup(name)
+            except (KeyError, ValueError):
+                raise ValueError(f"structure.{kind}={name!r} is not a PyKEEN {kind}. Choose one of: "
+                                 f"{', '.join(sorted(c.__name__ for c in resolver))}") from None
+        if not self.alphas or any(not 0 <= a <= 1 for a in self.alphas):
+            raise ValueError(f"structure.alphas={self.alphas}: give weights in [0, 1]")
+        return self
+
+
 # keys that only one task reads: setting one in the other task's recipe is an error, not a silent no-op
 TASK_KEYS = {
     "linkpred": {"data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
                  "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight",
                  "loss.self_negative", "loss.margin", "loss.temperature", "loss.learn_temperature",
                  "loss.min_temperature", "loss.max_temperature", "loss.mask_false_negatives", "loss.symmetric",
-                 "eval.rerank", "eval.max_score_bytes", "index"},
+                 "eval.rerank", "eval.max_score_bytes", "index", "structure"},
     "csts": {"data.synth", "loss.mse_weight", "loss.contrastive", "loss.contrastive_weight",
              "loss.contrastive_temperature"},
 }
@@ -173,6 +211,8 @@ class Recipe(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     index: IndexConfig = IndexConfig()
+    structure: Optional[StructureConfig] = Field(None, description="a PyKEEN model beside the text model "
+                                                 "(link prediction; absent: off)")
 
     @model_validator(mode="after")
     def _keys_of_this_task(self) -> "Recipe":
@@ -219,6 +259,9 @@ def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
         ann = field.annotation
+        args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]  # Optional[Section]
+        if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+            ann = args[0]
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             keys.extend(valid_keys(ann, f"{prefix}{name}."))
         else:

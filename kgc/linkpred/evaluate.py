@@ -301,7 +301,13 @@ def evaluate_run(run, split: str = "test", *, device="cpu", batch_size: int | No
     """
     from kgc.fileio import write_json, write_tsv
     from kgc.linkpred.index import index_params, load_embeddings, load_index
+    from kgc.linkpred.structure import evaluate_run_fused, has_structure
 
+    if has_structure(run):  # text and a PyKEEN model fused (kgc.linkpred.structure): every entity scored densely
+        if use_index or rerank:
+            raise KGCError(f"{run.path} has a structural model: its evaluation fuses text and structure over every "
+                           "entity; drop --use-index / --rerank (or remove its structure/ folder)")
+        return evaluate_run_fused(run, split, device=device, batch_size=batch_size, progress=progress)
     model, graph = run.load(device)
     rr = run.recipe.eval.rerank.model_dump()
     if rerank is not None:

@@ -86,3 +86,11 @@ class LinkPredTask(Task):
 
     def load_loss_state(self, criterion, state, device):
         criterion.load_queue_state(state or [], device)
+
+    def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
+        if self.recipe.structure is None:
+            return
+        from kgc.linkpred.structure import train_structure
+
+        train_structure(self.recipe.structure, self.graph, run_dir, seed=self.recipe.train.seed,
+                        device=self.recipe.train.device, progress=progress, echo=echo)

@@ -85,6 +85,9 @@ class Task(ABC):
     def load_loss_state(self, criterion: nn.Module, state: Any, device: torch.device) -> None:
         pass
 
+    def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
+        """Work that follows the text model's training (main process only), e.g. a structural model beside it."""
+
 
 class _NoLog:
     """Ranks other than 0 write no metrics."""
@@ -323,4 +326,5 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
         "train_seconds": round(time.perf_counter() - t_start, 2), "device": str(device), "processes": world,
         "finished": True})
     echo(f"finished {step} steps; run directory: {run_dir}")
+    task.after_training(run_dir, progress=progress, echo=echo)
     return run_dir
