@@ -49,6 +49,35 @@ def n_hop_neighbours(graph: KnowledgeGraph, heads: np.ndarray, n_hop: int) -> di
 DEFAULT_MAX_SCORE_BYTES = 256 * 2**20
 
 
+def query_directions(graph: KnowledgeGraph, triples: np.ndarray) -> dict[str, np.ndarray]:
+    """The two queries of each triple (h, r, t): tail prediction (h, r, ?) and head prediction (t, r + R, ?)."""
+    r = graph.num_relations
+    return {"tail": triples, "head": np.stack([triples[:, 2], triples[:, 1] + r, triples[:, 0]], axis=1)}
+
+
+def mask_known_(scores: torch.Tensor, known: sp.spmatrix, answers: np.ndarray, offset: int = 0) -> torch.Tensor:
+    """NaN (ignored by pykeen's ranks) at every known answer except the gold, in place.
+
+    scores (rows, cols) cover entities ``offset ..``; ``known`` (rows, cols) sparse, the same block of the filter
+    index; ``answers`` (rows,) the gold entity ids."""
+    sub = known.tocoo()
+    not_gold = sub.col + offset != answers[sub.row]
+    scores[torch.as_tensor(sub.row[not_gold]), torch.as_tensor(sub.col[not_gold])] = float("nan")
+    return scores
+
+
+def rank_rows(evaluator: RankBasedEvaluator, directions: dict[str, np.ndarray], graph: KnowledgeGraph) -> list[dict]:
+    """ranks.tsv: one row per query of ``directions``, in order, with the ranks ``evaluator`` recorded for it."""
+    rows = []
+    for target, queries in directions.items():
+        ranks = {t: np.concatenate(evaluator.ranks[(target, t)]) for t in ("realistic", "optimistic", "pessimistic")}
+        for i, (h, rel, a) in enumerate(queries):
+            rows.append({"side": target, "head": graph.entities[h], "relation": graph.relation_label(int(rel)),
+                         "answer": graph.entities[a], "rank": float(ranks["realistic"][i]),
+                         "optimistic": float(ranks["optimistic"][i]), "pessimistic": float(ranks["pessimistic"][i])})
+    return rows
+
+
 def score_blocks(n_queries: int, n_entities: int, max_score_bytes: int) -> tuple[int, int]:
     """(queries, entities) per dense score block: whole rows while a row fits the budget; else one query at a
     time against entity blocks of half the budget (the gold's block is kept beside the current one)."""
@@ -88,11 +117,7 @@ def rank_queries(query_vectors: torch.Tensor, entity_table: torch.Tensor, querie
                 near = boost[int(heads[i])]
                 near = near[(near >= c0) & (near < c1)]
                 out[i - r0, torch.as_tensor(near - c0)] += boost_weight
-        sub = known[r0:r1, c0:c1].tocoo()
-        gold = answers[r0:r1]
-        not_gold = sub.col + c0 != gold[sub.row]
-        out[torch.as_tensor(sub.row[not_gold]), torch.as_tensor(sub.col[not_gold])] = float("nan")
-        return out
+        return mask_known_(out, known[r0:r1, c0:c1], answers[r0:r1], offset=c0)
 
     for r0 in range(0, n, rows_per):
         r1 = min(n, r0 + rows_per)
@@ -216,11 +241,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
     table_seconds = time.perf_counter() - table_start
     table = entity_table.to(model.device)  # (entities, dim), scored on the model's device
     evaluator = RankBasedEvaluator(filtered=True, clear_on_finalize=False)
-    r = graph.num_relations
-    directions = {
-        "tail": triples,
-        "head": np.stack([triples[:, 2], triples[:, 1] + r, triples[:, 0]], axis=1),
-    }
+    directions = query_directions(graph, triples)
     rerank = rerank or {}
     boost = None
     if search is not None and rerank.get("enabled"):
@@ -243,13 +264,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
             bar.update(len(chunk))
     bar.close()
     results = evaluator.finalize().to_dict()
-    rows = []
-    for target, queries in directions.items():
-        ranks = {t: np.concatenate(evaluator.ranks[(target, t)]) for t in ("realistic", "optimistic", "pessimistic")}
-        for i, (h, rel, a) in enumerate(queries):
-            rows.append({"side": target, "head": graph.entities[h], "relation": graph.relation_label(int(rel)),
-                         "answer": graph.entities[a], "rank": float(ranks["realistic"][i]),
-                         "optimistic": float(ranks["optimistic"][i]), "pessimistic": float(ranks["pessimistic"][i])})
+    rows = rank_rows(evaluator, directions, graph)
     seconds = time.perf_counter() - start
     results["kgc"] = {"split": split, "triples": int(len(triples)), "queries": int(2 * len(triples)),
                       "entities": graph.num_entities, "dataset": graph.source,

@@ -187,35 +187,34 @@ def fused_scores(text: torch.Tensor, structural: torch.Tensor | None, alpha: flo
 
 def _filtered_ranks(scores: torch.Tensor, queries: np.ndarray, known) -> Ranks:
     """Filtered ranks of a dense (batch, entities) score block: known answers other than the gold become NaN
-    (as :func:`kgc.linkpred.evaluate.rank_queries` does), then pykeen's ``Ranks.from_scores``."""
-    scores = scores.clone()
+    (:func:`kgc.linkpred.evaluate.mask_known_`, as ``rank_queries`` does), then pykeen's ``Ranks.from_scores``."""
+    from kgc.linkpred.evaluate import mask_known_
+
     answers = queries[:, 2]
-    sub = known.tocoo()
-    not_gold = sub.col != answers[sub.row]
-    scores[torch.as_tensor(sub.row[not_gold]), torch.as_tensor(sub.col[not_gold])] = float("nan")
+    scores = mask_known_(scores.clone(), known, answers)
     true = scores[torch.arange(len(queries)), torch.as_tensor(answers)].unsqueeze(1)
     return Ranks.from_scores(true_score=true, all_scores=scores)
 
 
 @torch.no_grad()
 def evaluate_grid(model, graph: KnowledgeGraph, structure: Structure, split: str, alphas: list[float], *,
-                  batch_size: int = 256, entity_table: torch.Tensor | None = None, progress: bool = False):
+                  batch_size: int = 256, entity_table: torch.Tensor | None = None, progress: bool = False,
+                  engine=None):
     """Filtered evaluation of ``split`` (both directions) for every α at once: the query vectors and the
-    structural scores are computed once per batch. Returns ({α: pykeen results dict}, {α: per-query rows})."""
-    from kgc.linkpred.evaluate import record_ranks
+    structural scores are computed once per batch. ``engine``: a :class:`QueryEngine` to reuse (its entity and
+    relation states are computed once, for dev and test alike). Returns ({α: pykeen results}, {α: rows})."""
+    from kgc.linkpred.evaluate import query_directions, rank_rows, record_ranks
     from kgc.linkpred.model import QueryEngine
 
     if structure.num_entities != graph.num_entities:
         raise KGCError(f"the structural model knows {structure.num_entities} entities, the graph has "
                        f"{graph.num_entities}; retrain it with `kgc structure RUN`")
     model.eval()
-    engine = QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=entity_table)
+    engine = engine or QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=entity_table)
     if entity_table is None:
         entity_table = engine.entity_table if engine.entity_table is not None else model.entity_table(batch_size)
     table = entity_table.to(model.device)
-    triples = graph.splits[split]
-    r = graph.num_relations
-    directions = {"tail": triples, "head": np.stack([triples[:, 2], triples[:, 1] + r, triples[:, 0]], axis=1)}
+    directions = query_directions(graph, graph.splits[split])
     evaluators = {a: RankBasedEvaluator(filtered=True, clear_on_finalize=False) for a in alphas}
     for target, queries in directions.items():
         for s in range(0, len(queries), batch_size):
@@ -226,17 +225,8 @@ def evaluate_grid(model, graph: KnowledgeGraph, structure: Structure, split: str
             for a in alphas:
                 record_ranks(evaluators[a], target, _filtered_ranks(fused_scores(text, struct, a), chunk, known),
                              graph.num_entities)
-    results, rows = {}, {}
-    for a, ev in evaluators.items():
-        results[a] = ev.finalize().to_dict()
-        rows[a] = []
-        for target, queries in directions.items():
-            ranks = {t: np.concatenate(ev.ranks[(target, t)]) for t in ("realistic", "optimistic", "pessimistic")}
-            for i, (h, rel, ans) in enumerate(queries):
-                rows[a].append({"side": target, "head": graph.entities[h], "relation": graph.relation_label(int(rel)),
-                                "answer": graph.entities[ans], "rank": float(ranks["realistic"][i]),
-                                "optimistic": float(ranks["optimistic"][i]),
-                                "pessimistic": float(ranks["pessimistic"][i])})
+    results = {a: ev.finalize().to_dict() for a, ev in evaluators.items()}
+    rows = {a: rank_rows(ev, directions, graph) for a, ev in evaluators.items()}
     return results, rows
 
 
@@ -251,7 +241,7 @@ def _structure_id(run) -> float:
 
 
 def choose_alpha(run, model, graph, structure: Structure, *, batch_size: int = 256, entity_table=None,
-                 progress: bool = False) -> dict:
+                 progress: bool = False, engine=None) -> dict:
     """α by dev MRR over ``structure.alphas`` (stored in ``structure/alpha.json``; reused while the structural
     model is the same). Returns {alpha, grid: [{alpha, dev_mrr}], model}."""
     import json
@@ -263,7 +253,7 @@ def choose_alpha(run, model, graph, structure: Structure, *, batch_size: int = 2
             return stored
     alphas = list(StructureConfig(**structure.meta["params"]).alphas)
     results, _ = evaluate_grid(model, graph, structure, "dev", alphas, batch_size=batch_size,
-                               entity_table=entity_table, progress=progress)
+                               entity_table=entity_table, progress=progress, engine=engine)
     grid = [{"alpha": a, "dev_mrr": round(_mrr(results[a]), 5)} for a in alphas]
     best = max(grid, key=lambda g: (g["dev_mrr"], g["alpha"]))
     choice = {"alpha": best["alpha"], "grid": grid, "model": structure.name, "formula": FORMULA,
@@ -278,20 +268,23 @@ def evaluate_run_fused(run, split: str = "test", *, device="cpu", batch_size: in
     PyKEEN's layout) with ``kgc.components`` text-only (α = 1) and structure-only (α = 0)."""
     from kgc.linkpred.evaluate import Evaluation
     from kgc.linkpred.index import load_embeddings
+    from kgc.linkpred.model import QueryEngine
 
     start = time.perf_counter()
     model, graph = run.load(device)
     structure = load_structure(run, device)
+    bs = batch_size or run.recipe.eval.batch_size
     cached = load_embeddings(run, model)
     table = None if cached is None else torch.from_numpy(cached)
+    engine = QueryEngine(model, batch_size=bs, progress=progress, entity_table=table)  # one for dev and test
     if table is None:
-        table = model.entity_table(batch_size or run.recipe.eval.batch_size, progress=progress)
-    bs = batch_size or run.recipe.eval.batch_size
-    choice = choose_alpha(run, model, graph, structure, batch_size=bs, entity_table=table, progress=progress)
+        table = engine.entity_table if engine.entity_table is not None else model.entity_table(bs, progress=progress)
+    choice = choose_alpha(run, model, graph, structure, batch_size=bs, entity_table=table, progress=progress,
+                          engine=engine)
     alpha = choice["alpha"]
     alphas = list(dict.fromkeys([alpha, 1.0, 0.0]))
     results, rows = evaluate_grid(model, graph, structure, split, alphas, batch_size=bs, entity_table=table,
-                                  progress=progress)
+                                  progress=progress, engine=engine)
     seconds = time.perf_counter() - start
     main = dict(results[alpha])
     main["kgc"] = {"split": split, "triples": int(len(graph.splits[split])), "queries": len(rows[alpha]),
