@@ -16,7 +16,6 @@ batch inside DDP; rank 0 alone writes the run directory, checkpoints, metrics, c
 from __future__ import annotations
 
 import importlib
-import os
 import time
 from abc import ABC, abstractmethod
 from datetime import datetime
@@ -159,16 +158,12 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
 
     from kgc.encoding.backbone import resolve_backbone
 
-    main = not dist.launched() or os.environ.get("RANK", "0") == "0"
-    say = echo if main else (lambda _msg: None)
     ckpt = None
     if resume is not None:
         run_dir = Path(resume)
         recipe = RunDir(run_dir).recipe
         if not (run_dir / "checkpoints" / "last.pt").is_file():
             raise KGCError(f"{run_dir}: no checkpoints/last.pt to resume from; start it again with `kgc train`.")
-        ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-        say(f"resuming {run_dir} from step {ckpt['step']}")
     else:
         assert recipe is not None
         task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
@@ -177,6 +172,10 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
         torch.set_num_threads(tc.num_threads)
     device = dist.init(tc.device)  # joins the torchrun group, if any
     world, rank = dist.world_size(), dist.rank()
+    say = echo if dist.is_main() else (lambda _msg: None)
+    if resume is not None:
+        ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+        say(f"resuming {run_dir} from step {ckpt['step']}")
     if world > 1 and recipe.task != "linkpred":
         raise KGCError(f"task {recipe.task} trains in one process (its batches are groups of rows that one rank must "
                        "see whole); drop --nproc / torchrun")
