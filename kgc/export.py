@@ -105,11 +105,11 @@ def export_run(run_dir: str | Path, out: str | Path, *, format: str = "sentence-
         raise KGCError(f"model.pooling={pooling}: sentence-transformers' Pooling module supports "
                        f"{' and '.join(ST_POOLINGS)} only; export with --format hf (the pooling's weights are "
                        "written beside the encoder and kgc.json describes it)")
-    model, graph = _load(run)
+    model, graph, tokenizer = _load(run)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        meta = _write(stage, run, model, graph, format)
+        meta = _write(stage, run, model, graph, tokenizer, format)
         _publish(stage, out)
     finally:
         if stage.exists():
@@ -118,13 +118,14 @@ def export_run(run_dir: str | Path, out: str | Path, *, format: str = "sentence-
 
 
 def _load(run):
-    """The run's model with its weights, without the layer cache (an export needs only the weights)."""
+    """(model, graph, tokenizer): the run's model with its weights, without the layer cache (an export needs only
+    the weights), and the tokenizer its text bank was built with."""
     from kgc.linkpred.model import build_model
 
     graph = run.graph()
-    model, _ = build_model(run.recipe, graph, run.backbone, pretrained=False)
+    model, tokenizer = build_model(run.recipe, graph, run.backbone, pretrained=False)
     model.load_state_dict(run.model_state())
-    return model.eval(), graph
+    return model.eval(), graph, tokenizer
 
 
 def _publish(stage: Path, out: Path) -> None:
@@ -138,12 +139,9 @@ def _publish(stage: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
-def _write(folder: Path, run, model, graph, format: str) -> dict[str, Any]:
-    from kgc.encoding.backbone import load_tokenizer
-
+def _write(folder: Path, run, model, graph, tokenizer, format: str) -> dict[str, Any]:
     recipe, bank = run.recipe, model.bank
     shared = model.query_encoder is model.tail_encoder
-    tokenizer = load_tokenizer(run.backbone)
     tokenizer.model_max_length = bank.max_tokens  # tokenizer(text, truncation=True) then cuts where kgc cuts
     if format == "sentence-transformers":
         towers = {"tail": ".", "query": "." if shared else "query"}

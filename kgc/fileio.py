@@ -48,6 +48,18 @@ def write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> None:
         writer(tmp)
 
 
+def write_npy(path: str | os.PathLike, array) -> None:
+    """Atomically ``np.save`` ``array`` to ``path`` (through a file object: np.save would append ".npy" to the
+    temp file's name)."""
+    import numpy as np
+
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            np.save(fh, array)
+
+    write_with(path, save)
+
+
 def tsv_text(rows: list[dict], fieldnames: list[str] | None = None) -> str:
     """Dict rows as tab-separated text with a header (columns: ``fieldnames`` or the first row's keys)."""
     import csv

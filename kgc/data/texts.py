@@ -110,6 +110,20 @@ def _find(hay: list[int], needle: list[int], start: int = 0) -> int:
     raise ValueError("tokenizer template: marker not found")
 
 
+def _entity_token_ids(graph: KnowledgeGraph, entities: range, tokenizer, short_description_words: int):
+    """(base, base_colon, name_ids, short) for ``entities``: the token ids of "name: description", of the same
+    with the colon a neighbour list needs ("name:" for a name with no description), of the name alone, and
+    whether the description is short enough to get neighbour names."""
+    if not entities:
+        return [], [], [], []
+    tok = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
+    names, descriptions = graph.names, graph.descriptions
+    return (tok(graph.full_texts[e] for e in entities),
+            tok(f"{names[e]}: {descriptions[e]}" if descriptions[e] else f"{names[e]}:" for e in entities),
+            tok(names[e] for e in entities),
+            [len(descriptions[e].split()) < short_description_words for e in entities])
+
+
 class TextBank:
     """Token ids for every entity and relation text of a graph (tokenised once, no special tokens)."""
 
@@ -120,17 +134,15 @@ class TextBank:
         self.special = SpecialTokens.from_tokenizer(tokenizer)
         self.tokenizer_hash = tokenizer_hash(tokenizer)
         self.max_neighbors = max_neighbors if neighbor_text else 0
-        tok = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
-        names = graph.names
         # "name: description"; a name with no description gets its colon only when neighbours follow
-        self.base = tok(graph.full_texts)
-        self.base_colon = tok(f"{n}: {d}" if d else f"{n}:" for n, d in zip(names, graph.descriptions))
-        self.name_ids = tok(names)
-        self.relation_ids = tok(graph.relation_text(r) for r in range(2 * graph.num_relations))
         self.short_description_words = short_description_words
-        self.short = [len(d.split()) < short_description_words for d in graph.descriptions]
-        nbrs = graph.train_neighbors if self.max_neighbors else [[] for _ in names]
+        self.base, self.base_colon, self.name_ids, self.short = _entity_token_ids(
+            graph, range(graph.num_entities), tokenizer, short_description_words)
+        self.relation_ids = tokenizer([graph.relation_text(r) for r in range(2 * graph.num_relations)],
+                                      add_special_tokens=False)["input_ids"]
+        nbrs = graph.train_neighbors if self.max_neighbors else [[] for _ in graph.names]
         self.neighbors = [n[: self.max_neighbors] for n in nbrs]
+        self._fingerprint: str | None = None
 
     def extended(self, graph: KnowledgeGraph, tokenizer) -> "TextBank":
         """A bank over ``graph`` = this bank's graph with entities appended (``kgc index --add``); only the new
@@ -142,15 +154,13 @@ class TextBank:
         if graph.entities[:old] != self.graph.entities:
             raise ValueError("extended: the new graph must start with this bank's entities, in order")
         new = range(old, graph.num_entities)
-        tok = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"] if new else []  # noqa: E731
+        base, colon, name_ids, short = _entity_token_ids(graph, new, tokenizer, self.short_description_words)
         bank = copy.copy(self)
         bank.graph = graph
-        bank.base = self.base + tok(graph.full_texts[e] for e in new)
-        bank.base_colon = self.base_colon + tok(f"{graph.names[e]}: {graph.descriptions[e]}" if graph.descriptions[e]
-                                                else f"{graph.names[e]}:" for e in new)
-        bank.name_ids = self.name_ids + tok(graph.names[e] for e in new)
-        bank.short = self.short + [len(graph.descriptions[e].split()) < self.short_description_words for e in new]
+        bank.base, bank.base_colon = self.base + base, self.base_colon + colon
+        bank.name_ids, bank.short = self.name_ids + name_ids, self.short + short
         bank.neighbors = self.neighbors + [[] for _ in new]
+        bank._fingerprint = None  # other entities: hashed anew
         return bank
 
     def entity_ids(self, e: int, exclude: int | None = None) -> list[int]:
@@ -189,9 +199,12 @@ class TextBank:
         return [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
 
     def fingerprint(self) -> str:
-        """Hash of every entity's evaluation-time token ids (what an index was built from)."""
-        h = hashlib.sha256()
-        for e in range(self.graph.num_entities):
-            h.update(str(self.entity_ids(e)).encode())
-            h.update(b"\n")
-        return h.hexdigest()
+        """Hash of every entity's evaluation-time token ids (what an index was built from); computed once per
+        bank (the texts are fixed when it is built), not at each freshness check of one command."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            for e in range(self.graph.num_entities):
+                h.update(str(self.entity_ids(e)).encode())
+                h.update(b"\n")
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kgc.fileio import write_json, write_with
+from kgc.fileio import write_json, write_npy
 
 
 def cache_home() -> Path:
@@ -93,7 +93,7 @@ class LayerCache:
         tokens = np.concatenate([np.stack([ids, types], 1) for ids, types, _ in self.fresh]).astype(np.int32)
         states = np.concatenate([s for _, _, s in self.fresh]).astype(np.float16)
         for name, arr in (("states", states), ("tokens", tokens), ("offsets", offsets)):
-            write_with(self.folder / f"{seg}.{name}.npy", lambda tmp, a=arr: np.save(open(tmp, "wb"), a))
+            write_npy(self.folder / f"{seg}.{name}.npy", arr)
         write_json(meta_file, {**self.meta, "segments": segments + [seg]})
         self.fresh = []
 

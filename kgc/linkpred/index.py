@@ -19,7 +19,7 @@ import faiss
 import numpy as np
 
 from kgc.errors import KGCError
-from kgc.fileio import write_json, write_with
+from kgc.fileio import write_json, write_npy, write_with
 from kgc.linkpred import index_types
 from kgc.linkpred.index_types import search_index  # noqa: F401  (the search API lives beside the index)
 from kgc.linkpred.model import LinkPredictor, Run
@@ -29,11 +29,6 @@ from kgc.recipe import IndexConfig
 def fingerprint(run: Run, model: LinkPredictor) -> dict[str, str]:
     return {"weights_sha256": run.weights_fingerprint(), "texts_sha256": model.bank.fingerprint(),
             "weights_file": run.weights_file().name}
-
-
-def _save_npy(path: Path, table: np.ndarray) -> None:
-    with open(path, "wb") as fh:  # a file object: np.save would append ".npy" to the temp file's name
-        np.save(fh, table)
 
 
 def _read_meta(folder: Path) -> dict | None:
@@ -46,7 +41,7 @@ def _read_meta(folder: Path) -> dict | None:
         raise KGCError(f"{f}: unreadable ({exc}). Delete {folder} and rebuild it with `kgc index {folder.parent}`.") \
             from None
     kind = (meta.get("index") or {}).get("type", "flat") if isinstance(meta, dict) else None
-    if kind not in ("flat", "ivf", "hnsw", "ivfpq"):
+    if kind not in index_types.TYPES:
         raise KGCError(f"{f}: not an index description kgc wrote (index type {kind!r}). Delete {folder} and "
                        f"rebuild it with `kgc index {folder.parent}`.")
     return meta
@@ -108,7 +103,7 @@ def build_index(run: Run, model: LinkPredictor, *, batch_size: int = 256, progre
     # only now (an interrupted k-means leaves the old index, its type and its reusable embeddings as they were):
     (folder / "meta.json").unlink(missing_ok=True)  # incomplete until the new meta.json is written
     if stored is None or stored.shape[0] != table.shape[0]:
-        write_with(folder / "entities.npy", lambda tmp: _save_npy(tmp, table))
+        write_npy(folder / "entities.npy", table)
     write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
     meta = {**current, "entities": int(table.shape[0]), "dim": int(table.shape[1]),
             "seconds": round(time.perf_counter() - start, 2), "index": params,
@@ -167,9 +162,9 @@ def stale_reason(run: Run, model: LinkPredictor) -> str | None:
     from kgc.linkpred.inductive import added_stale_reason
 
     folder = run.path / "index"
-    if not (folder / "meta.json").is_file():
+    meta = _read_meta(folder)
+    if meta is None:
         return NO_INDEX
-    meta = json.loads((folder / "meta.json").read_text())
     current = fingerprint(run, model)
     stale = [k for k in ("weights_sha256", "texts_sha256") if meta.get(k) != current[k]]
     if stale:
@@ -201,7 +196,8 @@ def load_index(run: Run, model: LinkPredictor, *, nprobe: int | None = None, ef_
     override them for this load), on a FAISS GPU when there is one (``faiss_device``: auto, gpu or cpu).
     Search it with :func:`search_index` (or ``index.search``)."""
     folder = _check_fresh(run, model)
-    params = dict(stored_params(_read_meta(folder)))
+    meta = _read_meta(folder)
+    params = dict(stored_params(meta))
     index = faiss.read_index(str(folder / "entities.faiss"))
     found = index_types.type_of(index)
     if found != params["type"] or ("nlist" in params and faiss.extract_index_ivf(index).nlist != params["nlist"]):
@@ -209,9 +205,10 @@ def load_index(run: Run, model: LinkPredictor, *, nprobe: int | None = None, ef_
                        f"{found or type(index).__name__}. Rebuild it with `kgc index {run.path}`.")
     from kgc.linkpred.inductive import added_count  # entities added with `kgc index --add` follow the graph's
 
-    if index.ntotal != model.bank.graph.num_entities + added_count(folder):
+    added = added_count(meta)
+    if index.ntotal != model.bank.graph.num_entities + added:
         raise KGCError(f"{folder}: holds {index.ntotal} entities, the graph has {model.bank.graph.num_entities} "
-                       f"(+ {added_count(folder)} added). Rebuild it with `kgc index {run.path}`.")
+                       f"(+ {added} added). Rebuild it with `kgc index {run.path}`.")
     overrides = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
     if overrides:  # validated like the recipe keys (a key the stored type does not read is an error)
         config = index_types.index_config(IndexConfig(type=params["type"]), **overrides)

@@ -23,7 +23,6 @@ entities the run never saw, over that folder's entities (:mod:`kgc.data.inductiv
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,7 +32,7 @@ import torch
 
 from kgc.data.graph import KnowledgeGraph, _strip_name_prefix
 from kgc.errors import KGCError
-from kgc.fileio import sha256_file, write_json, write_text, write_tsv, write_with
+from kgc.fileio import sha256_file, write_json, write_npy, write_text, write_tsv, write_with
 from kgc.linkpred.model import LinkPredictor, Run
 
 ADDED_FILE = "added_entities.tsv"
@@ -104,8 +103,10 @@ def _folder(run: Run) -> Path:
 
 
 def _meta(run: Run) -> dict:
-    f = _folder(run) / "meta.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
+    """The index's meta.json ({} when there is none; an unreadable one is a clear error)."""
+    from kgc.linkpred.index import _read_meta
+
+    return _read_meta(_folder(run)) or {}
 
 
 def stored_entities(run: Run) -> list[NewEntity]:
@@ -114,10 +115,9 @@ def stored_entities(run: Run) -> list[NewEntity]:
     return [e for _, e in read_new_entities(f)] if f.is_file() else []
 
 
-def added_count(folder: Path) -> int:
-    """How many added entities the index in ``folder`` holds after the graph's own."""
-    f = folder / "meta.json"
-    return int(json.loads(f.read_text()).get("added_entities", {}).get("count", 0)) if f.is_file() else 0
+def added_count(meta: dict | None) -> int:
+    """How many added entities an index (its meta.json, None: no index) holds after the graph's own."""
+    return int((meta or {}).get("added_entities", {}).get("count", 0))
 
 
 def added_stale_reason(folder: Path, meta: dict) -> str | None:
@@ -136,7 +136,7 @@ def attach_added(run: Run, model: LinkPredictor, graph: KnowledgeGraph) -> Knowl
     """The graph with the index's added entities appended, and ``model.bank`` over it (call after load_index).
 
     Index ids ``>= graph.num_entities`` then name added entities, and an added entity can be a query head."""
-    count = added_count(_folder(run))
+    count = added_count(_meta(run))
     if not count:
         return graph
     from kgc.encoding.backbone import load_tokenizer
@@ -185,7 +185,7 @@ def _append(run: Run, model: LinkPredictor, graph: KnowledgeGraph, new: list[New
     # the list first: once it differs from the sha256 in meta.json the index is stale (and a rebuild embeds
     # every entity it lists), so a kill between the writes below never leaves a "fresh" index of the wrong size
     write_text(folder / ADDED_FILE, _tsv(entities))
-    write_with(folder / "entities.npy", lambda tmp: _save_npy(tmp, table))
+    write_npy(folder / "entities.npy", table)
     write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
     meta["entities"] = int(index.ntotal)
     if "faiss" in meta:  # the index grew
@@ -194,11 +194,6 @@ def _append(run: Run, model: LinkPredictor, graph: KnowledgeGraph, new: list[New
                               "sources": sources}
     write_json(folder / "meta.json", meta)
     return meta
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as fh:  # a file object: np.save would append ".npy" to the temp file's name
-        np.save(fh, array)
 
 
 def _check_new(graph: KnowledgeGraph, rows: list[tuple[int, NewEntity]], where: str, fix: str) -> None:

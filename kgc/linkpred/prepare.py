@@ -66,7 +66,7 @@ def ensure_index(run: Run, model: LinkPredictor, graph: KnowledgeGraph, *, progr
         echo(f"rebuilding the index of {run.path}: {reason}")
     # a stale index keeps its type and parameters (an ivf index built with `kgc index --type ivf` stays ivf)
     config = None if reason == NO_INDEX else stored_config(run)
-    meta = rebuild_index(run, model, graph, progress=progress, **({"config": config} if config else {}))
+    meta = rebuild_index(run, model, graph, progress=progress, config=config)
     echo(f"indexed {meta['entities']} entities in {meta.get('seconds', '?')}s → {run.path / 'index'}")
 
 
