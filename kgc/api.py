@@ -241,14 +241,14 @@ class Run:
         ``relation``: name or text. The run's index is built first if it has none (as ``kgc predict`` does)."""
         import pandas as pd
 
-        from kgc.linkpred.predict import predict as run_predict
+        from kgc.linkpred.predict import answer
 
         self._need("linkpred", "predict")
         model, graph, index = self._predictor(progress)
         model.bank = self._cache["full_bank"]
-        try:
-            _, _, preds = run_predict(model, graph, index, head=head, relation=relation, top_k=top_k,
-                                      inverse=inverse, filter_known=filter_known)
+        try:  # as `kgc predict`: fused with the structural model when the run has one
+            _, _, preds = answer(self._dir, model, graph, index, head=head, relation=relation, top_k=top_k,
+                                 inverse=inverse, filter_known=filter_known)
         finally:
             model.bank = self._cache["bank"]
         return pd.DataFrame([{c: getattr(p, c) for c in PREDICTION_COLUMNS} for p in preds],

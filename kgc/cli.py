@@ -263,19 +263,13 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
             progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar if the index is "
                                                                                   "built first")) -> None:
     """Top-k answers to (head, relation, ?), over the run's entities and those added with `kgc index --add`."""
-    from kgc.linkpred.predict import predict as run_predict
+    from kgc.linkpred.predict import answer
     from kgc.linkpred.prepare import open_predictor
-
-    from kgc.linkpred.structure import has_structure, predict_fused
 
     run, model, graph, idx = open_predictor(run_dir, progress=progress, echo=lambda m: typer.echo(m, err=True))
     start = time.perf_counter()
-    if has_structure(run):  # text and structure fused over every entity (text alone for added ones)
-        h, r, preds, _ = predict_fused(run, model, graph, head=head, relation=relation, top_k=top_k,
-                                       inverse=inverse, filter_known=filter_known)
-    else:
-        h, r, preds = run_predict(model, graph, idx, head=head, relation=relation, top_k=top_k, inverse=inverse,
-                                  filter_known=filter_known)
+    h, r, preds = answer(run, model, graph, idx, head=head, relation=relation, top_k=top_k, inverse=inverse,
+                         filter_known=filter_known)
     seconds = time.perf_counter() - start
     if as_json:
         _echo(json.dumps({"run": str(run.path), "head": graph.entities[h], "relation": graph.relation_label(r),

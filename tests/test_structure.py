@@ -151,3 +151,15 @@ def test_bad_structure_keys(tmp_path):
         load_recipe(p)
     assert load_recipe(None, ["structure.epochs=3"]).structure.epochs == 3
     assert load_recipe(None).structure is None
+
+
+def test_python_api_predicts_with_the_fused_score(fused_run):
+    """kgc.Run.predict answers as `kgc predict` does: with the structural model fused in, not text alone."""
+    import kgc as api
+
+    pred = kgc("predict", fused_run, "--head", "acquired_abnormality", "--relation", "location_of", "--top-k", "5",
+               "--json", "--no-progress")
+    cli = [(p["entity"], p["score"]) for p in json.loads(pred.stdout)["predictions"]]
+    rows = api.load(fused_run).predict("acquired_abnormality", "location_of", top_k=5)
+    assert list(rows["entity"]) == [e for e, _ in cli]
+    np.testing.assert_allclose(rows["score"].to_numpy(), [s for _, s in cli], rtol=1e-5)  # text alone differs

@@ -101,20 +101,12 @@ class KnowledgeGraph:
     def hr_keys(self, heads: np.ndarray, rels: np.ndarray) -> np.ndarray:
         return heads.astype(np.int64) * (2 * self.num_relations) + rels.astype(np.int64)
 
-    def _answers_matrix(self, splits: tuple[str, ...]) -> "AnswerIndex":
-        q = np.concatenate([self.both_directions(s) for s in splits], axis=0)
-        return AnswerIndex(self.hr_keys(q[:, 0], q[:, 1]), q[:, 2], self.num_entities)
-
     @cached_property
     def all_answers(self) -> "AnswerIndex":
         """Filter index: ``all_answers[hr_keys]`` is a (batch, entities) sparse matrix of every known answer from
         train + dev + test to each query ``h * 2R + r``."""
-        return self._answers_matrix(("train", "dev", "test"))
-
-    @cached_property
-    def train_answers(self) -> "AnswerIndex":
-        """The train answers per ``h * 2R + r`` (the false-negative mask's "known tails")."""
-        return self._answers_matrix(("train",))
+        q = np.concatenate([self.both_directions(s) for s in ("train", "dev", "test")], axis=0)
+        return AnswerIndex(self.hr_keys(q[:, 0], q[:, 1]), q[:, 2], self.num_entities)
 
     @cached_property
     def train_keys(self) -> np.ndarray:

@@ -80,17 +80,8 @@ class SimKGCLoss(nn.Module):
         own = torch.arange(b, device=query.device) + dist.rank() * b  # column of each local row's positive
         positive = torch.zeros(b, tail_all.size(0), dtype=torch.bool, device=query.device)
         positive[torch.arange(b), own] = True  # (b, B)
-        rows = (query @ tail_all.t() - positive * self.margin) * inv_t  # (b, B) queries → global tails
-        cols = (tail @ query_all.t() - positive * self.margin) * inv_t  # (b, B) tails → global queries
-        keep_rows, keep_cols = positive.clone(), positive.clone()
-        if self.in_batch:
-            if self.mask_false_negatives:
-                keep_rows |= false_negative_mask(hr, tails, tails_all, train_keys, num_entities)
-                keep_cols |= false_negative_mask(hr_all, tails_all, tails, train_keys, num_entities).t()
-            else:
-                keep_rows, keep_cols = torch.ones_like(positive), torch.ones_like(positive)
-        rows = rows.masked_fill(~keep_rows, MASKED)
-        blocks = [rows]
+        rows = self._in_batch(query, tail_all, positive, inv_t, hr, tails, tails_all, train_keys, num_entities)
+        blocks = [rows]  # (b, B) queries → global tails
         if self.pre_batch and self.queue:
             old_vec = torch.cat([v for v, _ in self.queue])  # (K, d)
             old_ids = torch.cat([i for _, i in self.queue])  # (K,)
@@ -104,12 +95,31 @@ class SimKGCLoss(nn.Module):
             blocks.append(self_logit.masked_fill(head_is_answer, MASKED).unsqueeze(1))
         all_logits = torch.cat(blocks, dim=1)  # (b, B + K + 1)
         loss = F.cross_entropy(all_logits, own)
-        if self.symmetric:
-            loss = loss + F.cross_entropy(cols.masked_fill(~keep_cols, MASKED), own)  # tail -> query
+        if self.symmetric:  # tail -> query: one process reads it off the same block, ranks score their own tails
+            cols = rows.t() if not dist.active() else self._in_batch(
+                tail, query_all, positive, inv_t, hr_all, tails_all, tails, train_keys, num_entities, transposed=True)
+            loss = loss + F.cross_entropy(cols, own)
         if self.pre_batch and self.training:
             self.queue.append((tail_all.detach(), tails_all.detach()))  # the global batch's tails
             self.queue = self.queue[-self.pre_batch:]
         return loss
+
+    def _in_batch(self, a: torch.Tensor, b_all: torch.Tensor, positive: torch.Tensor, inv_t: torch.Tensor,
+                  hr: torch.Tensor, gold: torch.Tensor, candidates: torch.Tensor, train_keys: torch.Tensor,
+                  num_entities: int, *, transposed: bool = False) -> torch.Tensor:
+        """The in-batch block (b, B): local rows ``a`` against the global batch ``b_all``, margin on the positive,
+        scaled by 1/τ, false negatives masked. Rows are queries (``hr``, ``gold`` their own, ``candidates`` the
+        global tails); ``transposed``: rows are this rank's tails against the global queries (``hr``/``gold``
+        the global queries', ``candidates`` the local tails), the mask read column-wise."""
+        logits = (a @ b_all.t() - positive * self.margin) * inv_t
+        keep = positive
+        if self.in_batch:
+            if self.mask_false_negatives:
+                mask = false_negative_mask(hr, gold, candidates, train_keys, num_entities)
+                keep = positive | (mask.t() if transposed else mask)
+            else:
+                keep = torch.ones_like(positive)
+        return logits.masked_fill(~keep, MASKED)
 
     # the queue is training state: it travels in checkpoints so a resumed run sees the same negatives
     def queue_state(self) -> list[tuple[np.ndarray, np.ndarray]]:

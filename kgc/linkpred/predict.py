@@ -39,3 +39,15 @@ def predict(model: LinkPredictor, graph: KnowledgeGraph, index, *, head: str, re
         if len(out) == top_k:
             break
     return h, r, out
+
+
+def answer(run, model: LinkPredictor, graph: KnowledgeGraph, index, **query) -> tuple[int, int, list[Prediction]]:
+    """``kgc predict``'s answers (the CLI and ``kgc.Run.predict``): the fused text + structure score over every
+    entity when the run has a structural model (:func:`kgc.linkpred.structure.predict_fused`), else the FAISS
+    index's top k. ``query``: head, relation, top_k, inverse, filter_known."""
+    from kgc.linkpred.structure import has_structure, predict_fused
+
+    if has_structure(run):
+        h, r, preds, _ = predict_fused(run, model, graph, **query)
+        return h, r, preds
+    return predict(model, graph, index, **query)

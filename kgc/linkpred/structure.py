@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-from pykeen.evaluation import RankBasedEvaluator
-from pykeen.evaluation.ranks import Ranks
 
 from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
@@ -38,6 +38,9 @@ FOLDER = "structure"
 FORMULA = ("fused = alpha * z(text cosine) + (1 - alpha) * z(structural score); z standardises each query's "
            "scores over all entities (mean 0, population std 1); alpha chosen on dev by filtered MRR")
 EPS = 1e-12
+
+if TYPE_CHECKING:  # pykeen loads when a structural model is trained or scored, not for `has_structure`
+    from pykeen.evaluation.ranks import Ranks
 
 
 def has_structure(run) -> bool:
@@ -188,6 +191,8 @@ def fused_scores(text: torch.Tensor, structural: torch.Tensor | None, alpha: flo
 def _filtered_ranks(scores: torch.Tensor, queries: np.ndarray, known) -> Ranks:
     """Filtered ranks of a dense (batch, entities) score block: known answers other than the gold become NaN
     (:func:`kgc.linkpred.evaluate.mask_known_`, as ``rank_queries`` does), then pykeen's ``Ranks.from_scores``."""
+    from pykeen.evaluation.ranks import Ranks
+
     from kgc.linkpred.evaluate import mask_known_
 
     answers = queries[:, 2]
@@ -203,6 +208,8 @@ def evaluate_grid(model, graph: KnowledgeGraph, structure: Structure, split: str
     """Filtered evaluation of ``split`` (both directions) for every α at once: the query vectors and the
     structural scores are computed once per batch. ``engine``: a :class:`QueryEngine` to reuse (its entity and
     relation states are computed once, for dev and test alike). Returns ({α: pykeen results}, {α: rows})."""
+    from pykeen.evaluation import RankBasedEvaluator
+
     from kgc.linkpred.evaluate import query_directions, rank_rows, record_ranks
     from kgc.linkpred.model import QueryEngine
 

@@ -124,15 +124,14 @@ def gather(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(out, dim=0)
 
 
-def mean(value: float) -> float:
-    """The mean of a scalar over ranks (the logged loss is the global batch's)."""
+def mean(value: torch.Tensor) -> float:
+    """The mean of a scalar tensor over ranks, as a float (the logged loss is the global batch's); reduced on
+    the tensor's own device, read once."""
     if not active():
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
+        return value.item()
+    t = value.detach().reshape(1).clone()
     dist.all_reduce(t)
-    return float(t.item()) / dist.get_world_size()
+    return t.item() / dist.get_world_size()
 
 
 def broadcast(obj: Any) -> Any:

@@ -284,7 +284,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             seen += task.batch_size(batch)  # the global batch
             rate = seen / (time.perf_counter() - t_start)
             tau = getattr(criterion, "temperature", None)
-            loss_value = dist.mean(loss.item())  # the global batch's loss
+            loss_value = dist.mean(loss)  # the global batch's loss
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
                             **{rate_key: f"{rate:.1f}"})

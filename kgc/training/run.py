@@ -25,6 +25,7 @@ class RunDir:
         if not (self.path / "recipe.yaml").is_file():
             raise KGCError(f"{self.path}: not a run directory (no recipe.yaml). Train one with `kgc train RECIPE`.")
         self.recipe = load_recipe(self.path / "recipe.yaml", saved=True)
+        self._weights_hash: tuple | None = None  # ((file, mtime, size), sha256): see weights_fingerprint
         if self.task is not None and self.recipe.task != self.task:
             hint = "kgc similarity RUN --s1 … --s2 … --condition …" if self.recipe.task == "csts" else \
                 "kgc predict RUN --head … --relation …"
@@ -45,7 +46,14 @@ class RunDir:
         return torch.load(self.weights_file(), map_location="cpu", weights_only=False)["model"]
 
     def weights_fingerprint(self) -> str:
-        return sha256_file(self.weights_file())
+        """sha256 of the weights file, hashed once per version of it (one command checks an index's freshness
+        several times; a long-lived Run that retrains sees the new file's size or time)."""
+        f = self.weights_file()
+        st = f.stat()
+        key = (f, st.st_mtime_ns, st.st_size)
+        if self._weights_hash is None or self._weights_hash[0] != key:
+            self._weights_hash = (key, sha256_file(f))
+        return self._weights_hash[1]
 
 
 def open_run(path: str | Path) -> RunDir:
