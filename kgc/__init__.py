@@ -11,8 +11,8 @@ The Python API (the CLI answers the same questions)::
 ``import kgc`` stays fast.
 """
 
-from kgc.api import Run, load, resolve_recipe, train
+from kgc.api import Answers, Run, load, resolve_recipe, resume, train
 from kgc.errors import KGCError
 
 __version__ = "0.1.0"
-__all__ = ["KGCError", "Run", "load", "resolve_recipe", "train", "__version__"]
+__all__ = ["Answers", "KGCError", "Run", "load", "resolve_recipe", "resume", "train", "__version__"]

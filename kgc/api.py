@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import copy
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 
 from kgc.errors import KGCError
 
@@ -30,6 +32,25 @@ if TYPE_CHECKING:
 RecipeLike = Union[str, Path, "Recipe", Mapping[str, Any]]
 
 PREDICTION_COLUMNS = ["rank", "entity", "text", "score"]
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Answers:
+    """:meth:`Run.answer`: the query as it was resolved and its ranked answers (what ``kgc predict`` prints)."""
+    run: Path
+    head: str                # entity id (the text given was resolved to it)
+    relation: str            # relation label; ``inverse`` answers (?, relation, head)
+    head_text: str           # the head's full text
+    relation_text: str       # the relation's text, "inverse …" for the inverse direction
+    predictions: list        # kgc.linkpred.predict.Prediction: rank, entity, text, score
+    seconds: float           # answering, index loading excluded
+
+    def frame(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame([{c: getattr(p, c) for c in PREDICTION_COLUMNS} for p in self.predictions],
+                            columns=PREDICTION_COLUMNS)
 
 
 # ---------------------------------------------------------------- recipes and overrides
@@ -54,12 +75,10 @@ def _override_keys(overrides: Mapping[str, Any] | Sequence[str] | None, kwargs: 
 def resolve_recipe(recipe: RecipeLike, overrides: Mapping[str, Any] | Sequence[str] | None = None,
                    **kwargs: Any) -> "Recipe":
     """A validated :class:`~kgc.recipe.Recipe` from a path, a Recipe or a dict, with overrides applied."""
-    from pydantic import ValidationError
-
-    from kgc.recipe import Recipe, _explain, _set_dotted, load_recipe
+    from kgc.recipe import Recipe, read_recipe_tree, validate_recipe
 
     if isinstance(recipe, (str, Path)):
-        tree, source = load_recipe(recipe).model_dump(mode="json", exclude_unset=True), str(recipe)
+        tree, source = read_recipe_tree(recipe), str(recipe)
     elif isinstance(recipe, Recipe):
         tree, source = recipe.model_dump(mode="json", exclude_unset=True), "recipe"
     elif isinstance(recipe, Mapping):
@@ -67,12 +86,7 @@ def resolve_recipe(recipe: RecipeLike, overrides: Mapping[str, Any] | Sequence[s
     else:
         raise KGCError(f"recipe: expected a path to a YAML recipe, a kgc.recipe.Recipe or a dict, got "
                        f"{type(recipe).__name__}")
-    for key, value in _override_keys(overrides, kwargs).items():
-        _set_dotted(tree, key, value)
-    try:
-        return Recipe.model_validate(tree)
-    except ValidationError as err:
-        raise _explain(err, source) from None
+    return validate_recipe(tree, _override_keys(overrides, kwargs), source=source)
 
 
 # ---------------------------------------------------------------- train / load
@@ -81,7 +95,8 @@ def resolve_recipe(recipe: RecipeLike, overrides: Mapping[str, Any] | Sequence[s
 def train(recipe: RecipeLike, out: str | Path | None = None, *, progress: bool = True,
           overrides: Mapping[str, Any] | Sequence[str] | None = None, data: Any = None, validation: Any = None,
           testing: Any = None, texts: Mapping[str, str] | None = None,
-          relation_texts: Mapping[str, str] | None = None, device: str = "cpu", **kwargs: Any) -> "Run":
+          relation_texts: Mapping[str, str] | None = None, device: str = "cpu", echo: Echo | None = print,
+          **kwargs: Any) -> "Run":
     """Train a recipe (path, Recipe or dict) into ``out`` (default ``runs/<name>-<time>``) and return the Run.
 
     ``data``: a PyKEEN ``TriplesFactory`` (with optional ``validation=`` / ``testing=`` factories) or dataset
@@ -89,6 +104,7 @@ def train(recipe: RecipeLike, out: str | Path | None = None, *, progress: bool =
     labels (``_`` → space) unless ``texts`` / ``relation_texts`` map a label to its text. Without validation
     triples no validation runs (the final weights are the model); without test triples ``evaluate("test")``
     has nothing to rank. ``device`` is where the returned Run loads its model (training: ``train.device``).
+    ``echo`` receives the progress lines (run directory, validations, the final test); ``None`` silences them.
     """
     from kgc.training.loop import _prepare_new_run, default_run_dir, train as run_train
 
@@ -118,12 +134,33 @@ def train(recipe: RecipeLike, out: str | Path | None = None, *, progress: bool =
                 update={"validate_every_epoch": False, "validate_every_steps": None})})
         rec = resolve_recipe(rec)  # validated again, as a whole
         out = run_dir
-    return Run(run_train(rec, out=Path(out) if out is not None else None, progress=progress), device=device)
+    echo = echo or _silent
+    return Run(run_train(rec, out=Path(out) if out is not None else None, progress=progress, echo=echo),
+               device=device, echo=echo)
 
 
-def load(run_dir: str | Path, *, device: str = "cpu") -> "Run":
-    """The trained run in ``run_dir`` (link prediction or C-STS)."""
-    return Run(run_dir, device=device)
+def resume(run_dir: str | Path, *, progress: bool = True, device: str = "cpu", echo: Echo | None = print) -> "Run":
+    """Continue an interrupted run from its last checkpoint (its saved recipe; ``kgc train --resume``)."""
+    from kgc.training.loop import train as run_train
+
+    echo = echo or _silent
+    return Run(run_train(None, resume=Path(run_dir), progress=progress, echo=echo), device=device, echo=echo)
+
+
+def load(run_dir: str | Path | None = None, *, device: str = "cpu", echo: Echo | None = print) -> "Run":
+    """The trained run in ``run_dir`` (link prediction or C-STS); ``None``: the link-prediction run under
+    ``./runs`` whose weights were written last (as ``kgc predict`` without a run directory), named via ``echo``."""
+    echo = echo or _silent
+    if run_dir is None:
+        from kgc.linkpred.prepare import find_latest_run
+
+        run_dir = find_latest_run()
+        echo(f"using the newest run: {run_dir}")
+    return Run(run_dir, device=device, echo=echo)
+
+
+def _silent(msg: str) -> None:
+    pass
 
 
 def _as_list(x: Any) -> tuple[list, bool]:
@@ -140,7 +177,7 @@ class Run:
     """A run directory: ``path``, ``recipe``, ``task``; link prediction: ``evaluate``, ``predict``,
     ``embed_entities``, ``embed_queries``; C-STS: ``evaluate``, ``similarity``."""
 
-    def __init__(self, path: str | Path, *, device: str = "cpu") -> None:
+    def __init__(self, path: str | Path, *, device: str = "cpu", echo: Echo | None = print) -> None:
         from kgc.training.common import pick_device
         from kgc.training.run import open_run
 
@@ -148,6 +185,7 @@ class Run:
         self.path: Path = self._dir.path
         self.recipe: "Recipe" = self._dir.recipe
         self.device = pick_device(device)
+        self._echo: Echo = echo or _silent
         self._cache: dict[str, Any] = {}
 
     @property
@@ -161,8 +199,11 @@ class Run:
         if self.task != task:
             use = ("similarity(s1, s2, condition) and evaluate()" if self.task == "csts" else
                    "predict, embed_entities, embed_queries and evaluate()")
+            hint = ("kgc similarity RUN --s1 … --s2 … --condition …" if self.task == "csts" else
+                    "kgc predict RUN --head … --relation …")
             raise KGCError(f"Run.{method}() needs a {'C-STS' if task == 'csts' else 'link-prediction'} run; "
-                           f"{self.path} is a {self.task} run (it offers {use})")
+                           f"{self.path} is a {self.task} run, not {task}; use `{hint}` (in Python it offers "
+                           f"{use})")
 
     # -- loading, once
 
@@ -191,7 +232,7 @@ class Run:
             from kgc.linkpred.inductive import attach_added
             from kgc.linkpred.prepare import ensure_index
 
-            ensure_index(self._dir, model, graph, progress=progress)
+            ensure_index(self._dir, model, graph, progress=progress, echo=self._echo)
             self._cache["index"] = load_index(self._dir, model, faiss_device="cpu" if self.device.type == "cpu"
                                               else "auto")
             self._cache["full_graph"] = attach_added(self._dir, model, graph)
@@ -208,51 +249,163 @@ class Run:
     # -- both tasks
 
     def evaluate(self, split: str = "test", *, batch_size: int | None = None, rerank: bool | None = None,
-                 progress: bool = False) -> dict:
+                 progress: bool = False, **options: Any) -> dict:
         """Evaluate on ``split`` and return the dict written to ``results[.split].json``: PyKEEN's layout for
         link prediction (``results["both"]["realistic"]["inverse_harmonic_mean_rank"]``, a ``"kgc"`` block of
-        extras), Spearman/Pearson for C-STS. Link prediction: test or dev; C-STS: test, validation or train."""
+        extras), Spearman/Pearson for C-STS. Link prediction: test or dev; C-STS: test, validation or train.
+        ``options``: those of :meth:`evaluation` (``entities_from``, ``candidates``, ``use_index``, ``top_k``)."""
+        return self.evaluation(split, batch_size=batch_size, rerank=rerank, progress=progress, **options).results
+
+    def evaluation(self, split: str = "test", *, batch_size: int | None = None, rerank: bool | None = None,
+                   progress: bool = False, entities_from: str | Path | None = None, candidates: str = "split",
+                   use_index: bool = False, top_k: int = 100):
+        """:meth:`evaluate` with its ranks / predictions and timing (``kgc evaluate``): ``.results``, ``.ranks``
+        (``.predictions`` for C-STS), ``.seconds``; results.json and ranks.tsv are written into the run.
+
+        Link prediction only: ``entities_from`` (a KG-BERT folder, e.g. from ``kgc data inductive-split``) ranks
+        its ``split`` triples over its own entities, unseen in training — ``candidates`` ``"split"`` (the entities
+        of the split's triples, SimKGC's protocol) or ``"all"`` — into ``results.inductive[.split].json``;
+        ``use_index`` ranks within the top ``top_k`` of the run's FAISS index, re-scored exactly."""
+        if use_index and (entities_from is not None or self.task != "linkpred"):
+            raise KGCError("use_index (--use-index) evaluates a link-prediction run against its own FAISS index; "
+                           "drop it here")
         if self.task == "csts":
             from kgc.csts.evaluate import evaluate_run as evaluate_csts
 
+            if entities_from is not None:
+                raise KGCError("entities_from (--entities-from) is inductive link prediction; this is a C-STS run")
             if split not in ("test", "validation", "train"):
                 raise KGCError(f"split {split!r}: a C-STS run has test, validation and train")
             if rerank is not None:
                 raise KGCError("rerank is link prediction's graph re-ranking; a C-STS run has none")
-            return evaluate_csts(self._dir, split, device=self.device, batch_size=batch_size,
-                                 progress=progress).results
-        from kgc.linkpred.evaluate import evaluate_run
-
+            return evaluate_csts(self._dir, split, device=self.device, batch_size=batch_size, progress=progress)
         if split not in ("test", "dev"):
             raise KGCError(f"split {split!r}: choose test or dev")
-        model, graph = self._linkpred()
+        if entities_from is not None:
+            from kgc.linkpred.inductive import evaluate_inductive
+
+            return evaluate_inductive(_Loaded(self), entities_from, split=split, candidates=candidates,
+                                      device=self.device, batch_size=batch_size, rerank=rerank, progress=progress,
+                                      warn=self._echo)
+        from kgc.linkpred.evaluate import evaluate_run
+
+        _, graph = self._linkpred()
         if not len(graph.splits[split]):
             raise KGCError(f"{graph.source}: the {split} split has no triples to rank (train with testing= / "
                            "validation= factories, or a dataset with that split)")
         return evaluate_run(_Loaded(self), split, device=self.device, batch_size=batch_size, rerank=rerank,
-                            progress=progress).results
+                            progress=progress, use_index=use_index, top_k=top_k)
 
     # -- link prediction
 
     def predict(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
                 filter_known: bool = False, progress: bool = False) -> "pd.DataFrame":
         """Top-k answers to (head, relation, ?) — ``inverse``: (?, relation, head) — as a DataFrame with columns
-        rank, entity, text, score (cosine), the rows ``kgc predict`` prints. ``head``: entity id or text;
-        ``relation``: name or text. The run's index is built first if it has none (as ``kgc predict`` does)."""
-        import pandas as pd
+        rank, entity, text, score, the rows ``kgc predict`` prints. ``head``: entity id or text (an entity added
+        with ``kgc index --add`` too); ``relation``: name or text. A run with a structural model ranks by the fused
+        score, others by cosine over the FAISS index, which is built first if the run has none (or a stale one)."""
+        return self.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known,
+                           progress=progress).frame()
 
+    def answer(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
+               filter_known: bool = False, progress: bool = False) -> Answers:
+        """:meth:`predict` with the query as it was resolved (head id and text, relation) and the time taken."""
         from kgc.linkpred.predict import answer
 
         self._need("linkpred", "predict")
         model, graph, index = self._predictor(progress)
         model.bank = self._cache["full_bank"]
+        start = time.perf_counter()
         try:  # as `kgc predict`: fused with the structural model when the run has one
-            _, _, preds = answer(self._dir, model, graph, index, head=head, relation=relation, top_k=top_k,
+            h, r, preds = answer(self._dir, model, graph, index, head=head, relation=relation, top_k=top_k,
                                  inverse=inverse, filter_known=filter_known)
         finally:
             model.bank = self._cache["bank"]
-        return pd.DataFrame([{c: getattr(p, c) for c in PREDICTION_COLUMNS} for p in preds],
-                            columns=PREDICTION_COLUMNS)
+        return Answers(run=self.path, head=graph.entities[h], relation=graph.relation_label(r),
+                       head_text=graph.full_texts[h], relation_text=graph.relation_text(r), predictions=preds,
+                       seconds=time.perf_counter() - start)
+
+    def index(self, *, type: str | None = None, force: bool = False, progress: bool = True,
+              **params: int | None) -> dict:
+        """Build, update or keep the run's FAISS index (``kgc index``) and say what was done:
+        ``{"action": "none" | "search" | "build", "why": …, "meta": index/meta.json}``.
+
+        Type and parameters are the existing index's (a first build: the recipe's ``index:`` section; ``type``
+        starts again from the recipe's), with ``params`` (nlist, nprobe, hnsw_m, ef_search, ef_construction,
+        pq_bytes, train_size) applied. A fresh index of that type is kept; a changed nprobe / ef_search is stored
+        without a rebuild; anything else rebuilds, reusing the stored embeddings (``force``: re-embed)."""
+        from kgc.linkpred.index import _read_meta, index_plan, stored_config, update_search_params
+        from kgc.linkpred.index_types import index_config
+        from kgc.linkpred.inductive import rebuild_index
+
+        self._need("linkpred", "index")
+        # an existing index keeps its type and build parameters (`kgc index RUN --nprobe 64` on an ivf index, or
+        # a rebuild after retraining, must not turn it back into the recipe's type); `type` starts from the recipe
+        stored = stored_config(self._dir) if type is None else None
+        if stored is not None and params.get("nlist") is not None and params.get("train_size") is None:
+            stored = stored.model_copy(update={"train_size": None})  # its train_size was 64·(old nlist)
+        config = index_config(stored if stored is not None else self.recipe.index, type=type, **params)
+        model, graph = self._linkpred()  # bad options stopped above, before the model is loaded
+        action, why = index_plan(self._dir, model, config)
+        if force:
+            action = "build"
+        if action == "none":
+            meta = _read_meta(self.path / "index")
+        elif action == "search":
+            meta = update_search_params(self._dir, model, config)
+        else:
+            action = "build"
+            meta = rebuild_index(self._dir, model, graph, progress=progress, config=config,
+                                 reuse_embeddings=not force, faiss_device="cpu" if self.device.type == "cpu" else "auto")
+        self._forget_index()
+        return {"action": action, "why": why, "meta": meta}
+
+    def add_entities(self, path: str | Path, *, progress: bool = True) -> dict:
+        """Embed the entities of a TSV (``id<TAB>name<TAB>description``) with the trained tail tower and append them
+        to the index (built first if missing), no retraining (``kgc index --add``); returns index/meta.json."""
+        from kgc.linkpred.inductive import add_entities
+        from kgc.linkpred.prepare import ensure_index
+
+        self._need("linkpred", "add_entities")
+        model, graph = self._linkpred()
+        ensure_index(self._dir, model, graph, progress=progress, echo=self._echo)
+        try:
+            return add_entities(self._dir, model, graph, path, batch_size=self.recipe.eval.batch_size,
+                                progress=progress)
+        finally:
+            model.bank = self._cache["bank"]
+            self._forget_index()
+
+    def _forget_index(self) -> None:
+        for key in ("index", "full_graph", "full_bank"):
+            self._cache.pop(key, None)
+
+    def train_structure(self, overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
+                        progress: bool = True, **kwargs: Any) -> dict:
+        """(Re)train only the structural PyKEEN model (``RUN/structure/``; ``kgc structure``), from the run's
+        ``structure:`` section (defaults if it has none) with ``structure.*`` overrides
+        (``structure__epochs=200`` or ``{"structure.epochs": 200}``). Returns its meta (model, train_seconds …)."""
+        from kgc.linkpred.structure import train_run_structure
+        from kgc.recipe import StructureConfig
+
+        self._need("linkpred", "train_structure")
+        changes = _override_keys(overrides, kwargs)
+        bad = [k for k in changes if not k.startswith("structure.")]
+        if bad:
+            raise KGCError(f"{bad[0]}: only structure.* keys change the structural model")
+        config = self.recipe.structure
+        if changes:
+            base = {"task": "linkpred", "structure": config.model_dump(mode="json") if config else {}}
+            config = resolve_recipe(base, changes).structure
+        return train_run_structure(self._dir, config=config or StructureConfig(), progress=progress,
+                                   echo=self._echo)
+
+    def export(self, out: str | Path, *, format: str = "sentence-transformers", force: bool = False) -> dict:
+        """Write the towers as a sentence-transformers (``SentenceTransformer(out)`` embeds entities) or Hugging
+        Face (``format="hf"``) folder, with ``kgc.json`` saying how to compose queries (``kgc export``)."""
+        from kgc.export import export_run
+
+        return export_run(self.path, out, format=format, force=force)
 
     def embed_entities(self, ids_or_texts: str | Sequence[str], *, batch_size: int = 256) -> "np.ndarray":
         """(n, dim) float32 tail-tower embeddings (unit vectors). An entity id of the run's graph gets its
@@ -315,8 +468,7 @@ class Run:
                    batch_size: int = 64) -> "float | np.ndarray":
         """cos(g(s1 | c), g(s2 | c)): a float for three strings, an array for lists (a single string among
         lists applies to every row). The 1-5 label scale is ``1 + 4 * clip(cos, 0, 1)``."""
-        import numpy as np
-        import torch
+        from kgc.csts.predict import similarities
 
         model, tokenizer = self._csts()
         cols = [_as_list(x) for x in (s1, s2, condition)]
@@ -328,13 +480,22 @@ class Run:
         for name, col in zip(("s1", "s2", "condition"), cols):
             if any(not isinstance(x, str) or not x.strip() for x in col):
                 raise KGCError(f"similarity: every {name} must be a non-empty string")
-        tok = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in cols]
-        with torch.no_grad():
-            sims = np.concatenate([model.similarity(*(t[k: k + batch_size] for t in tok)).cpu().numpy()
-                                   for k in range(0, n, batch_size)]) if n else np.empty(0, dtype=np.float32)
+        sims = similarities(model, tokenizer, *cols, batch_size=batch_size)
         if all(single for _, single in [_as_list(x) for x in (s1, s2, condition)]):
             return float(sims[0])
-        return sims.astype(np.float32)
+        return sims
+
+    def score(self, rows: Sequence[Mapping[str, Any]], *, batch_size: int = 64) -> list[dict]:
+        """``kgc similarity --tsv``: rows with sentence1, sentence2, condition (label optional), each returned with
+        ``similarity`` (cosine) and ``predicted_label`` (1-5 scale)."""
+        from kgc.csts.predict import score
+
+        model, tokenizer = self._csts()
+        for i, row in enumerate(rows):
+            missing = [k for k in ("sentence1", "sentence2", "condition") if not isinstance(row.get(k), str)]
+            if missing:
+                raise KGCError(f"score: row {i} has no {', '.join(missing)} (strings)")
+        return score(model, tokenizer, [dict(r) for r in rows], batch_size=batch_size)
 
 
 class _Loaded:

@@ -37,9 +37,8 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
     """Train from a recipe (link prediction or C-STS, by its `task`), or resume an interrupted run.
 
     Multi-process: `kgc train RECIPE --nproc 2`, or `torchrun --nproc-per-node 2 -m kgc train RECIPE`."""
-    from kgc.recipe import load_recipe
+    import kgc
     from kgc.training import distributed as dist
-    from kgc.training.loop import train as run_train
 
     if nproc is not None and nproc > 1 and not dist.launched():
         argv, skip = [], False
@@ -53,8 +52,10 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
         raise KGCError("give a recipe (e.g. `kgc train recipes/umls_biencoder.yaml`) or --resume RUN_DIR")
     if resume is not None and (recipe is not None or set_):
         raise KGCError("--resume continues a run with its saved recipe; drop the recipe and --set arguments")
-    rec = load_recipe(recipe, set_) if resume is None else None
-    run_train(rec, out=out, resume=resume, progress=progress, echo=_echo)
+    if resume is not None:
+        kgc.resume(resume, progress=progress, echo=_echo)
+    else:
+        kgc.train(recipe, out, overrides=set_, progress=progress, echo=_echo)
 
 
 @app.command()
@@ -78,66 +79,44 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
              top_k: int = typer.Option(100, "--top-k", help="with --use-index: candidates retrieved per query"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Evaluate a run on a split: filtered link prediction (both directions) or C-STS similarity."""
-    from kgc.training.common import pick_device
-    from kgc.training.run import open_run
+    import kgc
 
-    run = open_run(run_dir)
+    run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
     split = split or "test"
+    ev = run.evaluation(split, batch_size=batch_size, rerank=rerank, progress=progress, entities_from=entities_from,
+                        candidates=candidates, use_index=use_index, top_k=top_k)
     suffix = "" if split == "test" else f".{split}"
-    if use_index and (entities_from is not None or run.recipe.task != "linkpred"):
-        raise KGCError("--use-index evaluates a link-prediction run against its own FAISS index; drop it here")
-    if entities_from is not None:
-        if run.recipe.task != "linkpred":
-            raise KGCError("--entities-from is inductive link prediction; this is a C-STS run")
-        if split not in ("test", "dev"):
-            raise KGCError(f"--split {split!r}: choose test or dev")
-        from kgc.linkpred.evaluate import format_table
-        from kgc.linkpred.inductive import evaluate_inductive
+    r = ev.results
+    if run.task == "csts":
+        from kgc.csts.evaluate import format_summary
 
-        ev = evaluate_inductive(run, entities_from, split=split, candidates=candidates, device=pick_device(device),
-                                batch_size=batch_size, rerank=rerank, progress=progress,
-                                warn=lambda m: typer.echo(m, err=True))
-        info = ev.results["kgc"]["inductive"]
-        _echo(f"inductive {entities_from} {split}: {len(ev.ranks)} queries over {info['entities']} entities "
-              f"({candidates}), filtered, realistic ranks ({ev.seconds:.1f}s)")
-        _echo(format_table(ev.results))
-        suffix = ".inductive" + suffix
-        _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
-        return
-    if run.recipe.task == "csts":
-        from kgc.csts.evaluate import evaluate_run as evaluate_csts, format_summary
-
-        if split not in ("test", "validation", "train"):
-            raise KGCError(f"--split {split!r}: a C-STS run has test, validation and train")
-        if rerank is not None:
-            raise KGCError("--rerank is link prediction's graph re-ranking; a C-STS run has none")
-        ev = evaluate_csts(run, split, device=pick_device(device), batch_size=batch_size, progress=progress)
-        r = ev.results
         _echo(f"{r['kgc']['dataset']} {split}: {r['rows']} rows ({r['labelled_rows']} labelled), {ev.seconds:.1f}s")
         _echo(format_summary(r))
         if not r["labelled_rows"]:
             _echo("no labels in this split (the public C-STS test set): predictions only")
         _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'predictions{suffix}.tsv'}")
         return
-    from kgc.linkpred.evaluate import evaluate_run, format_table
+    from kgc.linkpred.evaluate import format_table
 
-    if split not in ("test", "dev"):
-        raise KGCError(f"--split {split!r}: choose test or dev")
-    ev = evaluate_run(run, split, device=pick_device(device), batch_size=batch_size, rerank=rerank, progress=progress,
-                      use_index=use_index, top_k=top_k)
-    search = ev.results["kgc"]["search"]
-    how = "" if search is None else (f", within the top {search['top_k']} of its {search['index']['type']} index "
-                                     f"(gold not retrieved for {search['gold_missed']:.1%})")
-    _echo(f"{ev.results['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks{how} "
-          f"({ev.seconds:.1f}s)")
-    fused = ev.results["kgc"].get("structure")
-    if fused:  # a run with a structural model: both components, then the fused result
-        for name, part in (("text only", "text"), (f"structure only ({fused['model']})", "structure")):
-            _echo(f"{name}:")
-            _echo(format_table(ev.results["kgc"]["components"][part]))
-        _echo(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: "
-              + ", ".join(f"{g['alpha']}: {g['dev_mrr']:.4f}" for g in fused["grid"]) + "):")
-    _echo(format_table(ev.results))
+    if entities_from is not None:
+        info = r["kgc"]["inductive"]
+        _echo(f"inductive {entities_from} {split}: {len(ev.ranks)} queries over {info['entities']} entities "
+              f"({candidates}), filtered, realistic ranks ({ev.seconds:.1f}s)")
+        suffix = ".inductive" + suffix
+    else:
+        search = r["kgc"]["search"]
+        how = "" if search is None else (f", within the top {search['top_k']} of its {search['index']['type']} "
+                                         f"index (gold not retrieved for {search['gold_missed']:.1%})")
+        _echo(f"{r['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks{how} "
+              f"({ev.seconds:.1f}s)")
+        fused = r["kgc"].get("structure")
+        if fused:  # a run with a structural model: both components, then the fused result
+            for name, part in (("text only", "text"), (f"structure only ({fused['model']})", "structure")):
+                _echo(f"{name}:")
+                _echo(format_table(r["kgc"]["components"][part]))
+            _echo(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: "
+                  + ", ".join(f"{g['alpha']}: {g['dev_mrr']:.4f}" for g in fused["grid"]) + "):")
+    _echo(format_table(r))
     _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
 
 
@@ -152,18 +131,18 @@ def similarity(run_dir: Path = typer.Argument(..., help="a C-STS run directory")
                out: Optional[Path] = typer.Option(None, "--out", help="write the scored rows here (TSV)"),
                as_json: bool = typer.Option(False, "--json")) -> None:
     """Similarity of two sentences under a condition: cosine, and on the 1-5 label scale."""
-    from kgc.csts.predict import read_queries, score, write_scores
-    from kgc.csts.model import CSTSRun
+    import kgc
+    from kgc.csts.predict import read_queries, write_scores
 
     if table is None and None in (s1, s2, condition):
         raise KGCError("give --s1, --s2 and --condition, or --tsv FILE with columns sentence1, sentence2, condition")
     if table is not None and any(x is not None for x in (s1, s2, condition)):
         raise KGCError("give either --tsv FILE or --s1/--s2/--condition, not both")
-    run = CSTSRun(run_dir)
-    model, tokenizer = run.load("cpu")
+    run = kgc.load(run_dir)
     rows = read_queries(table) if table is not None else [{"sentence1": s1, "sentence2": s2, "condition": condition}]
+    run.score(rows[:1])  # loads the model, before the clock starts
     start = time.perf_counter()
-    scored = score(model, tokenizer, rows)
+    scored = run.score(rows)
     seconds = time.perf_counter() - start
     if out is not None:
         write_scores(out, scored)
@@ -202,53 +181,32 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
     section; --type starts again from the recipe's), overridden by the options here. An index that is already
     fresh and of that type is kept (only nprobe / ef_search are updated, no rebuild); a different type or build
     parameter rebuilds it, reusing the stored entity embeddings."""
-    from kgc.linkpred.index import stored_config
-    from kgc.linkpred.index_types import index_config
-    from kgc.linkpred.inductive import add_entities, rebuild_index
-    from kgc.linkpred.model import Run
-    from kgc.training.common import pick_device
+    import kgc
 
-    run = Run(run_dir)
-    # an existing index keeps its type and build parameters (`kgc index RUN --nprobe 64` on an ivf index, or a
-    # rebuild after retraining, must not turn it back into the recipe's type); --type starts from the recipe
-    stored = stored_config(run) if type_ is None else None
-    if stored is not None and nlist is not None and train_size is None:  # its train_size was 64·(old nlist)
-        stored = stored.model_copy(update={"train_size": None})
-    base = stored if stored is not None else run.recipe.index
-    config = index_config(base, type=type_, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m,
-                          ef_search=ef_search, ef_construction=ef_construction, pq_bytes=pq_bytes,
-                          train_size=train_size)  # bad options stop here, before the model is loaded
-    if add is not None and any(v is not None for v in (type_, nlist, nprobe, hnsw_m, ef_search, ef_construction,
-                                                       pq_bytes, train_size)):
+    params = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search,
+              "ef_construction": ef_construction, "pq_bytes": pq_bytes, "train_size": train_size}
+    if add is not None and (type_ is not None or any(v is not None for v in params.values())):
         raise KGCError("--add appends to the index as it is built; change its type or parameters in a separate "
                        f"`kgc index {run_dir} --type …` first")
-    model, graph = run.load(pick_device(device))
+    run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
     if add is not None:
-        from kgc.linkpred.prepare import ensure_index
-
-        ensure_index(run, model, graph, progress=progress, echo=lambda m: typer.echo(m, err=True))
-        meta = add_entities(run, model, graph, add, batch_size=run.recipe.eval.batch_size, progress=progress)
+        meta = run.add_entities(add, progress=progress)
         _echo(f"added {meta['added_entities']['sources'][-1]['count']} entities from {add}: the index holds "
-              f"{meta['entities']} ({graph.num_entities} + {meta['added_entities']['count']} added) → "
-              f"{run.path / 'index'}")
+              f"{meta['entities']} ({meta['entities'] - meta['added_entities']['count']} + "
+              f"{meta['added_entities']['count']} added) → {run.path / 'index'}")
         return
-    from kgc.linkpred.index import index_plan, update_search_params
-
-    action, why = index_plan(run, model, config)
-    if action == "none" and not force:
-        _echo(f"{run.path / 'index'}: {why}; nothing to do (--force rebuilds it)")
-        return
-    if action == "search" and not force:
-        update_search_params(run, model, config)
-        _echo(f"{run.path / 'index'}: search parameters {why}, stored in meta.json (no rebuild)")
-        return
-    meta = rebuild_index(run, model, graph, progress=progress, config=config, reuse_embeddings=not force,
-                         faiss_device="cpu" if device == "cpu" else "auto")
-    added = meta.get("added_entities", {}).get("count", 0)
-    params = ", ".join(f"{k}={v}" for k, v in meta["index"].items() if k != "type")
-    _echo(f"indexed {meta['entities']} entities{f' ({added} of them added, kept)' if added else ''} "
-          f"(dim {meta['dim']}) as {meta['index']['type']}{f' ({params})' if params else ''} in "
-          f"{meta['seconds']}s, embeddings {meta['embeddings']} → {run.path / 'index'}")
+    done = run.index(type=type_, force=force, progress=progress, **params)
+    meta = done["meta"]
+    if done["action"] == "none":
+        _echo(f"{run.path / 'index'}: {done['why']}; nothing to do (--force rebuilds it)")
+    elif done["action"] == "search":
+        _echo(f"{run.path / 'index'}: search parameters {done['why']}, stored in meta.json (no rebuild)")
+    else:
+        added = meta.get("added_entities", {}).get("count", 0)
+        shown = ", ".join(f"{k}={v}" for k, v in meta["index"].items() if k != "type")
+        _echo(f"indexed {meta['entities']} entities{f' ({added} of them added, kept)' if added else ''} "
+              f"(dim {meta['dim']}) as {meta['index']['type']}{f' ({shown})' if shown else ''} in "
+              f"{meta['seconds']}s, embeddings {meta['embeddings']} → {run.path / 'index'}")
 
 
 @app.command()
@@ -263,20 +221,16 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
             progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar if the index is "
                                                                                   "built first")) -> None:
     """Top-k answers to (head, relation, ?), over the run's entities and those added with `kgc index --add`."""
-    from kgc.linkpred.predict import answer
-    from kgc.linkpred.prepare import open_predictor
+    import kgc
 
-    run, model, graph, idx = open_predictor(run_dir, progress=progress, echo=lambda m: typer.echo(m, err=True))
-    start = time.perf_counter()
-    h, r, preds = answer(run, model, graph, idx, head=head, relation=relation, top_k=top_k, inverse=inverse,
-                         filter_known=filter_known)
-    seconds = time.perf_counter() - start
+    run = kgc.load(run_dir, echo=lambda m: typer.echo(m, err=True))
+    a = run.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known, progress=progress)
     if as_json:
-        _echo(json.dumps({"run": str(run.path), "head": graph.entities[h], "relation": graph.relation_label(r),
-                          "seconds": seconds, "predictions": [p.__dict__ for p in preds]}, indent=2))
+        _echo(json.dumps({"run": str(a.run), "head": a.head, "relation": a.relation, "seconds": a.seconds,
+                          "predictions": [p.__dict__ for p in a.predictions]}, indent=2))
         return
-    _echo(f"({graph.full_texts[h][:70]}, {graph.relation_text(r)}, ?)   [{seconds * 1000:.0f} ms]")
-    for p in preds:
+    _echo(f"({a.head_text[:70]}, {a.relation_text}, ?)   [{a.seconds * 1000:.0f} ms]")
+    for p in a.predictions:
         _echo(f"{p.rank:>4}  {p.entity:<24} {p.score:7.4f}  {p.text[:80]}")
 
 
@@ -287,22 +241,15 @@ def structure(run_dir: Path = typer.Argument(..., help="a link-prediction run di
               progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """(Re)train only the structural PyKEEN model of a run (RUN/structure/); the text model is untouched.
     Settings: the run's `structure:` section, then --set structure.KEY=VALUE (a run without one gets defaults)."""
-    from kgc.linkpred.model import Run
-    from kgc.linkpred.structure import train_run_structure
-    from kgc.recipe import StructureConfig, load_recipe
+    import kgc
 
-    run = Run(run_dir)
-    if run.recipe.task != "linkpred":
-        raise KGCError(f"{run_dir}: a structural model belongs to a link-prediction run")
     bad = [s for s in set_ if not s.startswith("structure.")]
     if bad:
         raise KGCError(f"--set {bad[0]}: `kgc structure` changes only structure.* keys")
-    config = run.recipe.structure
-    if set_:
-        base = {f"structure.{k}={json.dumps(v)}" for k, v in (config.model_dump(mode="json") if config else {}).items()}
-        config = load_recipe(None, sorted(base) + list(set_)).structure
-    config = config or StructureConfig()
-    meta = train_run_structure(run, config=config, progress=progress, echo=_echo)
+    run = kgc.load(run_dir, echo=_echo)
+    if run.task != "linkpred":
+        raise KGCError(f"{run_dir}: a structural model belongs to a link-prediction run")
+    meta = run.train_structure(set_, progress=progress)
     _echo(f"{meta['model']}: {meta['train_seconds']}s of training; `kgc evaluate {run_dir}` fuses it with the text")
 
 
@@ -314,9 +261,9 @@ def export(run_dir: Path = typer.Argument(..., help="a link-prediction run direc
                                            "(save_pretrained folders)"),
            force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT")) -> None:
     """Write the towers as sentence-transformers / Hugging Face folders; kgc.json says how to compose them."""
-    from kgc.export import export_run
+    import kgc
 
-    meta = export_run(run_dir, out, format=format, force=force)
+    meta = kgc.load(run_dir).export(out, format=format, force=force)
     towers, cond, texts = meta["towers"], meta["conditioner"], meta["texts"]["entities"]
     _echo(f"exported {run_dir} ({meta['format']}) → {out}")
     _echo(f"  tail tower (entities): {out / towers['tail']}   query tower: {out / towers['query']}")

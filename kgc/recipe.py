@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from kgc.errors import KGCError
 
@@ -162,7 +162,11 @@ class StructureConfig(_Section):
                                 description="the α grid tried on dev (1: text only, 0: structure only)")
 
     @model_validator(mode="after")
-    def _known_to_pykeen(self) -> "StructureConfig":
+    def _known_to_pykeen(self, info: ValidationInfo) -> "StructureConfig":
+        if not self.alphas or any(not 0 <= a <= 1 for a in self.alphas):
+            raise ValueError(f"structure.alphas={self.alphas}: give weights in [0, 1]")
+        if (info.context or {}).get("saved"):  # a run's own recipe: checked when it was made (and pykeen is slow to
+            return self                          # import; `kgc predict` on a fused run does not need it)
         from pykeen.losses import loss_resolver
         from pykeen.models import model_resolver
 
@@ -174,8 +178,6 @@ class StructureConfig(_Section):
             except (KeyError, ValueError):
                 raise ValueError(f"structure.{kind}={name!r} is not a PyKEEN {kind}. Choose one of: "
                                  f"{', '.join(sorted(c.__name__ for c in resolver))}") from None
-        if not self.alphas or any(not 0 <= a <= 1 for a in self.alphas):
-            raise ValueError(f"structure.alphas={self.alphas}: give weights in [0, 1]")
         return self
 
 
@@ -308,33 +310,44 @@ def _explain(err: ValidationError, source: str) -> KGCError:
     return KGCError(f"{source}: bad recipe:\n  " + "\n  ".join(lines))
 
 
-def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, *, saved: bool = False) -> Recipe:
-    """Read a YAML recipe (or defaults when ``path`` is None) and apply ``key=value`` overrides.
+def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]:
+    """The raw mapping of a YAML recipe file (``name`` defaults to the file's stem), not yet validated.
 
     ``saved``: the ``recipe.yaml`` of a run directory. Runs written before ``model.cross_attend`` existed list
     ``router_layers: 1`` whatever their conditioner (only the router read it then); the bi-encoder reads it
     now (CSR inside the bi-encoder), so in those files it is dropped unless the run is a router run.
     """
-    tree: dict[str, Any] = {}
-    source = "recipe"
-    if path is not None:
-        path = Path(path)
-        source = str(path)
-        if not path.is_file():
-            raise KGCError(f"{path}: recipe not found. Recipes live in recipes/*.yaml")
-        try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise KGCError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(tree, dict):
-            raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval)")
-        tree.setdefault("name", path.stem)
-        model = tree.get("model")
-        if saved and isinstance(model, dict) and "cross_attend" not in model and model.get("conditioner") != "router":
-            model.pop("router_layers", None)
-    for key, value in parse_overrides(overrides or []).items():
+    path = Path(path)
+    if not path.is_file():
+        raise KGCError(f"{path}: recipe not found. Recipes live in recipes/*.yaml")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise KGCError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval)")
+    tree.setdefault("name", path.stem)
+    model = tree.get("model")
+    if saved and isinstance(model, dict) and "cross_attend" not in model and model.get("conditioner") != "router":
+        model.pop("router_layers", None)
+    return tree
+
+
+def validate_recipe(tree: dict[str, Any], overrides: dict[str, Any] | None = None, *, source: str = "recipe",
+                    saved: bool = False) -> Recipe:
+    """``tree`` with dotted ``overrides`` (``{"train.lr": 3e-5}``, keys already checked) applied, validated as a
+    whole; a bad value or key ends in one message naming ``source``. ``saved``: a run's own recipe (already
+    validated when the run was made; names of PyKEEN models are not looked up again)."""
+    for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
     try:
-        return Recipe.model_validate(tree)
+        return Recipe.model_validate(tree, context={"saved": saved})
     except ValidationError as err:
         raise _explain(err, source) from None
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, *, saved: bool = False) -> Recipe:
+    """Read a YAML recipe (or defaults when ``path`` is None) and apply ``key=value`` overrides (``--set``)."""
+    tree = read_recipe_tree(path, saved=saved) if path is not None else {}
+    return validate_recipe(tree, parse_overrides(overrides or []), source=str(path) if path is not None else "recipe",
+                           saved=saved)

@@ -155,6 +155,48 @@ def test_embeddings(lp_run):
         run.similarity("a", "b", "c")
 
 
+def test_index_add_and_answer_match_the_cli(lp_run, tmp_path):
+    """Run.index / add_entities / answer are what `kgc index` and `kgc predict` call: same actions, same rows."""
+    from typer.testing import CliRunner
+
+    from kgc.cli import app
+
+    run = kgc.load(lp_run.path, echo=None)
+    run.index()  # built (or already fresh from an earlier test)
+    assert run.index() == {"action": "none", "why": "up to date (flat)", "meta": run.index()["meta"]}
+    done = run.index(type="hnsw", hnsw_m=8, ef_search=16)
+    assert done["action"] == "build" and done["meta"]["index"]["type"] == "hnsw"
+    done = run.index(ef_search=64)
+    assert done["action"] == "search" and done["meta"]["index"]["ef_search"] == 64
+    assert json.loads((run.path / "index" / "meta.json").read_text())["index"]["ef_search"] == 64
+    with pytest.raises(KGCError, match="nprobe"):
+        run.index(nprobe=4)  # hnsw does not read it
+    assert run.index(type="flat")["action"] == "build"
+    # answers: the exact top k of the query against every entity, and the CLI prints the same rows
+    a = run.answer("Virus", "causes", top_k=5)
+    assert (a.head, a.relation, a.head_text) == ("virus", "causes", "virus")
+    model, graph = run._linkpred()
+    cos = run.embed_queries("virus", "causes")[0] @ run.embed_entities(graph.entities).T
+    assert [p.entity for p in a.predictions] == [graph.entities[i] for i in np.argsort(-cos, kind="stable")[:5]]
+    np.testing.assert_allclose([p.score for p in a.predictions], np.sort(cos)[::-1][:5], atol=1e-5)
+    assert a.frame().equals(run.predict("virus", "causes", top_k=5))
+    cli = CliRunner().invoke(app, ["predict", str(run.path), "--head", "virus", "--relation", "causes", "--top-k", "5",
+                                   "--json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["predictions"] == [p.__dict__ for p in a.predictions]
+    # a new entity with the text of an existing one: appended, answerable, scored as its twin
+    new = tmp_path / "new.tsv"
+    name, _, desc = graph.full_texts[graph.entity_index["virus"]].partition(", ")
+    new.write_text(f"virus_copy\t{name}\t{desc}\n", encoding="utf-8")
+    meta = run.add_entities(new)
+    assert meta["added_entities"]["count"] == 1 and meta["entities"] == graph.num_entities + 1
+    rows = run.predict("bacterium", "causes", top_k=graph.num_entities + 1)
+    score = dict(zip(rows["entity"], rows["score"]))
+    assert score["virus_copy"] == pytest.approx(score["virus"], abs=1e-5)
+    assert run.predict("virus_copy", "causes", top_k=3)["entity"].tolist() == \
+        run.predict("virus", "causes", top_k=3)["entity"].tolist()
+
+
 def test_triples_factory_as_data(tiny_bert, tmp_path):
     from pykeen.triples import TriplesFactory
 
@@ -209,12 +251,19 @@ def test_csts_similarity(tiny_bert, tmp_path):
     many = run.similarity(["A red car.", "A red car."], ["A blue car.", "A red car."], "The colour of the car.")
     assert isinstance(many, np.ndarray) and many.shape == (2,) and many[0] == pytest.approx(s, abs=1e-5)
     assert many[1] == pytest.approx(1.0, abs=1e-5)
-    from kgc.csts.predict import score
+    import torch
 
-    model, tokenizer = run._csts()
-    ref = score(model, tokenizer, [{"sentence1": "A red car.", "sentence2": "A blue car.",
-                                    "condition": "The colour of the car."}])[0]["similarity"]
-    assert s == pytest.approx(ref, abs=1e-5)
+    model, tokenizer = run._csts()  # reference: each sentence embedded alone under the condition, then the cosine
+    ids = tokenizer(["A red car.", "A blue car.", "The colour of the car."], add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        e1, e2 = (model.conditioner([ids[i]], [ids[2]]).float()[0] for i in (0, 1))
+    assert s == pytest.approx(float(e1 @ e2), abs=1e-5)
+    rows = run.score([{"sentence1": "A red car.", "sentence2": "A blue car.", "condition": "The colour of the car.",
+                       "label": 2.0}])
+    assert rows[0]["similarity"] == pytest.approx(s, abs=1e-6) and rows[0]["label"] == 2.0
+    assert rows[0]["predicted_label"] == pytest.approx(1 + 4 * max(s, 0), abs=1e-4)
+    with pytest.raises(KGCError, match="row 0 has no condition"):
+        run.score([{"sentence1": "a", "sentence2": "b"}])
     res = run.evaluate("validation")
     assert "spearman" in res and (run.path / "results.validation.json").is_file()
     for call in (lambda: run.predict("a", "b"), lambda: run.embed_entities(["a"]),

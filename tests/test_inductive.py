@@ -168,9 +168,13 @@ def added(trained, split, tmp_path_factory):
 
 
 def open_predictor(run: Path):
-    from kgc.linkpred.prepare import open_predictor
+    """(run dir, model, graph with the added entities, FAISS index), as `kgc predict` / kgc.Run.predict see them."""
+    import kgc as api
 
-    return open_predictor(run, progress=False, echo=lambda m: None)
+    r = api.load(run, echo=None)
+    model, graph, index = r._predictor(progress=False)
+    model.bank = r._cache["full_bank"]
+    return r._dir, model, graph, index
 
 
 def test_added_entities_are_answers(trained, added):

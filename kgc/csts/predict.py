@@ -21,14 +21,27 @@ def read_queries(path: Path) -> list[dict]:
 
 
 @torch.no_grad()
+def similarities(model, tokenizer, s1: list[str], s2: list[str], condition: list[str], *,
+                 batch_size: int = 64) -> np.ndarray:
+    """cos(g(s1 | c), g(s2 | c)) per row, float32."""
+    tok = lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
+    s1, s2, condition = tok(s1), tok(s2), tok(condition)
+    if not s1:
+        return np.empty(0, dtype=np.float32)
+    return torch.cat([model.similarity(s1[k: k + batch_size], s2[k: k + batch_size], condition[k: k + batch_size]).cpu()
+                      for k in range(0, len(s1), batch_size)]).float().numpy()
+
+
+def label_scale(cosine: float) -> float:
+    """The 1-5 C-STS label scale: 1 + 4 · clip(cosine, 0, 1)."""
+    return round(1 + 4 * float(np.clip(cosine, 0, 1)), 4)
+
+
 def score(model, tokenizer, rows: list[dict], *, batch_size: int = 64) -> list[dict]:
-    """Each row with ``similarity`` (cosine) and ``predicted_label`` (1 + 4 · clip(cosine, 0, 1))."""
-    tok = lambda key: tokenizer([r[key] for r in rows], add_special_tokens=False)["input_ids"]  # noqa: E731
-    s1, s2, cond = tok("sentence1"), tok("sentence2"), tok("condition")
-    cosine = torch.cat([model.similarity(s1[k: k + batch_size], s2[k: k + batch_size], cond[k: k + batch_size]).cpu()
-                        for k in range(0, len(rows), batch_size)]).numpy()
-    return [{**r, "similarity": float(c), "predicted_label": round(1 + 4 * float(np.clip(c, 0, 1)), 4)}
-            for r, c in zip(rows, cosine)]
+    """Each row with ``similarity`` (cosine) and ``predicted_label`` (:func:`label_scale`)."""
+    cosine = similarities(model, tokenizer, *([r[k] for r in rows] for k in ("sentence1", "sentence2", "condition")),
+                          batch_size=batch_size)
+    return [{**r, "similarity": float(c), "predicted_label": label_scale(c)} for r, c in zip(rows, cosine)]
 
 
 def write_scores(path: Path | None, rows: list[dict], echo=print) -> None:

@@ -1,7 +1,8 @@
 """Get a run ready to answer queries: find it (the newest under ./runs when none is named), make sure its
 index is there and fresh (build or rebuild it, saying why), and attach the entities added to it.
 
-This is what lets ``kgc predict --head … --relation …`` work straight after ``kgc train RECIPE``.
+This is what lets ``kgc predict --head … --relation …`` (``kgc.load()`` / ``kgc.Run.predict``) work straight
+after ``kgc train RECIPE``.
 """
 
 from __future__ import annotations
@@ -68,21 +69,3 @@ def ensure_index(run: Run, model: LinkPredictor, graph: KnowledgeGraph, *, progr
     config = None if reason == NO_INDEX else stored_config(run)
     meta = rebuild_index(run, model, graph, progress=progress, config=config)
     echo(f"indexed {meta['entities']} entities in {meta.get('seconds', '?')}s → {run.path / 'index'}")
-
-
-def open_predictor(run_dir: str | Path | None, *, device="cpu", progress: bool = True,
-                   echo: Callable[[str], None] = print):
-    """(run, model, graph, FAISS index) for ``kgc predict``; the graph and the model's TextBank include the
-    entities added with ``kgc index --add`` (index ids ``>= `` the dataset's entity count)."""
-    from kgc.linkpred.index import load_index
-    from kgc.linkpred.inductive import attach_added
-
-    if run_dir is None:
-        run_dir = find_latest_run()
-        echo(f"using the newest run: {run_dir}")
-    run = Run(run_dir)
-    model, graph = run.load(device)
-    ensure_index(run, model, graph, progress=progress, echo=echo)
-    index = load_index(run, model)
-    graph = attach_added(run, model, graph)
-    return run, model, graph, index
