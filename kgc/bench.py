@@ -29,6 +29,7 @@ from kgc.data.graph import load_graph
 from kgc.encoding.backbone import resolve_backbone
 from kgc.linkpred.model import QueryEngine, build_model
 from kgc.linkpred.train import batch_loss, make_loss
+from kgc.errors import KGCError
 from kgc.recipe import load_recipe
 from kgc.training.common import make_optimizer, seed_everything
 
@@ -185,7 +186,6 @@ def bench_index(*, entities: int = 1_000_000, dim: int = 384, queries: int = 100
 
     import faiss
 
-    from kgc.errors import KGCError
     from kgc.linkpred import index_types
 
     unknown = [t for t in types if t not in index_types.TYPES]
@@ -266,3 +266,66 @@ def index_table(result: dict) -> str:
                      f"{r['bytes_per_entity']:,.0f} | {r['queries_per_s']:,.0f} | {r['speedup_vs_flat']:.1f} | "
                      f"{r[f'recall_at_{k}']:.3f} |")
     return "\n".join(lines)
+
+
+# datasets PyKEEN ships inside its wheel (no download): kgc's catalog name -> PyKEEN's dataset name
+PYKEEN_BUNDLED = {"umls": "UMLS", "kinships": "Kinships", "nations": "Nations"}
+STRUCTURE_METRICS = {"mrr": "inverse_harmonic_mean_rank", "hits_at_1": "hits_at_1", "hits_at_3": "hits_at_3",
+                     "hits_at_10": "hits_at_10"}
+
+
+def bench_structure(recipe_path: Path, *, overrides: list[str] | None = None, seeds=(0,), progress: bool = True,
+                    echo=print) -> dict:
+    """``kgc bench structure``: PyKEEN alone, as a PyKEEN user runs it — ``pipeline(dataset=<its own bundled
+    copy>, …)`` with the recipe's ``structure:`` settings and inverse triples, evaluated by PyKEEN on test
+    (filtered, both directions, realistic ranks) — the reference for the structure-only row of ``kgc evaluate``
+    on a run of the same recipe (kgc trains the same pipeline on its own ids)."""
+    import pykeen
+    from pykeen.pipeline import pipeline
+
+    from kgc.linkpred.structure import pipeline_kwargs
+    from kgc.training.common import pick_device
+
+    recipe = load_recipe(recipe_path, overrides)
+    config = recipe.structure
+    if recipe.task != "linkpred" or config is None:
+        raise KGCError(f"{recipe_path}: no `structure:` section to run with PyKEEN alone (see recipes/*_fused.yaml)")
+    name = PYKEEN_BUNDLED.get(recipe.data.dataset) if recipe.data.path is None else None
+    if name is None:
+        raise KGCError(f"{recipe_path}: data.dataset={recipe.data.dataset!r} is not one PyKEEN ships in its wheel "
+                       f"({', '.join(PYKEEN_BUNDLED)}); PyKEEN would download it, and this benchmark runs offline")
+    device = pick_device(config.device or recipe.train.device)
+    rows = []
+    for seed in seeds:
+        echo(f"PyKEEN pipeline: {config.model} on PyKEEN's {name}, seed {seed}")
+        result = pipeline(dataset=name, dataset_kwargs={"create_inverse_triples": True},
+                          **pipeline_kwargs(config, seed=seed, device=device, progress=progress))
+        mr = result.metric_results
+        row = {"seed": seed, "train_seconds": round(result.train_seconds, 1)}
+        row.update({k: round(float(mr.get_metric(f"both.realistic.{m}")), 4) for k, m in STRUCTURE_METRICS.items()})
+        rows.append(row)
+        echo("  " + "  ".join(f"{k} {v}" for k, v in row.items()))
+    mean = {k: round(float(np.mean([r[k] for r in rows])), 4) for k in ["train_seconds", *STRUCTURE_METRICS]}
+    return {"recipe": str(recipe_path), "dataset": name, "model": config.model,
+            "params": config.model_dump(mode="json"), "create_inverse_triples": True, "rows": rows, "mean": mean,
+            "pykeen_version": pykeen.get_version(), "device": str(device)}
+
+
+def structure_table(result: dict, run_results: dict | None = None) -> str:
+    """Markdown: PyKEEN alone (mean over seeds), and kgc's structure-only and fused rows of a run's results.json."""
+    head = "| | MRR | H@1 | H@3 | H@10 |\n|---|---|---|---|---|\n"
+    fmt = lambda name, m: f"| {name} | " + " | ".join(f"{m[k]:.4f}" for k in STRUCTURE_METRICS) + " |\n"  # noqa: E731
+    seeds = len(result["rows"])
+    out = head + fmt(f"PyKEEN alone: pipeline on its {result['dataset']} ({seeds} seed{'s' * (seeds > 1)})",
+                     result["mean"])
+    if run_results:
+        def pick(block):
+            return {k: float(block["both"]["realistic"][m]) for k, m in STRUCTURE_METRICS.items()}
+        comps = run_results.get("kgc", {}).get("components")
+        if comps:
+            out += fmt("kgc: text only", pick(comps["text"]))
+            out += fmt(f"kgc: structure only ({result['model']})", pick(comps["structure"]))
+            out += fmt(f"kgc: fused (alpha {run_results['kgc']['structure']['alpha']})", pick(run_results))
+        else:
+            out += fmt("kgc run", pick(run_results))
+    return out.rstrip("\n")

@@ -387,6 +387,38 @@ def bench_train(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_csr
         write_json(out, result)
 
 
+@bench_app.command("structure")
+def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a structure: section, on a dataset PyKEEN "
+                                                            "ships (umls, kinships, nations)"),
+                    seeds: str = typer.Option("0", "--seeds", help="comma-separated seeds; the table shows the mean"),
+                    run: Optional[Path] = typer.Option(None, "--run", help="a run of the recipe, evaluated: its text, "
+                                                                           "structure and fused rows beside PyKEEN's"),
+                    set_: List[str] = typer.Option([], "--set"),
+                    out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON"),
+                    progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """PyKEEN alone on its own copy of the dataset (its pipeline, the recipe's structure: settings): test MRR and
+    Hits@k beside kgc's structure-only and fused rows."""
+    from kgc.bench import bench_structure as run_bench, structure_table
+    from kgc.fileio import write_json
+
+    results = None
+    if run is not None:
+        f = run / "results.json"
+        if not f.is_file():
+            raise KGCError(f"{f}: not found; evaluate the run first (`kgc evaluate {run}`)")
+        results = json.loads(f.read_text(encoding="utf-8"))
+    try:
+        values = [int(v) for v in seeds.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise KGCError(f"--seeds {seeds!r}: expected integers separated by commas, e.g. --seeds 0,1,2")
+    result = run_bench(recipe, overrides=set_, seeds=values, progress=progress, echo=_echo)
+    _echo(structure_table(result, results))
+    if out:
+        write_json(out, result)
+
+
 def _int_list(option: str, text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]

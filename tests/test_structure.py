@@ -163,3 +163,33 @@ def test_python_api_predicts_with_the_fused_score(fused_run):
     rows = api.load(fused_run).predict("acquired_abnormality", "location_of", top_k=5)
     assert list(rows["entity"]) == [e for e, _ in cli]
     np.testing.assert_allclose(rows["score"].to_numpy(), [s for _, s in cli], rtol=1e-5)  # text alone differs
+
+
+def test_bench_structure_is_pykeen_alone(tmp_path):
+    """`kgc bench structure`: PyKEEN's own pipeline on its own copy of the dataset, with the recipe's settings —
+    the same figures as calling pykeen.pipeline by hand with them."""
+    from pykeen.pipeline import pipeline
+
+    from kgc.bench import bench_structure, structure_table
+
+    recipe = tmp_path / "nations.yaml"
+    recipe.write_text("data: {dataset: nations}\n"
+                      "structure: {model: TransE, dim: 8, epochs: 2, batch_size: 256, lr: 0.01}\n")
+    result = bench_structure(recipe, seeds=[3], progress=False, echo=lambda m: None)
+    by_hand = pipeline(dataset="Nations", dataset_kwargs={"create_inverse_triples": True}, model="TransE",
+                       model_kwargs={"embedding_dim": 8}, optimizer="Adam", optimizer_kwargs={"lr": 0.01},
+                       training_loop="lcwa", training_kwargs={"num_epochs": 2, "batch_size": 256, "use_tqdm": False},
+                       evaluation_kwargs={"use_tqdm": False}, random_seed=3, device="cpu")
+    mrr = float(by_hand.metric_results.get_metric("both.realistic.inverse_harmonic_mean_rank"))
+    assert result["dataset"] == "Nations" and result["rows"][0]["mrr"] == pytest.approx(mrr, abs=1e-4)
+    run_results = {"both": {"realistic": {"inverse_harmonic_mean_rank": 0.5, "hits_at_1": 0.25, "hits_at_3": 0.5,
+                                          "hits_at_10": 1.0}}}
+    table = structure_table(result, run_results).splitlines()
+    assert table[2].startswith("| PyKEEN alone: pipeline on its Nations (1 seed) | " + f"{mrr:.4f}")
+    assert table[3] == "| kgc run | 0.5000 | 0.2500 | 0.5000 | 1.0000 |"
+    recipe.write_text("data: {dataset: wn18rr}\nstructure: {model: TransE}\n")
+    with pytest.raises(KGCError, match="not one PyKEEN ships in its wheel"):
+        bench_structure(recipe, echo=lambda m: None)
+    recipe.write_text("data: {dataset: nations}\n")
+    with pytest.raises(KGCError, match="no `structure:` section"):
+        bench_structure(recipe, echo=lambda m: None)

@@ -58,6 +58,23 @@ def _factory(triples: np.ndarray, graph: KnowledgeGraph, inverse: bool = True):
                           create_inverse_triples=inverse)
 
 
+def pipeline_kwargs(config: StructureConfig, *, seed: int, device, progress: bool) -> dict:
+    """``pykeen.pipeline.pipeline`` keyword arguments for ``config`` (everything but the triples)."""
+    kwargs = {}
+    if config.training_loop == "slcwa":
+        kwargs.update(negative_sampler="basic", negative_sampler_kwargs={"num_negs_per_pos": config.negatives})
+    if config.loss is not None:
+        kwargs["loss"] = config.loss
+        if config.loss_kwargs:
+            kwargs["loss_kwargs"] = dict(config.loss_kwargs)
+    return dict(model=config.model, model_kwargs={"embedding_dim": config.dim, **config.model_kwargs},
+                optimizer="Adam", optimizer_kwargs={"lr": config.lr}, training_loop=config.training_loop,
+                training_kwargs={"num_epochs": config.epochs, "batch_size": config.batch_size, "use_tqdm": progress,
+                                 "use_tqdm_batch": False},  # one bar, by epoch
+                evaluation_kwargs={"use_tqdm": False, "batch_size": config.batch_size}, random_seed=seed,
+                device=device, **kwargs)
+
+
 def train_structure(config: StructureConfig, graph: KnowledgeGraph, run_dir: str | Path, *, seed: int = 0,
                     device: str = "auto", progress: bool = False, echo=print) -> dict:
     """Train ``config.model`` with PyKEEN's pipeline on ``graph``'s train triples (kgc's ids), evaluate it on dev
@@ -73,21 +90,9 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, run_dir: str
     seed = config.seed if config.seed is not None else seed
     echo(f"training the structural model {config.model} (dim {config.dim}, {config.epochs} epochs) with PyKEEN "
          f"on {len(graph.splits['train'])} train triples")
-    kwargs = {}
-    if config.training_loop == "slcwa":
-        kwargs.update(negative_sampler="basic", negative_sampler_kwargs={"num_negs_per_pos": config.negatives})
-    if config.loss is not None:
-        kwargs["loss"] = config.loss
-        if config.loss_kwargs:
-            kwargs["loss_kwargs"] = dict(config.loss_kwargs)
     start = time.perf_counter()
-    result = pipeline(
-        training=_factory(graph.splits["train"], graph), testing=_factory(graph.splits["dev"], graph),
-        model=config.model, model_kwargs={"embedding_dim": config.dim, **config.model_kwargs},
-        optimizer="Adam", optimizer_kwargs={"lr": config.lr},
-        training_loop=config.training_loop,
-        training_kwargs={"num_epochs": config.epochs, "batch_size": config.batch_size, "use_tqdm": progress},
-        evaluation_kwargs={"use_tqdm": False, "batch_size": config.batch_size}, random_seed=seed, device=dev, **kwargs)
+    result = pipeline(training=_factory(graph.splits["train"], graph), testing=_factory(graph.splits["dev"], graph),
+                      **pipeline_kwargs(config, seed=seed, device=dev, progress=progress))
     seconds = time.perf_counter() - start
     model = result.model.cpu().eval()
     write_with(folder / "model.pt", lambda p: torch.save(model, p))
@@ -96,7 +101,8 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, run_dir: str
             "train_seconds": round(result.train_seconds, 2), "seconds": round(seconds, 2),
             "losses": [round(float(x), 5) for x in result.losses],
             "dev": {"mrr": float(mr.get_metric("both.realistic.inverse_harmonic_mean_rank")),
-                    "hits_at_10": float(mr.get_metric("both.realistic.hits_at_10"))},
+                    "hits_at_10": float(mr.get_metric("both.realistic.hits_at_10")),
+                    "filtered_with": "train and dev (PyKEEN's pipeline; kgc evaluate also filters test triples)"},
             "entities": graph.num_entities, "relations": graph.num_relations, "device": str(dev),
             "pykeen_version": pykeen.get_version(), "trained_at": time.time()}
     write_json(folder / "meta.json", meta)
