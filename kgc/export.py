@@ -21,16 +21,13 @@ leaves nothing half-written. Nothing here needs sentence-transformers installed.
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kgc.errors import KGCError
-from kgc.fileio import sha256_file, tsv_text, write_json, write_text, write_with
+from kgc.fileio import atomic_dir, tsv_text, write_json, write_text, write_with
 
 FORMATS = ("sentence-transformers", "hf")
 ST_POOLINGS = ("mean", "cls")  # what sentence_transformers.models.Pooling can express
@@ -106,14 +103,8 @@ def export_run(run_dir: str | Path, out: str | Path, *, format: str = "sentence-
                        f"{' and '.join(ST_POOLINGS)} only; export with --format hf (the pooling's weights are "
                        "written beside the encoder and kgc.json describes it)")
     model, graph, tokenizer = _load(run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    with atomic_dir(out, replace=True) as stage:  # an earlier export is replaced only by a complete one
         meta = _write(stage, run, model, graph, tokenizer, format)
-        _publish(stage, out)
-    finally:
-        if stage.exists():
-            shutil.rmtree(stage)
     return meta
 
 
@@ -126,17 +117,6 @@ def _load(run):
     model, tokenizer = build_model(run.recipe, graph, run.backbone, pretrained=False)
     model.load_state_dict(run.model_state())
     return model.eval(), graph, tokenizer
-
-
-def _publish(stage: Path, out: Path) -> None:
-    """Rename the finished folder onto ``out`` (an existing ``out`` is moved aside first, then removed)."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        out.rename(old / out.name)
-    stage.rename(out)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def _write(folder: Path, run, model, graph, tokenizer, format: str) -> dict[str, Any]:

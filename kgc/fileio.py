@@ -10,9 +10,16 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
@@ -23,6 +30,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it private; the published file gets open()'s mode
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:  # make the bytes durable before the rename publishes them
@@ -31,6 +39,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Path]:
+    """Yield a new empty folder beside ``path``; when the block succeeds it is renamed onto ``path``, so the
+    folder appears complete or not at all (on failure it is removed). ``path`` may exist as an empty folder;
+    with ``replace`` a non-empty one is moved aside first and removed after the rename. The folder gets the
+    permissions of a plain ``mkdir`` (``mkdtemp`` makes it private)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    old = None
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        yield tmp
+        if path.exists():
+            if replace and (not path.is_dir() or any(path.iterdir())):
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+                path.rename(old / path.name)
+            else:
+                path.rmdir()  # an empty folder; anything else is the caller's error, raised here
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:  # put the previous folder back
+                (old / path.name).rename(path)
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

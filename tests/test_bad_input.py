@@ -45,3 +45,42 @@ def test_cli_reports_errors_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "unknown key 'model.conditionerr'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_atomic_dir_publishes_whole_folders_only(tmp_path, monkeypatch):
+    """export, inductive-split, data fetch and wikidata5m build their folder beside the target and rename it."""
+    import os
+
+    from kgc.fileio import atomic_dir, write_text
+
+    mask = os.umask(0)
+    os.umask(mask)
+    target = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(target) as d:
+            write_text(d / "a.txt", "x")
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []  # nothing half-written, no temp folder left
+    target.mkdir()  # an empty folder is taken over
+    with atomic_dir(target) as d:
+        write_text(d / "a.txt", "one")
+    assert (target / "a.txt").read_text() == "one"
+    assert target.stat().st_mode & 0o777 == 0o777 & ~mask  # a plain mkdir's mode, not mkdtemp's 0700
+    assert (target / "a.txt").stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
+    with pytest.raises(OSError):  # a non-empty folder is replaced only when asked
+        with atomic_dir(target) as d:
+            write_text(d / "b.txt", "two")
+    assert sorted(p.name for p in target.iterdir()) == ["a.txt"]
+    with atomic_dir(target, replace=True) as d:
+        write_text(d / "b.txt", "two")
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+
+    def refuse(src, dst):
+        raise OSError("rename refused")
+
+    with pytest.raises(OSError, match="rename refused"):
+        with atomic_dir(target, replace=True) as d:
+            write_text(d / "c.txt", "three")
+            monkeypatch.setattr(os, "replace", refuse)  # the final rename fails: the old folder comes back
+    monkeypatch.undo()
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"] and [p.name for p in tmp_path.iterdir()] == ["out"]

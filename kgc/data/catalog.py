@@ -12,14 +12,13 @@ import io
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from kgc.errors import KGCError
-from kgc.fileio import sha256_file
+from kgc.fileio import atomic_dir, sha256_file
 
 KGBERT = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
 
@@ -204,12 +203,9 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
         raise KGCError(f"{entry.name} is distributed encrypted: pass --password (its authors give it on request), "
                        f"or put {', '.join(entry.files)} into {target} yourself")
     blob = _read_archive(entry, source, target) if entry.encrypted else b""  # before anything is created
-    home.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.folder}.", dir=home))
-    try:
+    with atomic_dir(target) as tmp:  # renamed into place only when every file is there and checked
         if entry.encrypted:
             _unpack_encrypted(entry, blob, tmp, password, source or entry.url)
-            os.replace(tmp, target)
             return target
         for fname, expected in entry.files.items():
             url = f"{entry.url}/{fname}"
@@ -224,10 +220,6 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
                 print(f"  {fname}: sha256 {got} (not pinned in the catalog)")
             elif got != expected:
                 raise KGCError(f"{url}: sha256 {got} does not match the catalog's {expected}; refusing it")
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return target
 
 

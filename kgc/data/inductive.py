@@ -12,9 +12,7 @@ optionally ``dev.tsv``/``train.tsv``) into a :class:`KnowledgeGraph` whose relat
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ import numpy as np
 from kgc.data.catalog import find_dataset
 from kgc.data.graph import SPLIT_FILES, KnowledgeGraph, read_graph
 from kgc.errors import KGCError
-from kgc.fileio import write_json, write_text
+from kgc.fileio import atomic_dir, write_json, write_text
 
 TEXT_FILES = ("entity2text.txt", "relation2text.txt", "entity2textlong.txt")
 CANDIDATES = ("split", "all")
@@ -67,9 +65,7 @@ def inductive_split(source: str | Path, out: str | Path, *, held_out: int, seed:
     if not len(splits["test"]):
         raise KGCError(f"--held-out {held_out} --seed {seed}: no triple has both ends held out; hold out more "
                        "entities")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # beside out: the rename is atomic
-    try:
+    with atomic_dir(out) as tmp:  # the folder appears complete or not at all
         for name in TEXT_FILES:
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, tmp / name)
@@ -84,12 +80,6 @@ def inductive_split(source: str | Path, out: str | Path, *, held_out: int, seed:
                                                                        axis=0))),
                    "protocol": "test triples have both ends held out; train/dev never touch a held-out entity"}
         write_json(tmp / "split.json", summary)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)  # the folder appears complete or not at all
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return summary
 
 

@@ -29,16 +29,14 @@ from __future__ import annotations
 import gzip
 import http.client
 import os
-import shutil
 import tarfile
-import tempfile
 import urllib.request
 import zlib
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator
 
 from kgc.errors import KGCError
-from kgc.fileio import sha256_file, write_json
+from kgc.fileio import atomic_dir, sha256_file, write_json
 
 PROJECT = "https://deepgraphlearning.github.io/project/wikidata5m"
 TEXT, ALIAS = "wikidata5m_text.txt.gz", "wikidata5m_alias.tar.gz"
@@ -265,9 +263,7 @@ def fetch(*, variant: str, target: Path, home: Path, source: str | None = None, 
         if (folder / archive).is_file():
             sums[archive] = sha256_file(folder / archive)
             print(f"  {archive}: sha256 {sums[archive]} (not pinned in the catalog)", flush=True)
-    home.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=home))
-    try:
+    with atomic_dir(target) as tmp:
         print(f"converting into {target} (streaming; a few minutes for the full set)", flush=True)
         counts = convert(folder, tmp, variant=variant)
         write_json(tmp / "wikidata5m.json", {
@@ -277,14 +273,6 @@ def fetch(*, variant: str, target: Path, home: Path, source: str | None = None, 
               f"{counts['entities_without_description']:,} without a description), {counts['relations']} relations, "
               f"{counts['train_triples']:,} / {counts['dev_triples']:,} / {counts['test_triples']:,} triples",
               flush=True)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; the dataset is not
-        os.chmod(tmp / "wikidata5m.json", 0o666 & ~umask)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     if source is None:
         print(f"the archives stay in {folder} for the other variant; delete that folder when done", flush=True)
     return target
