@@ -58,8 +58,9 @@ class Answers:
 
 def _override_keys(overrides: Mapping[str, Any] | Sequence[str] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Dotted key → value from ``overrides`` (mapping or ``key=value`` strings) and ``section__key`` kwargs."""
-    from kgc.recipe import parse_overrides
+    from kgc.recipe import parse_overrides, valid_keys
 
+    known = set(valid_keys())
     out: dict[str, Any] = {}
     if isinstance(overrides, Mapping):
         items = list(overrides.items())
@@ -67,7 +68,8 @@ def _override_keys(overrides: Mapping[str, Any] | Sequence[str] | None, kwargs: 
         items = list(parse_overrides(list(overrides or [])).items())  # the --set syntax, values as YAML
     items += [(k.replace("__", "."), v) for k, v in kwargs.items()]
     for key, value in items:
-        parse_overrides([f"{key}="])  # an unknown key: the same KGCError as --set
+        if key not in known:
+            parse_overrides([f"{key}="])  # raises the same KGCError as an unknown --set key
         out[key] = value
     return out
 
@@ -354,7 +356,6 @@ class Run:
         elif action == "search":
             meta = update_search_params(self._dir, model, config)
         else:
-            action = "build"
             meta = rebuild_index(self._dir, model, graph, progress=progress, config=config,
                                  reuse_embeddings=not force, faiss_device="cpu" if self.device.type == "cpu" else "auto")
         self._forget_index()
@@ -372,8 +373,7 @@ class Run:
         try:
             return add_entities(self._dir, model, graph, path, batch_size=self.recipe.eval.batch_size,
                                 progress=progress)
-        finally:
-            model.bank = self._cache["bank"]
+        finally:  # the index on disk changed (or may have, if the add failed half-way)
             self._forget_index()
 
     def _forget_index(self) -> None:
@@ -392,7 +392,8 @@ class Run:
         changes = _override_keys(overrides, kwargs)
         bad = [k for k in changes if not k.startswith("structure.")]
         if bad:
-            raise KGCError(f"{bad[0]}: only structure.* keys change the structural model")
+            raise KGCError(f"{bad[0]}: only structure.* keys change the structural model (`kgc structure RUN "
+                           "--set structure.KEY=VALUE`, Run.train_structure(structure__KEY=VALUE))")
         config = self.recipe.structure
         if changes:
             base = {"task": "linkpred", "structure": config.model_dump(mode="json") if config else {}}

@@ -243,13 +243,7 @@ def structure(run_dir: Path = typer.Argument(..., help="a link-prediction run di
     Settings: the run's `structure:` section, then --set structure.KEY=VALUE (a run without one gets defaults)."""
     import kgc
 
-    bad = [s for s in set_ if not s.startswith("structure.")]
-    if bad:
-        raise KGCError(f"--set {bad[0]}: `kgc structure` changes only structure.* keys")
-    run = kgc.load(run_dir, echo=_echo)
-    if run.task != "linkpred":
-        raise KGCError(f"{run_dir}: a structural model belongs to a link-prediction run")
-    meta = run.train_structure(set_, progress=progress)
+    meta = kgc.load(run_dir, echo=_echo).train_structure(set_, progress=progress)
     _echo(f"{meta['model']}: {meta['train_seconds']}s of training; `kgc evaluate {run_dir}` fuses it with the text")
 
 
@@ -407,25 +401,21 @@ def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a str
         if not f.is_file():
             raise KGCError(f"{f}: not found; evaluate the run first (`kgc evaluate {run}`)")
         results = json.loads(f.read_text(encoding="utf-8"))
-    try:
-        values = [int(v) for v in seeds.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise KGCError(f"--seeds {seeds!r}: expected integers separated by commas, e.g. --seeds 0,1,2")
-    result = run_bench(recipe, overrides=set_, seeds=values, progress=progress, echo=_echo)
+    result = run_bench(recipe, overrides=set_, seeds=_int_list("--seeds", seeds, minimum=0), progress=progress,
+                       echo=_echo)
     _echo(structure_table(result, results))
     if out:
         write_json(out, result)
 
 
-def _int_list(option: str, text: str) -> list[int]:
+def _int_list(option: str, text: str, *, minimum: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
-        raise KGCError(f"{option} {text!r}: expected positive integers separated by commas, e.g. {option} 8,16,32")
+    if not values or min(values) < minimum:
+        kind, example = ("positive integers", "8,16,32") if minimum == 1 else (f"integers >= {minimum}", "0,1,2")
+        raise KGCError(f"{option} {text!r}: expected {kind} separated by commas, e.g. {option} {example}")
     return values
 
 
