@@ -26,8 +26,10 @@ quickstart: install
 	$(BIN)/kgc train recipes/umls_biencoder.yaml --out runs/quickstart
 	$(BIN)/kgc evaluate runs/quickstart
 
+# the layer contract first (pyproject.toml [tool.importlinter]: an upward import or an import circle fails);
 # pytest exit code 5 ("no tests ran") is a failure too
 test: install
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

@@ -7,12 +7,28 @@ The Python API (the CLI answers the same questions)::
     run.evaluate()                     # PyKEEN's results dict (results.json)
     run.predict("virus", "causes")     # DataFrame: rank, entity, text, score
 
-``kgc.api`` imports nothing heavy at module level (torch, transformers and pykeen load on first use), so
+The tools are ``kgc.api.export`` / ``compare`` / ``explain`` / ``bench_*``. ``kgc.train`` / ``kgc.load`` return the
+task's run class — :class:`LinkPredRun` or :class:`CSTSRun`, both a
+:class:`Run`. Nothing heavy loads at import (torch, transformers and pykeen load on first use), so
 ``import kgc`` stays fast.
 """
 
-from kgc.api import Answers, Run, load, resolve_recipe, resume, train
+from kgc import api
+from kgc.api import load, resolve_recipe, resume, train
 from kgc.errors import KGCError
 
 __version__ = "0.1.0"
-__all__ = ["Answers", "KGCError", "Run", "load", "resolve_recipe", "resume", "train", "__version__"]
+__all__ = ["Answers", "CSTSRun", "KGCError", "LinkPredRun", "Run", "api", "load", "resolve_recipe", "resume", "train",
+           "__version__"]
+
+_LAZY = {"Run": "kgc.training.run", "LinkPredRun": "kgc.linkpred.service", "Answers": "kgc.linkpred.service",
+         "CSTSRun": "kgc.csts.service"}
+
+
+def __getattr__(name: str):
+    """The run classes, imported on first use (they bring torch)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kgc' has no attribute {name!r}")

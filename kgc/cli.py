@@ -38,16 +38,16 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
 
     Multi-process: `kgc train RECIPE --nproc 2`, or `torchrun --nproc-per-node 2 -m kgc train RECIPE`."""
     import kgc
-    from kgc.training import distributed as dist
+    from kgc import api
 
-    if nproc is not None and nproc > 1 and not dist.launched():
+    if nproc is not None and nproc > 1 and not api.launched():
         argv, skip = [], False
         for arg in sys.argv[1:]:  # the same command without --nproc, under torchrun
             if skip or arg == "--nproc" or arg.startswith("--nproc="):
                 skip = arg == "--nproc"
                 continue
             argv.append(arg)
-        raise typer.Exit(dist.launch(nproc, argv))
+        raise typer.Exit(api.launch(nproc, argv))
     if resume is None and recipe is None:
         raise KGCError("give a recipe (e.g. `kgc train recipes/umls_biencoder.yaml`) or --resume RUN_DIR")
     if resume is not None and (recipe is not None or set_):
@@ -69,55 +69,27 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
              entities_from: Optional[Path] = typer.Option(
                  None, "--entities-from", help="inductive: rank the test triples of this KG-BERT folder over its "
                                                "entities, unseen in training (kgc data inductive-split makes one)"),
-             candidates: str = typer.Option("split", "--candidates",
+             candidates: Optional[str] = typer.Option(None, "--candidates",
                                             help="with --entities-from: split (the entities of the evaluated "
                                                  "split's triples, SimKGC's protocol) or all (every entity of "
                                                  "the folder)"),
              use_index: bool = typer.Option(False, "--use-index",
                                             help="rank within the top --top-k of the run's FAISS index (its type, "
                                                  "e.g. hnsw), re-scored exactly: what a deployed search returns"),
-             top_k: int = typer.Option(100, "--top-k", help="with --use-index: candidates retrieved per query"),
+             top_k: Optional[int] = typer.Option(None, "--top-k", help="with --use-index: candidates retrieved per "
+                                                                      "query (default 100)"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Evaluate a run on a split: filtered link prediction (both directions) or C-STS similarity."""
     import kgc
 
     run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
+    options = {"rerank": rerank, "entities_from": entities_from, "candidates": candidates,
+               "use_index": use_index or None, "top_k": top_k}
     split = split or "test"
-    ev = run.evaluation(split, batch_size=batch_size, rerank=rerank, progress=progress, entities_from=entities_from,
-                        candidates=candidates, use_index=use_index, top_k=top_k)
-    suffix = "" if split == "test" else f".{split}"
-    r = ev.results
-    if run.task == "csts":
-        from kgc.csts.evaluate import format_summary
-
-        _echo(f"{r['kgc']['dataset']} {split}: {r['rows']} rows ({r['labelled_rows']} labelled), {ev.seconds:.1f}s")
-        _echo(format_summary(r))
-        if not r["labelled_rows"]:
-            _echo("no labels in this split (the public C-STS test set): predictions only")
-        _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'predictions{suffix}.tsv'}")
-        return
-    from kgc.linkpred.evaluate import format_table
-
-    if entities_from is not None:
-        info = r["kgc"]["inductive"]
-        _echo(f"inductive {entities_from} {split}: {len(ev.ranks)} queries over {info['entities']} entities "
-              f"({candidates}), filtered, realistic ranks ({ev.seconds:.1f}s)")
-        suffix = ".inductive" + suffix
-    else:
-        search = r["kgc"]["search"]
-        how = "" if search is None else (f", within the top {search['top_k']} of its {search['index']['type']} "
-                                         f"index (gold not retrieved for {search['gold_missed']:.1%})")
-        _echo(f"{r['kgc']['dataset']} {split}: {len(ev.ranks)} queries, filtered, realistic ranks{how} "
-              f"({ev.seconds:.1f}s)")
-        fused = r["kgc"].get("structure")
-        if fused:  # a run with a structural model: both components, then the fused result
-            for name, part in (("text only", "text"), (f"structure only ({fused['model']})", "structure")):
-                _echo(f"{name}:")
-                _echo(format_table(r["kgc"]["components"][part]))
-            _echo(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: "
-                  + ", ".join(f"{g['alpha']}: {g['dev_mrr']:.4f}" for g in fused["grid"]) + "):")
-    _echo(format_table(r))
-    _echo(f"wrote {run.path / f'results{suffix}.json'} and {run.path / f'ranks{suffix}.tsv'}")
+    ev = run.evaluation(split, batch_size=batch_size, progress=progress,
+                        **{k: v for k, v in options.items() if v is not None})
+    for line in kgc.api.report(run, ev, split):
+        _echo(line)
 
 
 @app.command()
@@ -132,20 +104,19 @@ def similarity(run_dir: Path = typer.Argument(..., help="a C-STS run directory")
                as_json: bool = typer.Option(False, "--json")) -> None:
     """Similarity of two sentences under a condition: cosine, and on the 1-5 label scale."""
     import kgc
-    from kgc.csts.predict import read_queries, write_scores
 
     if table is None and None in (s1, s2, condition):
         raise KGCError("give --s1, --s2 and --condition, or --tsv FILE with columns sentence1, sentence2, condition")
     if table is not None and any(x is not None for x in (s1, s2, condition)):
         raise KGCError("give either --tsv FILE or --s1/--s2/--condition, not both")
     run = kgc.load(run_dir)
-    rows = read_queries(table) if table is not None else [{"sentence1": s1, "sentence2": s2, "condition": condition}]
+    rows = kgc.api.read_pairs(table) if table is not None else [{"sentence1": s1, "sentence2": s2, "condition": condition}]
     run.score(rows[:1])  # loads the model, before the clock starts
     start = time.perf_counter()
     scored = run.score(rows)
     seconds = time.perf_counter() - start
     if out is not None:
-        write_scores(out, scored)
+        kgc.api.write_pairs(out, scored)
         _echo(f"scored {len(scored)} rows in {seconds:.2f}s → {out}")
     elif as_json:
         _echo(json.dumps({"seconds": seconds, "rows": scored}, indent=2))
@@ -154,7 +125,7 @@ def similarity(run_dir: Path = typer.Argument(..., help="a C-STS run directory")
         _echo(f"similarity {r['similarity']:.4f}   (label scale {r['predicted_label']:.2f} / 5)   "
               f"[{seconds * 1000:.0f} ms]")
     else:
-        write_scores(None, scored, echo=_echo)
+        kgc.api.write_pairs(None, scored, echo=_echo)
 
 
 @app.command()
@@ -257,7 +228,7 @@ def export(run_dir: Path = typer.Argument(..., help="a link-prediction run direc
     """Write the towers as sentence-transformers / Hugging Face folders; kgc.json says how to compose them."""
     import kgc
 
-    meta = kgc.load(run_dir).export(out, format=format, force=force)
+    meta = kgc.api.export(run_dir, out, format=format, force=force)
     towers, cond, texts = meta["towers"], meta["conditioner"], meta["texts"]["entities"]
     _echo(f"exported {run_dir} ({meta['format']}) → {out}")
     _echo(f"  tail tower (entities): {out / towers['tail']}   query tower: {out / towers['query']}")
@@ -276,55 +247,14 @@ def explain(run_dir: Path = typer.Argument(..., help="a router, biencoder+router
             out: Optional[Path] = typer.Option(None, "--out", help="heatmap PNG (default RUN/explain.png)"),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """What a condition selects: CSR's weight per token under each condition, or Hyper-CL's W_c spectra."""
-    from kgc.explain import check_explainable, hypernet_spectra, plot, render_text, router_weights
-    from kgc.training.run import open_run
+    import kgc
 
-    run = open_run(run_dir)
-    if run.recipe.task == "linkpred":
-        if sentence is not None or condition:
-            raise KGCError("--sentence/--condition are for C-STS runs; for link prediction give --head and --relation")
-        from kgc.encoding.backbone import load_tokenizer
-
-        model, graph = run.load("cpu")
-        tokenizer = load_tokenizer(run.backbone)
-        kind = check_explainable(model.conditioner)
-        rels = [graph.find_relation(r) for r in relation] if relation else list(range(graph.num_relations))
-        rels = [r + graph.num_relations if inverse else r for r in rels]
-        names = [graph.relation_label(r) for r in rels]
-        conds = [model.bank.relation_ids[r] for r in rels]
-        if kind == "router":
-            if head is None:
-                raise KGCError("give --head (an entity id or text): the router weighs the tokens of its text")
-            h = graph.find_entity(head)
-            sent, title = model.bank.entity_ids(h), f"{graph.entities[h]}, {graph.full_texts[h]}"
-    else:
-        if head is not None or relation or inverse:
-            raise KGCError("--head/--relation/--inverse are for link-prediction runs; for C-STS give --sentence and "
-                           "--condition")
-        from kgc.csts.model import CSTSRun
-
-        model, tokenizer = CSTSRun(run_dir).load("cpu")
-        kind = check_explainable(model.conditioner)
-        if not condition:
-            raise KGCError('give at least one --condition, e.g. --condition "The colour of the car."')
-        names = list(condition)
-        conds = tokenizer(names, add_special_tokens=False)["input_ids"]
-        if kind == "router":
-            if sentence is None:
-                raise KGCError("give --sentence: the router weighs its tokens")
-            sent, title = tokenizer(sentence, add_special_tokens=False)["input_ids"], sentence
-    cond = model.conditioner
-    if kind == "router":
-        ex = router_weights(cond, sent, conds, tokenizer, names)
-        title = f"router weight w per token: {title[:60]}"
-    else:
-        ex = hypernet_spectra(cond, conds, names)
-        title = f"singular values of W_c ({cond.form}, K = {cond.rank})"
-    png = plot(ex, out or run.path / "explain.png", title)
+    ex, png = kgc.api.explain(run_dir, head=head, relations=relation, inverse=inverse, sentence=sentence,
+                              conditions=condition, out=out)
     if as_json:
         _echo(json.dumps({**ex.to_json(), "png": str(png)}, indent=2))
         return
-    _echo(render_text(ex))
+    _echo(kgc.api.render(ex))
     _echo(f"wrote {png}")
 
 
@@ -334,11 +264,10 @@ def compare(recipes: List[Path] = typer.Argument(..., help="recipes of one task,
             out: Path = typer.Option(Path("runs/compare"), "--out", help="folder for the runs and compare.md"),
             progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Train + evaluate several recipes under one budget; write a markdown table (compare.md)."""
-    from kgc.compare import compare as run_compare, markdown_table
-    from kgc.recipe import load_recipe
+    import kgc
 
-    rows = run_compare(recipes, set_, out, echo=_echo, progress=progress)
-    _echo(markdown_table(rows, load_recipe(recipes[0], set_).task))
+    rows = kgc.api.compare(recipes, set_, out, echo=_echo, progress=progress)
+    _echo((out / "compare.md").read_text(encoding="utf-8").rstrip("\n"))
     _echo(f"wrote {out / 'compare.md'}")
 
 
@@ -353,16 +282,15 @@ def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
                     out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON"),
                     progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Answer every test query (both directions) per conditioner, entity embeddings cached."""
-    from kgc.bench import bench_inference as run
-    from kgc.fileio import write_json
+    from kgc import api
 
-    result = run(dataset=dataset, conditioners=conditioner, limit=limit, overrides=set_, echo=_echo, progress=progress)
+    result = api.bench_inference(dataset=dataset, conditioners=conditioner, limit=limit, overrides=set_, echo=_echo, progress=progress)
     for row in result["rows"]:
         ratio = row["speedup_vs_biencoder"]
         _echo(f"{row['conditioner']:<24} {row['queries_per_s']:>10.1f} queries/s" +
               (f"   {ratio:>7.1f}x the bi-encoder" if ratio is not None else ""))
     if out:
-        write_json(out, result)
+        api.write_json(out, result)
 
 
 @bench_app.command("train")
@@ -372,13 +300,12 @@ def bench_train(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_csr
                 set_: List[str] = typer.Option([], "--set"),
                 out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
     """Training triples/s: full fine-tuning vs the top n layers over the layer cache."""
-    from kgc.bench import bench_train as run
-    from kgc.fileio import write_json
+    from kgc import api
 
-    result = run(recipe, trainable_layers=trainable_layers, steps=steps, batch_size=batch_size, overrides=set_,
+    result = api.bench_train(recipe, trainable_layers=trainable_layers, steps=steps, batch_size=batch_size, overrides=set_,
                  echo=_echo)
     if out:
-        write_json(out, result)
+        api.write_json(out, result)
 
 
 @bench_app.command("structure")
@@ -392,8 +319,7 @@ def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a str
                     progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """PyKEEN alone on its own copy of the dataset (its pipeline, the recipe's structure: settings): test MRR and
     Hits@k beside kgc's structure-only and fused rows."""
-    from kgc.bench import bench_structure as run_bench, structure_table
-    from kgc.fileio import write_json
+    from kgc import api
 
     results = None
     if run is not None:
@@ -401,11 +327,11 @@ def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a str
         if not f.is_file():
             raise KGCError(f"{f}: not found; evaluate the run first (`kgc evaluate {run}`)")
         results = json.loads(f.read_text(encoding="utf-8"))
-    result = run_bench(recipe, overrides=set_, seeds=_int_list("--seeds", seeds, minimum=0), progress=progress,
+    result = api.bench_structure(recipe, overrides=set_, seeds=_int_list("--seeds", seeds, minimum=0), progress=progress,
                        echo=_echo)
-    _echo(structure_table(result, results))
+    _echo(api.table("structure", result, results))
     if out:
-        write_json(out, result)
+        api.write_json(out, result)
 
 
 def _int_list(option: str, text: str, *, minimum: int = 1) -> list[int]:
@@ -438,29 +364,28 @@ def bench_index(entities: int = typer.Option(1_000_000, "--entities", min=1),
                 repeats: int = typer.Option(3, "--repeats", min=1, help="searches per setting; the fastest counts"),
                 out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
     """Index types on synthetic clustered unit vectors: build time, size, queries/s, recall@10 vs exact."""
-    from kgc.bench import bench_index as run, index_table
-    from kgc.fileio import write_json
+    from kgc import api
 
-    result = run(entities=entities, dim=dim, queries=queries, types=[t.strip() for t in types.split(",") if t.strip()],
+    result = api.bench_index(entities=entities, dim=dim, queries=queries, types=[t.strip() for t in types.split(",") if t.strip()],
                  nprobe=_int_list("--nprobe", nprobe), ef_search=_int_list("--ef-search", ef_search),
                  build={"nlist": nlist, "hnsw_m": hnsw_m, "ef_construction": ef_construction, "pq_bytes": pq_bytes,
                         "train_size": train_size},
                  clusters=clusters, seed=seed, threads=threads, repeats=repeats, echo=_echo)
-    _echo(index_table(result))
+    _echo(api.table("index", result))
     best = result["fastest_at_recall_0.95"]
     if best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best["params"].items() if k != "type")
         _echo(f"fastest at recall@{result['k']} >= 0.95: {best['type']} ({params}), {best['speedup_vs_flat']}× flat")
     if out:
-        write_json(out, result)
+        api.write_json(out, result)
 
 
 @data_app.command("list")
 def data_list() -> None:
     """Show which catalog datasets are found, and where."""
-    from kgc.data.catalog import list_datasets
+    from kgc import api
 
-    rows = list_datasets()
+    rows = api.datasets()
     width = max(len(row["name"]) for row in rows)
     for row in rows:
         _echo(f"{row['name']:<{width}} {row['where']:<28} {row['folder']}")
@@ -477,10 +402,10 @@ def data_fetch(name: str = typer.Argument(..., help="catalog name, e.g. wn18rr o
                                                                   "~1.3 GB) without being asked")) -> None:
     """Download a dataset from its public home (sha256 checked; csts decrypted and its columns checked;
     wikidata5m converted to the KG-BERT layout)."""
-    from kgc.data.catalog import fetch_dataset
+    from kgc import api
 
     ask = (lambda question: typer.confirm(question, default=False)) if sys.stdin.isatty() else None
-    _echo(f"fetched into {fetch_dataset(name, dest, password=password, source=source, yes=yes, ask=ask)}")
+    _echo(f"fetched into {api.fetch_dataset(name, dest, password=password, source=source, yes=yes, ask=ask, echo=_echo)}")
 
 
 @data_app.command("inductive-split")
@@ -489,9 +414,9 @@ def data_inductive_split(source: str = typer.Argument(..., help="catalog name or
                          held_out: int = typer.Option(..., "--held-out", min=2, help="entities kept out of train"),
                          seed: int = typer.Option(0, "--seed")) -> None:
     """Hold entities out of training: test = triples among them (both ends unseen), train/dev = the rest."""
-    from kgc.data.inductive import inductive_split
+    from kgc import api
 
-    summary = inductive_split(source, out, held_out=held_out, seed=seed)
+    summary = api.inductive_split(source, out, held_out=held_out, seed=seed)
     t = summary["triples"]
     _echo(f"held out {summary['held_out_entities']} entities: train {t['train']}, dev {t['dev']}, test {t['test']} "
           f"triples ({summary['dropped_triples']} dropped: one end held out, or a test triple of seen "
@@ -506,9 +431,9 @@ def data_synth_csts(out: Path = typer.Argument(..., help="folder for csts_{train
                     validation_pairs: int = typer.Option(300, "--validation-pairs", min=1),
                     test_pairs: int = typer.Option(500, "--test-pairs", min=1)) -> None:
     """Generate the synthetic conditional-similarity set in the official C-STS layout (deterministic)."""
-    from kgc.csts.synth import write_synthetic
+    from kgc import api
 
-    write_synthetic(out, seed=seed, train_pairs=train_pairs, validation_pairs=validation_pairs, test_pairs=test_pairs)
+    api.synth_csts(out, seed=seed, train_pairs=train_pairs, validation_pairs=validation_pairs, test_pairs=test_pairs)
     _echo(f"wrote {2 * train_pairs} + {2 * validation_pairs} + {2 * test_pairs} rows to {out}/csts_*.csv")
 
 

@@ -25,15 +25,11 @@ from pathlib import Path
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_text
 from kgc.recipe import load_recipe
+from kgc.registry import CONDITIONERS
 from kgc.training.loop import train
-from kgc.training.run import open_run
+from kgc.training.run import RunDir
+from kgc.training.task import open_run, task_class
 
-COLUMNS = {
-    "linkpred": ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "dev MRR", "trainable params",
-                 "total params", "train triples/s", "train seconds", "eval seconds", "query seconds", "cache bytes"],
-    "csts": ["recipe", "conditioner", "pooling", "data", "Spearman", "Pearson", "pair accuracy", "trainable params",
-             "total params", "train pairs/s", "train seconds", "eval seconds", "cache bytes"],
-}
 METRICS = {"MRR", "H@1", "H@3", "H@10", "dev MRR", "Spearman", "Pearson", "pair accuracy"}
 
 
@@ -42,14 +38,11 @@ def _fmt_int(n: int) -> str:
 
 
 def describe_conditioner(recipe) -> str:
-    m = recipe.model
-    extra = {"hypernet": f" ({m.hypernet_form}, K={m.rank or 'H/12'})",
-             "router": f" (k={m.router_layers or 1}, {m.scorer}, {m.weighting}"
-                       + (f", cross-attends {m.cross_attend}" if m.cross_attend != "none" else "") + ")",
-             "biencoder": f" + CSR in the top {m.router_layers} layers ({m.weighting})" if m.router_layers else "",
-             "case": f" ({m.case_projection}, k={m.case_dim or 'H'})"}.get(m.conditioner, "")
+    """The conditioner's own description of its options, and how much of the encoder trains."""
+    cls = CONDITIONERS[recipe.model.conditioner]
+    text = cls.describe({k: getattr(recipe.model, k) for k in cls.options})
     layers = recipe.encoder.trainable_layers
-    return m.conditioner + extra + {"all": "", 0: ", frozen encoder"}.get(layers, f", top {layers} layers")
+    return text + {"all": "", 0: ", frozen encoder"}.get(layers, f", top {layers} layers")
 
 
 def describe_pooling(recipe, params: int) -> str:
@@ -59,23 +52,13 @@ def describe_pooling(recipe, params: int) -> str:
     return f"s2sent (n={m.s2sent_blocks}, m={m.s2sent_frequencies}, r={m.s2sent_reduction}; +{_fmt_int(params)})"
 
 
-def _row(run, ev, summary: dict, seconds: float) -> dict:
+def _row(run, results: dict, summary: dict, seconds: float) -> dict:
     recipe = run.recipe
     row = {"recipe": recipe.name, "conditioner": describe_conditioner(recipe),
            "pooling": describe_pooling(recipe, summary.get("pooling_params", 0)),
            "trainable params": summary["trainable_params"], "total params": summary["total_params"],
-           "eval seconds": ev.results["kgc"]["evaluation_seconds"], "cache bytes": ev.results["kgc"]["cache_bytes"]}
-    if recipe.task == "linkpred":
-        both = ev.results["both"]["realistic"]
-        row.update({"MRR": both["inverse_harmonic_mean_rank"], "H@1": both["hits_at_1"], "H@3": both["hits_at_3"],
-                    "H@10": both["hits_at_10"], "train triples/s": summary["triples_per_s"],
-                    "train seconds": round(seconds, 1), "dev MRR": summary.get("best_dev_mrr"),
-                    "query seconds": ev.results["kgc"].get("query_encoding_seconds")})
-    else:
-        r = ev.results
-        row.update({"data": f"{recipe.data.dataset} {r['split']}", "Spearman": r["spearman"], "Pearson": r["pearson"],
-                    "pair accuracy": r["pair_accuracy"],
-                    "train pairs/s": summary["pairs_per_s"], "train seconds": round(seconds, 1)})
+           "eval seconds": results["kgc"]["evaluation_seconds"], "cache bytes": results["kgc"]["cache_bytes"]}
+    row.update(task_class(recipe.task).compare_row(run, results, summary, seconds))
     return row
 
 
@@ -84,93 +67,54 @@ def compare(recipes: list[Path], overrides: list[str], out: Path, *, echo=print,
     tasks = {r.task for r in loaded}
     if len(tasks) > 1:
         raise KGCError(f"kgc compare: the recipes mix tasks ({', '.join(sorted(tasks))}); compare one task at a time")
-    task = tasks.pop()
+    task = task_class(tasks.pop())
     names = [r.name for r in loaded]
     if len(set(names)) < len(names):
         raise KGCError(f"kgc compare: two recipes share a name ({', '.join(names)}); each run needs its own folder")
-    rows = []
+    rows: list[dict] = []
     out.mkdir(parents=True, exist_ok=True)
-    splits: dict[str, str] = {}  # C-STS dataset → the split every recipe on it is evaluated on
+    state: dict = {}  # the task's memory over the recipes (C-STS: the split of each dataset, its baseline row)
     for recipe in loaded:
-        split = "test"
-        if task == "csts":
-            key = _data_key(recipe)
-            if key not in splits:
-                splits[key], blind = _blind_row(recipe, echo)
-                rows.append(blind)
-            split = splits[key]
+        split, before = task.compare_split(recipe, state, echo)
+        rows.extend(before)
         run_dir = out / recipe.name
         seconds = None
-        if (run_dir / "train_summary.json").is_file():
+        if RunDir.finished(run_dir):
             echo(f"{recipe.name}: already trained in {run_dir}, reusing it")
         else:
             start = time.perf_counter()
-            if (run_dir / "checkpoints" / "last.pt").is_file():
+            if RunDir.resumable(run_dir):
                 train(resume=run_dir, progress=progress, echo=echo)
             else:
                 train(recipe, out=run_dir, progress=progress, echo=echo)
             seconds = time.perf_counter() - start
-        summary = json.loads((run_dir / "train_summary.json").read_text())
+        run = open_run(run_dir, echo=echo)
+        summary = run.dir.summary()
         if seconds is None:
             seconds = summary.get("train_seconds") or 0.0
-        run = open_run(run_dir)
-        ev = _evaluate(run, split, progress, echo)
-        rows.append(_row(run, ev, summary, seconds))
-        key = "MRR" if task == "linkpred" else "Spearman"
-        value = rows[-1][key]
-        echo(f"{recipe.name}: {split} {key} {'n/a' if value is None else f'{value:.4f}'}")
-    table = markdown_table(rows, task)
+        results = _evaluate(run, split, progress, echo)
+        rows.append(_row(run, results, summary, seconds))
+        value = rows[-1][task.compare_metric]
+        echo(f"{recipe.name}: {split} {task.compare_metric} {'n/a' if value is None else f'{value:.4f}'}")
+    table = markdown_table(rows, task.name)
     write_text(out / "compare.md", table + "\n")
-    write_json(out / "compare.json", {"task": task, "overrides": overrides, "rows": rows})
+    write_json(out / "compare.json", {"task": task.name, "overrides": overrides, "rows": rows})
     return rows
 
 
-def _evaluate(run, split: str, progress: bool, echo=print):
+def _evaluate(run, split: str, progress: bool, echo=print) -> dict:
     """Evaluate ``run`` on ``split``, or reuse its results file when it is newer than the weights it scored."""
-    from types import SimpleNamespace
-
-    done = run.path / f"results{'' if split == 'test' else f'.{split}'}.json"
-    if done.is_file() and done.stat().st_mtime >= (run.path / "best.pt").stat().st_mtime:
-        echo(f"{run.recipe.name}: {split} results already in {done}, reusing them")
-        return SimpleNamespace(results=json.loads(done.read_text()))
-    if run.recipe.task == "linkpred":
-        from kgc.linkpred.evaluate import evaluate_run
-
-        return evaluate_run(run, split, progress=progress)
-    from kgc.csts.evaluate import evaluate_run
-
-    return evaluate_run(run, split, progress=progress)
-
-
-def _data_key(recipe) -> str:
-    d = recipe.data
-    return f"{d.dataset}|{d.path}|{d.synth.model_dump() if d.dataset == 'synth-csts' else ''}"
-
-
-def _blind_row(recipe, echo) -> tuple[str, dict]:
-    """(the split to evaluate this recipe's dataset on — test when it has labels, else validation — and the
-    condition-blind baseline's row there: plain sentence cosine of the recipe's untrained backbone)."""
-    from kgc.csts.data import load_csts
-    from kgc.csts.evaluate import condition_blind
-    from kgc.encoding.backbone import resolve_backbone
-
-    d = recipe.data
-    start = time.perf_counter()
-    data = load_csts(d.dataset, d.path, d.synth)
-    split = "test" if "test" in data.splits and data.splits["test"].labelled.any() else "validation"
-    r = condition_blind(data, resolve_backbone(recipe.model.backbone), split, max_tokens=d.max_tokens)
-    seconds = time.perf_counter() - start
-    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.4f}"
-    echo(f"condition-blind baseline on {d.dataset}: {split} Spearman {rho}")
-    return split, {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained", "pooling": "mean",
-            "data": f"{d.dataset} {split}",
-            "Spearman": r["spearman"], "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"],
-            "trainable params": None, "total params": None, "train pairs/s": None, "train seconds": None,
-            "eval seconds": round(seconds, 1), "cache bytes": None}
+    done = run.dir.results(split)
+    if done.is_file() and done.stat().st_mtime >= run.dir.weights_file().stat().st_mtime:
+        results = json.loads(done.read_text(encoding="utf-8"))
+        if isinstance(results, dict) and "cache_bytes" in results.get("kgc", {}):  # an older layout is redone
+            echo(f"{run.recipe.name}: {split} results already in {done}, reusing them")
+            return results
+    return run.evaluation(split, progress=progress).results
 
 
 def markdown_table(rows: list[dict], task: str = "linkpred") -> str:
-    columns = COLUMNS[task]
+    columns = task_class(task).compare_columns
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = []

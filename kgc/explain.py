@@ -8,6 +8,10 @@
 * Hyper-CL (``hypernet``): the singular values of W_c per condition — how many directions of the
   sentence embedding each condition keeps (rank ≤ K for the low-rank form), with an effective rank
   exp(entropy of σ / Σσ).
+
+Which of the two a run shows, and the numbers, come from its conditioner (``cond.explain_kind``,
+``cond.explain(...)``); this module names and renders them. A conditioner with nothing to show refuses
+with a KGCError that says what it is and which conditioners can be explained.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from kgc.errors import KGCError
+
 
 @dataclass
 class Explanation:
@@ -46,46 +50,36 @@ class Explanation:
 
 
 def check_explainable(cond) -> str:
-    if cond.name == "hypernet":
-        return "hypernet"
-    if cond.name == "router" or (cond.name == "biencoder" and getattr(cond, "k", 0)):
-        return "router"
-    raise KGCError(f"kgc explain shows CSR's token weights (model.conditioner=router, or biencoder with "
-                   f"model.router_layers > 0) and Hyper-CL's W_c (hypernet); this run's conditioner is {cond.name}"
-                   + (" without router_layers" if cond.name == "biencoder" else ""))
+    """The kind of :class:`Explanation` ``cond`` gives ("router" or "hypernet"), or its KGCError refusal."""
+    kind = cond.explain_kind
+    if kind is None:
+        raise cond.not_explainable()
+    return kind
 
 
-@torch.no_grad()
-def router_weights(cond, sentence: Sequence[int], conditions: Sequence[Sequence[int]], tokenizer,
-                   names: list[str]) -> Explanation:
-    """w of each token of ``sentence`` (token ids, no special tokens) under each of ``conditions``."""
-    n = len(conditions)
-    index = torch.arange(n, device=cond.device)
-    if cond.name == "router":
-        ids = cond.special.wrap(sentence, cond.max_tokens)[0]
-        _, route = cond.route(cond.encode_sentences([sentence] * n), cond.encode_conditions(conditions), index)
-        rows = torch.arange(n)
-        width = len(ids)
-    else:  # CSR inside the bi-encoder: the sentence's part of each [CLS] s [SEP] c [SEP]
-        _, route = cond.route([sentence] * n, list(conditions), index)
-        rows = route.order.cpu() if route.order is not None else torch.arange(n)
-        width = int(route.score_cols[rows[0]].sum())
-        ids = cond.special.pair[0] + cond.special.truncate_pair(sentence, conditions[0], cond.max_tokens)[0]
-        widths = {int(route.score_cols[int(i)].sum()) for i in rows}
-        if len(widths) > 1:  # a long condition cut the sentence shorter in some pairs: show the common part
-            width = min(widths)
-            ids = ids[:width]
-    layers = sorted(route.seen)
-    w = torch.stack([route.seen[i] for i in layers]).mean(0).float().cpu()[rows][:, :width]  # (conditions, tokens)
-    w = w / w.sum(1, keepdim=True).clamp_min(1e-12)
-    return Explanation("router", names, w.numpy(), tokens=tokenizer.convert_ids_to_tokens(ids), layers=layers)
+def explain_conditioner(cond, conditions: Sequence[Sequence[int]], names: list[str], *,
+                        sentence: Sequence[int] | None = None, tokenizer=None) -> Explanation:
+    """What each of ``conditions`` (token ids, no special tokens) selects, named ``names``: the weight of each token
+    of ``sentence`` (the router kind; ``tokenizer`` turns its ids into tokens) or the spectrum of W_c."""
+    check_explainable(cond)
+    got = cond.explain(conditions, sentence)
+    tokens = tokenizer.convert_ids_to_tokens(list(got.token_ids)) if got.token_ids else []
+    return Explanation(got.kind, names, got.values.numpy(), tokens=tokens, layers=list(got.layers))
 
 
-@torch.no_grad()
-def hypernet_spectra(cond, conditions: Sequence[Sequence[int]], names: list[str]) -> Explanation:
-    """Singular values of W_c (H × H) for each condition, descending."""
-    mats = cond.matrices(cond.encode_conditions(conditions))  # (conditions, H, H)
-    return Explanation("hypernet", names, torch.linalg.svdvals(mats.float()).cpu().numpy())
+def explain(inputs) -> tuple[Explanation, str]:
+    """``kgc explain`` on what a run hands it (:class:`kgc.training.run.ExplainInputs`): the explanation and a title
+    for its heatmap. The router kind weighs a sentence's tokens, so it needs one (``inputs.sentence_hint`` says how
+    to give it)."""
+    cond = inputs.conditioner
+    kind = check_explainable(cond)
+    if kind == "router" and inputs.sentence is None:
+        raise KGCError(inputs.sentence_hint)
+    ex = explain_conditioner(cond, inputs.conditions, list(inputs.names), sentence=inputs.sentence,
+                             tokenizer=inputs.tokenizer)
+    if kind == "router":
+        return ex, f"router weight w per token: {inputs.subject[:60]}"
+    return ex, f"singular values of W_c: {type(cond).describe(cond.export_spec()['options'])}"
 
 
 def render_text(ex: Explanation, max_columns: int = 12) -> str:

@@ -32,55 +32,12 @@ from kgc.fileio import atomic_dir, tsv_text, write_json, write_text, write_with
 FORMATS = ("sentence-transformers", "hf")
 ST_POOLINGS = ("mean", "cls")  # what sentence_transformers.models.Pooling can express
 
-# how each conditioner forms a query from the exported parts; h_s = query tower(head text), h_c = query
-# tower(relation text), both single sequences encoded exactly as entities are (pooled, L2-normalised)
-QUERY_RECIPES: dict[str, dict[str, Any]] = {
-    "biencoder": {
-        "reproducible_outside_kgc": True,
-        "input": "text pair (head text, relation text): tokenizer(head, relation, truncation='longest_first', "
-                 "max_length=max_tokens), i.e. [CLS] head [SEP] relation [SEP] with token types 0 / 1",
-        "query": "pool(query tower(pair)) over every token, L2-normalised; with the sentence-transformers "
-                 "format: SentenceTransformer(query folder).encode([[head text, relation text], ...])",
-    },
-    "hadamard": {
-        "reproducible_outside_kgc": True,
-        "query": "normalize(h_s * (proj.weight @ h_c + proj.bias))",
-    },
-    "concat": {
-        "reproducible_outside_kgc": True,
-        "query": "normalize(gelu(proj.weight @ concat(h_s, h_c) + proj.bias))  (exact erf GELU; dropout off)",
-    },
-    "hypernet": {
-        "reproducible_outside_kgc": True,
-        "query": {"lowrank": "W1 = (gen1.weight @ h_c + gen1.bias).reshape(H, K), W2 likewise from gen2; "
-                             "q = normalize((h_s @ W1) @ W2.T)",
-                  "residual": "W1 = (gen1.weight @ h_c + gen1.bias).reshape(H, K), W2 likewise from gen2; "
-                              "q = normalize(h_s + (h_s @ W1) @ W2.T)",
-                  "full": "W_c = (gen.weight @ h_c + gen.bias).reshape(H, H); q = normalize(h_s @ W_c)"},
-    },
-    "case": {
-        "reproducible_outside_kgc": True,
-        "note": "with transformers and a mean over a token span (the relation's tokens: sequence id 0 of the "
-                "pair); stock sentence-transformers modules pool every token",
-        "query": "f(c; s) = pool over the relation's tokens of query tower(tokenizer(relation, head) pair, "
-                 "longest_first to max_tokens); f(c; none) = pool over the relation's tokens of "
-                 "[CLS] relation [SEP]; both L2-normalised; q = normalize(P(f(c; s) - f(c; none))) with P(x) = "
-                 "proj.weight @ x (case_projection linear) or proj.3(leaky_relu(proj.0(x), 0.01)) (mlp; dropout off)",
-    },
-    "router": {
-        "reproducible_outside_kgc": False,
-        "query": "CSR routing rescales attention context vectors inside the top router_layers layers of the "
-                 "query tower (kgc.conditioning.router; the heavy scorer's w_q / w_k are in "
-                 "conditioner.safetensors); the exported encoder holds the weights but a stock transformer does "
-                 "not route. Use kgc for queries.",
-    },
-}
 
-
-def export_run(run_dir: str | Path, out: str | Path, *, format: str = "sentence-transformers",
+def export_run(run: Any, out: str | Path, *, format: str = "sentence-transformers",
                force: bool = False) -> dict[str, Any]:
-    """Export the run at ``run_dir`` into the folder ``out``; returns the ``kgc.json`` it wrote."""
-    from kgc.training.run import open_run
+    """Export ``run`` (a run directory, or a run ``kgc.load`` opened) into the folder ``out``; returns the
+    ``kgc.json`` it wrote."""
+    from kgc.training.task import open_run
 
     if format not in FORMATS:
         raise KGCError(f"--format {format!r}: choose {' or '.join(FORMATS)}")
@@ -93,7 +50,8 @@ def export_run(run_dir: str | Path, out: str | Path, *, format: str = "sentence-
         if not (out / "kgc.json").is_file():  # --force never deletes a folder kgc did not write (a run, a home)
             raise KGCError(f"{out} is not empty and holds no kgc.json (not an earlier export); --force replaces "
                            "only an earlier export: choose a new or empty folder")
-    run = open_run(run_dir)
+    if isinstance(run, (str, Path)):
+        run = open_run(run, device="cpu", echo=None)
     if run.recipe.task != "linkpred":
         raise KGCError(f"{run.path} is a {run.recipe.task} run; kgc export writes link-prediction towers "
                        "(a run trained with task: linkpred)")
@@ -114,13 +72,13 @@ def _load(run):
     from kgc.linkpred.model import build_model
 
     graph = run.graph()
-    model, tokenizer = build_model(run.recipe, graph, run.backbone, pretrained=False)
-    model.load_state_dict(run.model_state())
+    model, tokenizer = build_model(run.recipe, graph, run.dir.backbone, pretrained=False)
+    model.load_state_dict(run.dir.model_state())
     return model.eval(), graph, tokenizer
 
 
 def _write(folder: Path, run, model, graph, tokenizer, format: str) -> dict[str, Any]:
-    recipe, bank = run.recipe, model.bank
+    bank = model.bank
     shared = model.query_encoder is model.tail_encoder
     tokenizer.model_max_length = bank.max_tokens  # tokenizer(text, truncation=True) then cuts where kgc cuts
     if format == "sentence-transformers":
@@ -145,7 +103,7 @@ def _write(folder: Path, run, model, graph, tokenizer, format: str) -> dict[str,
         [{"index": r, "id": graph.relation_label(r), "text": t, "exact": int(x)}
          for r, (t, x) in enumerate(zip(relation_texts, relation_exact))], ["index", "id", "text", "exact"]))
 
-    cond = _conditioner_meta(model, recipe)
+    cond = _conditioner_meta(model.conditioner)
     extra = _conditioner_weights(model)
     if extra:
         from safetensors.torch import save_file
@@ -208,31 +166,11 @@ def _conditioner_weights(model) -> dict[str, torch.Tensor]:
             if not k.startswith("encoder.") and v.data_ptr() not in encoder_storage}
 
 
-def _conditioner_meta(model, recipe) -> dict[str, Any]:
-    from kgc.training.setup import conditioner_options
-
-    cond = model.conditioner
-    meta: dict[str, Any] = {"name": cond.name, "enters_at": cond.enters_at, "options": conditioner_options(recipe)}
-    how = dict(QUERY_RECIPES.get(cond.name, {
-        "reproducible_outside_kgc": False, "query": f"conditioner {cond.name!r} has no export recipe; use kgc"}))
-    if cond.name == "hypernet":  # the effective values where the recipe left a default
-        how["query"] = how["query"][cond.form]
-        meta["options"]["rank"] = None if cond.form == "full" else cond.rank
-    elif cond.name == "router":
-        meta["options"]["router_layers"] = cond.encoder.num_layers - cond.t
-    elif cond.name == "biencoder":
-        meta["options"]["router_layers"] = cond.k
-    elif cond.name == "case":
-        meta["options"]["case_dim"] = cond.k
-    if cond.name == "biencoder" and getattr(cond, "k", 0):
-        how = {"reproducible_outside_kgc": False, "input": QUERY_RECIPES["biencoder"]["input"],
-               "query": f"CSR routing inside the top {cond.k} layers (model.router_layers) rescales attention "
-                        "context vectors; a stock transformer does not route. Use kgc for queries."}
-    if cond.name in ("hadamard", "concat", "hypernet"):
-        how["h_s"] = "query tower(head text), encoded exactly like an entity text (entities.tsv)"
-        how["h_c"] = "query tower(relation text) (relations.tsv), a single sequence like an entity text"
-    meta.update(how)
-    return meta
+def _conditioner_meta(cond) -> dict[str, Any]:
+    """``kgc.json``'s ``conditioner``: its name and entry point, then how a query is formed from the exported parts,
+    as the conditioner itself states it (:meth:`~kgc.conditioning.base.Conditioner.export_spec`)."""
+    spec = dict(cond.export_spec())
+    return {"name": cond.name, "enters_at": cond.enters_at, "options": spec.pop("options"), **spec}
 
 
 def _meta(run, model, graph, format, towers, cond, entity_exact: int, relation_exact: int) -> dict[str, Any]:
@@ -257,7 +195,7 @@ def _meta(run, model, graph, format, towers, cond, entity_exact: int, relation_e
         "format": format,
         "task": "linkpred",
         "run": str(run.path.resolve()),
-        "weights": {"file": run.weights_file().name, "sha256": run.weights_fingerprint()},
+        "weights": {"file": run.dir.weights_file().name, "sha256": run.dir.weights_fingerprint()},
         "dataset": recipe.data.dataset,
         "backbone": recipe.model.backbone,
         "dim": tail.dim,

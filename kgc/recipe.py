@@ -7,12 +7,13 @@ Defaults are the SimKGC paper's (batch 1024, lr 5e-5, γ = 0.02, τ₀ = 0.05 le
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from kgc.errors import KGCError
+from kgc.registry import CONDITIONERS, TASKS
 
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -181,16 +182,9 @@ class StructureConfig(_Section):
         return self
 
 
-# keys that only one task reads: setting one in the other task's recipe is an error, not a silent no-op
-TASK_KEYS = {
-    "linkpred": {"data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
-                 "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight",
-                 "loss.self_negative", "loss.margin", "loss.temperature", "loss.learn_temperature",
-                 "loss.min_temperature", "loss.max_temperature", "loss.mask_false_negatives", "loss.symmetric",
-                 "eval.rerank", "eval.max_score_bytes", "index", "structure"},
-    "csts": {"data.synth", "loss.mse_weight", "loss.contrastive", "loss.contrastive_weight",
-             "loss.contrastive_temperature"},
-}
+def _owned(key: str, keys: frozenset[str]) -> bool:
+    """``key`` is one of ``keys`` or inside a section among them (``index`` owns ``index.type``)."""
+    return key in keys or any(key.startswith(k + ".") for k in keys)
 
 
 def _explicit_keys(section: BaseModel, prefix: str = "") -> set[str]:
@@ -205,7 +199,8 @@ def _explicit_keys(section: BaseModel, prefix: str = "") -> set[str]:
 
 class Recipe(_Section):
     name: str = "run"
-    task: Literal["linkpred", "csts"] = Field("linkpred", description="link prediction, or conditional STS")
+    task: str = Field("linkpred", description="a registered task: linkpred (link prediction) or csts "
+                                               "(conditional STS)")
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     encoder: EncoderConfig = EncoderConfig()
@@ -218,22 +213,23 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _keys_of_this_task(self) -> "Recipe":
-        other = "csts" if self.task == "linkpred" else "linkpred"
-        wrong = sorted(k for k in _explicit_keys(self) if k in TASK_KEYS[other] or
-                       any(k.startswith(p + ".") for p in TASK_KEYS[other]))
+        if self.task not in TASKS:
+            raise ValueError(f"task {self.task!r}: unknown. Registered tasks: {', '.join(TASKS)}")
+        wrong = {}
+        for k in sorted(_explicit_keys(self)):
+            owners = [name for name in TASKS if name != self.task and _owned(k, TASKS[name].recipe_keys)]
+            if owners and not _owned(k, TASKS[self.task].recipe_keys):
+                wrong[k] = owners[0]
         if wrong:
-            raise ValueError(f"{', '.join(wrong)}: read only by task {other}, and this recipe has task {self.task}. "
-                             "Remove them (or set task).")
+            raise ValueError(f"{', '.join(wrong)}: read only by task {', '.join(sorted(set(wrong.values())))}, and "
+                             f"this recipe has task {self.task}. Remove them (or set task).")
         return self
 
     @model_validator(mode="after")
     def _options_of_this_conditioner(self) -> "Recipe":
-        from kgc.conditioning.base import CONDITIONERS, conditioner_class
-
-        try:
-            mine = set(conditioner_class(self.model.conditioner).options)
-        except KGCError:
-            return self  # an unknown name fails later, with the list of registered ones
+        if self.model.conditioner not in CONDITIONERS:
+            return self  # an unknown name fails when the model is built, with the list of registered ones
+        mine = set(CONDITIONERS[self.model.conditioner].options)
         others = {k: name for name, cls in CONDITIONERS.items() for k in cls.options if name != self.model.conditioner}
         fields = ModelConfig.model_fields  # a saved recipe.yaml lists every key: only a changed value counts
         wrong = sorted(k for k in self.model.model_fields_set if k in others and k not in mine
@@ -245,9 +241,10 @@ class Recipe(_Section):
         return self
 
     def to_yaml(self) -> str:
-        """The fully resolved recipe, without the keys only the other task reads."""
+        """The fully resolved recipe, without the keys only other tasks read."""
         tree = self.model_dump(mode="json")
-        for key in TASK_KEYS["csts" if self.task == "linkpred" else "linkpred"]:
+        mine = TASKS[self.task].recipe_keys
+        for key in sorted({k for name in TASKS if name != self.task for k in TASKS[name].recipe_keys} - mine):
             section, _, name = key.partition(".")
             if name:
                 tree[section].pop(name, None)
@@ -351,3 +348,38 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
     tree = read_recipe_tree(path, saved=saved) if path is not None else {}
     return validate_recipe(tree, parse_overrides(overrides or []), source=str(path) if path is not None else "recipe",
                            saved=saved)
+
+
+def override_keys(overrides: Mapping[str, Any] | Sequence[str] | None, kwargs: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """Dotted key → value from ``overrides`` (a mapping, or ``key=value`` strings: the ``--set`` syntax, values as
+    YAML) and ``section__key`` keyword arguments (Python names cannot hold dots). Unknown keys fail as --set does."""
+    known = set(valid_keys())
+    if isinstance(overrides, Mapping):
+        items = list(overrides.items())
+    else:
+        items = list(parse_overrides(list(overrides or [])).items())
+    items += [(k.replace("__", "."), v) for k, v in (kwargs or {}).items()]
+    out: dict[str, Any] = {}
+    for key, value in items:
+        if key not in known:
+            parse_overrides([f"{key}="])  # raises the same KGCError as an unknown --set key
+        out[key] = value
+    return out
+
+
+def resolve_recipe(recipe: "str | Path | Recipe | Mapping[str, Any]",
+                   overrides: Mapping[str, Any] | Sequence[str] | None = None, **kwargs: Any) -> Recipe:
+    """A validated :class:`Recipe` from a path, a Recipe or a dict, with overrides applied (``kgc.resolve_recipe``)."""
+    import copy
+
+    if isinstance(recipe, (str, Path)):
+        tree, source = read_recipe_tree(recipe), str(recipe)
+    elif isinstance(recipe, Recipe):
+        tree, source = recipe.model_dump(mode="json", exclude_unset=True), "recipe"
+    elif isinstance(recipe, Mapping):
+        tree, source = copy.deepcopy(dict(recipe)), "recipe"
+    else:
+        raise KGCError(f"recipe: expected a path to a YAML recipe, a kgc.recipe.Recipe or a dict, got "
+                       f"{type(recipe).__name__}")
+    return validate_recipe(tree, override_keys(overrides, kwargs), source=source)

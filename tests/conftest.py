@@ -19,10 +19,15 @@ def data_home() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(autouse=True)
-def _data_env(monkeypatch):
-    monkeypatch.setenv("KGC_DATA_HOME", str(SHARED_DATA))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+@pytest.fixture(autouse=True, scope="session")
+def _data_env():
+    """For the whole session, so that module- and session-scoped fixtures (the trained runs most tests share)
+    read the same datasets as the tests: without it they ran before a per-test setting and found e.g. ``umls`` in
+    the pykeen wheel (labels only) instead of ``$KGC_DATA_HOME/UMLS``. A test may still override either."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("KGC_DATA_HOME", str(SHARED_DATA))
+        m.setenv("HF_HUB_OFFLINE", "1")
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -87,3 +92,55 @@ def sharpen_attention(backbone, factor: float = 12.0):
             layer.attention.self.query.weight.mul_(factor)
             layer.attention.self.key.weight.mul_(factor)
     return backbone
+
+
+class CliResult:
+    """What a ``kgc`` command left: its exit code, stdout and stderr (as a subprocess would report them)."""
+
+    def __init__(self, args: list[str], exit_code: int, stdout: str, stderr: str) -> None:
+        self.args, self.exit_code, self.stdout, self.stderr = args, exit_code, stdout, stderr
+
+    @property
+    def returncode(self) -> int:
+        return self.exit_code
+
+    def __repr__(self) -> str:
+        return f"kgc {' '.join(self.args)} -> {self.exit_code}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
+def cli(*args, check: bool = True) -> CliResult:
+    """``kgc ARGS`` in this process, the way :func:`kgc.cli.main` runs it.
+
+    Typer parses the arguments exactly as on the command line (usage errors exit 2); a :class:`KGCError`
+    becomes ``error: MESSAGE`` on stderr and exit code 2, which is what ``main()`` does around ``app()``
+    (tests/test_cli_smoke.py checks that mapping in real subprocesses). Any other exception propagates with
+    its traceback: a crash is never mistaken for a clean exit. ``check``: fail unless the exit code is 0.
+    """
+    from typer.testing import CliRunner
+
+    from kgc.cli import app
+    from kgc.errors import KGCError
+
+    argv = [str(a) for a in args]
+    res = CliRunner().invoke(app, argv, catch_exceptions=True)
+    code, stderr = res.exit_code, res.stderr
+    exc = res.exception
+    if isinstance(exc, KGCError):
+        code, stderr = 2, stderr + f"error: {exc}\n"
+    elif exc is not None and not isinstance(exc, SystemExit):
+        raise exc
+    out = CliResult(argv, code, res.stdout, stderr)
+    if check and code != 0:
+        raise AssertionError(f"command failed: {out!r}")
+    return out
+
+
+def linkpred_model(run_dir):
+    """(model, graph) of a link-prediction run directory as ``kgc.load`` opens it: the trained weights over the
+    run's own graph, in eval mode."""
+    import kgc
+
+    run = kgc.load(run_dir, echo=None)
+    if callable(getattr(run, "model", None)):
+        return run.model(), run.graph()
+    return run._linkpred()  # the API before kgc.load returned a LinkPredRun

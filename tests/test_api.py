@@ -1,9 +1,10 @@
 """The Python API (kgc.train / kgc.load / kgc.Run) with a tiny random BERT, and the README's Python example.
 
-The README example is the fenced ```python block after the line holding ``<!-- api-example -->``; until README.md
-has one, :data:`EXAMPLE` (the same text) runs. The example trains the real quickstart recipe; here, and only
-here, ``kgc.train`` is wrapped so that ``model.backbone`` is the tiny BERT fixture (everything else — recipe,
-calls, output — is the example's own), which keeps the test near 30 s on 2 CPU cores.
+The README example is the fenced ```python block after the line holding ``<!-- api-example -->``; the test fails
+when README.md lacks the marker or the block (there is no copy kept here to fall back on, so README drift shows).
+The example trains the real quickstart recipe; here, and only here, ``kgc.train`` is wrapped so that
+``model.backbone`` is the tiny BERT fixture (everything else — recipe, calls, output — is the example's own),
+which keeps the test near 30 s on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -17,28 +18,11 @@ import pytest
 
 import kgc
 from kgc.errors import KGCError
+from tests.conftest import linkpred_model
 from tests.test_csts_cli import write_recipe as write_csts_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- api-example -->"
-
-EXAMPLE = '''\
-import kgc
-
-# the quickstart recipe, a few steps (overrides: section__key=value, as `--set section.key=value`)
-run = kgc.train("recipes/umls_biencoder.yaml", train__max_steps=5, progress=False)
-
-results = run.evaluate()  # PyKEEN's layout; also written to run.path / "results.json"
-print("MRR", results["both"]["realistic"]["inverse_harmonic_mean_rank"])
-
-answers = run.predict("virus", "causes", top_k=5)  # pandas DataFrame: rank, entity, text, score
-print(answers.to_string(index=False))
-
-run = kgc.load(run.path)  # any run directory, later
-entities = run.embed_entities(["virus", "a tiny infectious agent"])  # an entity id, or any text
-queries = run.embed_queries(["virus"], "causes")  # (head, relation) queries, like `kgc predict`
-print(entities.shape, queries @ entities.T)  # cosines: the vectors are unit length
-'''
 
 
 def readme_example(readme: Path = ROOT / "README.md") -> str | None:
@@ -74,7 +58,9 @@ def lp_run(tiny_bert, tmp_path_factory, data_home):
 
 
 def test_readme_example_runs(tiny_bert, tmp_path, monkeypatch, capsys, data_home):
-    code = readme_example() or EXAMPLE
+    code = readme_example()
+    assert code is not None, f"README.md has no ```python block after a {MARKER} line"
+    assert "kgc.train(" in code and "run.evaluate()" in code and "run.predict(" in code
     real_train = kgc.train
 
     def train_with_tiny_backbone(recipe, out=None, **kwargs):
@@ -117,9 +103,10 @@ def test_train_load_evaluate_predict(lp_run, tiny_bert):
     assert df["score"].is_monotonic_decreasing and (run.path / "index" / "meta.json").is_file()
     inv = run.predict("virus", "causes", top_k=4, inverse=True, filter_known=True)
     assert len(inv) == 4
-    model = run._cache["model"]
+    model = run.model()
     run.predict("bacterium", "causes")
-    assert run._cache["model"] is model  # loaded once
+    assert run.model() is model and isinstance(run, kgc.LinkPredRun)  # loaded once
+    assert model.bank.graph is run.graph()  # the model's own TextBank: added entities never swap it
     with pytest.raises(KGCError, match="unknown entity"):
         run.predict("no such thing at all", "causes")
     with pytest.raises(KGCError, match="split 'validation': choose test or dev"):
@@ -130,7 +117,7 @@ def test_embeddings(lp_run):
     import torch
 
     run = kgc.load(lp_run.path)
-    model, graph = run._linkpred()
+    model, graph = run.model(), run.graph()
     table = model.entity_table().numpy()
     ids = ["virus", "idea_or_concept", "alga"]
     emb = run.embed_entities(ids)
@@ -151,8 +138,39 @@ def test_embeddings(lp_run):
     assert float(q[0] @ table[graph.entity_index[top["entity"][0]]]) == pytest.approx(top["score"][0], abs=1e-4)
     with pytest.raises(KGCError, match="2 heads but 3 relations"):
         run.embed_queries(["virus", "alga"], ["causes"] * 3)
-    with pytest.raises(KGCError, match=r"Run\.similarity\(\) needs a C-STS run"):
+    with pytest.raises(KGCError, match=r"is a linkpred run, not csts; .*similarity\(\) belongs to csts runs"):
         run.similarity("a", "b", "c")
+
+
+def test_dev_sample_is_fixed_by_the_seed(lp_run):
+    """eval.dev_queries validates on a sample of the dev triples drawn with train.seed: the same triples on every
+    evaluation (the dev curve compares like with like), other triples under another seed; and it is the sample
+    the training validated on (the logged dev MRR is that of the saved model on it)."""
+    from kgc.linkpred.evaluate import evaluate
+
+    model, graph = linkpred_model(lp_run.path)
+    n = lp_run.recipe.eval.dev_queries
+    assert n == 20 and len(graph.splits["dev"]) > 10 * n
+
+    def sample(seed):
+        ev = evaluate(model, graph, "dev", batch_size=128, max_triples=n, seed=seed)
+        return ev, [(r["head"], r["relation"], r["answer"]) for r in ev.ranks]
+
+    (a, rows_a), (b, rows_b), (c, rows_c) = sample(lp_run.recipe.train.seed), sample(lp_run.recipe.train.seed), \
+        sample(lp_run.recipe.train.seed + 1)
+    assert len(rows_a) == 2 * n and rows_a == rows_b  # both directions of the same n triples, in the same order
+    assert [r["rank"] for r in a.ranks] == [r["rank"] for r in b.ranks]
+    assert a.results["kgc"]["sampled"] and a.results["kgc"]["triples"] == n
+    dev = {(graph.entities[h], graph.relations[r], graph.entities[t]) for h, r, t in graph.splits["dev"]}
+    tails = {row for row in rows_a if not row[1].startswith("inverse ")}
+    assert len(tails) == n and tails <= dev  # n distinct dev triples
+    heads = {(t, r.removeprefix("inverse "), h) for h, r, t in rows_a if r.startswith("inverse ")}
+    assert heads == tails  # each asked in both directions
+    other = {row for row in rows_c if not row[1].startswith("inverse ")}
+    assert len(other) == n and other <= dev and other != tails
+    logged = [json.loads(line) for line in (lp_run.path / "metrics.jsonl").read_text().splitlines()]
+    dev_mrr = [r["dev_mrr"] for r in logged if "dev_mrr" in r]
+    assert dev_mrr and dev_mrr[-1] == pytest.approx(a.metric(), abs=1e-5)
 
 
 def test_index_add_and_answer_match_the_cli(lp_run, tmp_path):
@@ -175,7 +193,7 @@ def test_index_add_and_answer_match_the_cli(lp_run, tmp_path):
     # answers: the exact top k of the query against every entity, and the CLI prints the same rows
     a = run.answer("Virus", "causes", top_k=5)
     assert (a.head, a.relation, a.head_text) == ("virus", "causes", "virus")
-    model, graph = run._linkpred()
+    model, graph = run.model(), run.graph()
     cos = run.embed_queries("virus", "causes")[0] @ run.embed_entities(graph.entities).T
     assert [p.entity for p in a.predictions] == [graph.entities[i] for i in np.argsort(-cos, kind="stable")[:5]]
     np.testing.assert_allclose([p.score for p in a.predictions], np.sort(cos)[::-1][:5], atol=1e-5)
@@ -253,7 +271,7 @@ def test_csts_similarity(tiny_bert, tmp_path):
     assert many[1] == pytest.approx(1.0, abs=1e-5)
     import torch
 
-    model, tokenizer = run._csts()  # reference: each sentence embedded alone under the condition, then the cosine
+    model, tokenizer = run.model()  # reference: each sentence embedded alone under the condition, then the cosine
     ids = tokenizer(["A red car.", "A blue car.", "The colour of the car."], add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         e1, e2 = (model.conditioner([ids[i]], [ids[2]]).float()[0] for i in (0, 1))
@@ -268,7 +286,7 @@ def test_csts_similarity(tiny_bert, tmp_path):
     assert "spearman" in res and (run.path / "results.validation.json").is_file()
     for call in (lambda: run.predict("a", "b"), lambda: run.embed_entities(["a"]),
                  lambda: run.embed_queries(["a"], "b")):
-        with pytest.raises(KGCError, match="needs a link-prediction run; .* is a csts run"):
+        with pytest.raises(KGCError, match="is a csts run, not linkpred; use `kgc similarity"):
             call()
     with pytest.raises(KGCError, match="rows; give lists of one length"):
         run.similarity(["a", "b"], ["c"] * 3, "d")

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tests.test_end_to_end import kgc, write_recipe
+from tests.conftest import cli as kgc
+from tests.test_end_to_end import write_recipe
 
 pytestmark = pytest.mark.slow
 

@@ -139,6 +139,59 @@ def test_biencoder_router_weights_are_the_conditions_attention_on_the_sentence(e
     torch.testing.assert_close(route.seen[1][0, :n_sent], ref / ref.sum(), atol=1e-5, rtol=1e-5)
 
 
+def test_routing_substitutes_the_attention_modules_and_keeps_names_weights_and_outputs(encoder, special):
+    """RoutedSelfAttention replaces ``attention.self`` in place: same state-dict keys (checkpoints saved without
+    routing load), the same parameter tensors, bit-identical outputs outside a route, deepcopy, train/eval and
+    Hugging Face's ``output_attentions`` hooks keep working, and a second router on the same layers adds a switch."""
+    import copy
+    import pickle
+
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    from kgc.conditioning.routing import RoutedSelfAttention
+
+    backbone = encoder.backbone
+    backbone.set_attn_implementation("eager")
+    batch = batch_of(special, SENTS)
+    before_keys = list(backbone.state_dict())
+    saved = {k: v.clone() for k, v in backbone.state_dict().items()}
+    weights = [layer.attention.self.query.weight for layer in backbone.encoder.layer]
+    alone = copy.deepcopy(encoder)  # never routed: the reference for a second router below
+    with torch.no_grad():
+        plain = encoder(**batch)
+        plain_att = backbone(**batch, output_attentions=True).attentions
+    r = router(encoder, special, cross_attend="all")  # routes every layer
+    for layer, w in zip(backbone.encoder.layer, weights):
+        assert isinstance(layer.attention.self, RoutedSelfAttention)
+        assert isinstance(layer.attention.self, BertSelfAttention) and layer.attention.self.query.weight is w
+    assert list(backbone.state_dict()) == before_keys and "encoder.layer.0.attention.self.query.weight" in before_keys
+    assert not [k for k in r.state_dict() if not k.startswith("encoder.")]  # the switch owns no weights
+    backbone.load_state_dict(saved, strict=True)
+    with torch.no_grad():
+        assert torch.equal(encoder(**batch), plain)  # outside a route: the original forward, bit for bit
+        att = backbone(**batch, output_attentions=True).attentions
+        assert len(att) == len(plain_att) and all(torch.equal(a, b) for a, b in zip(att, plain_att))
+        twin = copy.deepcopy(encoder)
+        assert torch.equal(twin(**batch), plain)
+        assert twin.backbone.encoder.layer[0].attention.self.query.weight is not weights[0]
+        routed = r(SENTS, CONDS)
+        assert (routed - plain).abs().max() > 1e-3
+    encoder.train()
+    assert all(layer.attention.self.training for layer in backbone.encoder.layer)
+    encoder.eval()
+    second = router(encoder, special)  # k = 1: the top layer, already routed by the first
+    assert len(backbone.encoder.layer[-1].attention.self.switches) == 2
+    assert len(backbone.encoder.layer[0].attention.self.switches) == 1
+    with torch.no_grad():
+        assert torch.equal(second(SENTS, CONDS), router(alone, special)(SENTS, CONDS))
+        assert torch.equal(r(SENTS, CONDS), routed)
+        # a routed encoder pickles (torch.save(model)); this one never had Hugging Face's output hooks, which do not
+        pickled = pickle.loads(pickle.dumps(alone))
+        top = pickled.backbone.encoder.layer[-1].attention.self
+        assert type(top) is type(backbone.encoder.layer[-1].attention.self)
+        assert torch.equal(pickled(**batch), plain)
+
+
 def run_dir(tmp_path, tiny_bert, model, name):
     from tests.test_end_to_end import kgc, write_recipe
 
@@ -150,7 +203,8 @@ def run_dir(tmp_path, tiny_bert, model, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [{"conditioner": "router", "cross_attend": "top"},
-                                   {"conditioner": "biencoder", "router_layers": 1}], ids=["router-top", "biencoder-csr"])
+                                   {"conditioner": "biencoder", "router_layers": 1}],
+                         ids=["router-top", "biencoder-csr"])
 def test_explain_prints_one_weight_per_token_summing_to_one(model, tiny_bert, tmp_path, data_home, monkeypatch):
     from tests.test_end_to_end import kgc
 

@@ -12,7 +12,8 @@ import pytest
 from scipy import stats
 
 from tests.test_csts_data import write_official
-from tests.test_end_to_end import assert_resume_reproduces, kgc, write_recipe as write_linkpred_recipe
+from tests.conftest import cli as kgc
+from tests.test_end_to_end import assert_resume_reproduces, write_recipe as write_linkpred_recipe
 
 pytestmark = pytest.mark.slow
 

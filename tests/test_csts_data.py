@@ -198,7 +198,7 @@ def test_objective_by_hand():
 
 
 def test_batches_keep_each_sentence_pair_whole(tmp_path, monkeypatch):
-    from kgc.csts.train import CSTSTask
+    from kgc.csts.task import CSTSTask
     from kgc.recipe import load_recipe
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path))

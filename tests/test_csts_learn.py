@@ -16,8 +16,8 @@ SMALLER = ["data.synth.train_pairs=600", "data.synth.validation_pairs=100", "dat
 
 def test_blind_baseline_scores_nothing_and_a_trained_conditioner_scores_high(tmp_path, monkeypatch):
     from kgc.csts.data import load_csts
-    from kgc.csts.evaluate import condition_blind, evaluate_run
-    from kgc.csts.model import CSTSRun
+    from kgc.csts.evaluate import condition_blind
+    from kgc.csts.service import CSTSRun
     from kgc.encoding.backbone import resolve_backbone
     from kgc.recipe import load_recipe
     from kgc.training.loop import train
@@ -30,5 +30,5 @@ def test_blind_baseline_scores_nothing_and_a_trained_conditioner_scores_high(tmp
     assert abs(blind["spearman"]) < 0.2 and blind["pair_accuracy"] == 0.5  # plain sentence cosine: nothing
 
     run = train(recipe, out=tmp_path / "run", progress=False, echo=lambda m: None)
-    trained = evaluate_run(CSTSRun(run), "test").results
+    trained = CSTSRun(run, device="cpu").evaluation("test").results
     assert trained["spearman"] >= 0.8 and trained["pair_accuracy"] >= 0.9

@@ -9,7 +9,20 @@ from pykeen.evaluation import RankBasedEvaluator
 from pykeen.evaluation.evaluator import create_sparse_positive_filter_, filter_scores_
 
 from kgc.data.graph import KnowledgeGraph
-from kgc.linkpred.evaluate import n_hop_neighbours, score_and_rank
+from kgc.linkpred.ranking import cosine_blocks, n_hop_neighbours, rank_queries as rank_blocks, record_ranks
+
+
+def rank_queries(query_vectors, entity_table, queries, known, *, max_score_bytes=256 << 20, boost=None,
+                 boost_weight=0.0, counts=None):
+    """The ranking protocol on cosine scores (with SimKGC's boost where given)."""
+    scores = cosine_blocks(query_vectors, entity_table, queries[:, 0], boost=boost, boost_weight=boost_weight)
+    return rank_blocks(scores, queries, known, entity_table.size(0), max_score_bytes=max_score_bytes, counts=counts)
+
+
+def score_and_rank(query_vectors, entity_table, graph, queries, *, evaluator, target, counts=None, **budget):
+    known = graph.all_answers[graph.hr_keys(queries[:, 0], queries[:, 1])]
+    record_ranks(evaluator, target, rank_queries(query_vectors, entity_table, queries, known, counts=counts, **budget),
+                 graph.num_entities)
 
 E, R = 25, 3
 
@@ -126,8 +139,6 @@ def test_blocked_ranks_with_rerank_boost_equal_the_dense_matrix(budget):
     import scipy.sparse as sp
     from pykeen.evaluation.ranks import Ranks
 
-    from kgc.linkpred.evaluate import rank_queries
-
     rng = np.random.default_rng(3)
     n, dim = 40, 8
     table = torch.nn.functional.normalize(torch.as_tensor(rng.normal(size=(E, dim)), dtype=torch.float32), dim=1)
@@ -154,7 +165,7 @@ def test_blocked_ranks_with_rerank_boost_equal_the_dense_matrix(budget):
 MEMORY_PROBE = """
 import resource, sys
 import numpy as np, scipy.sparse as sp, torch
-from kgc.linkpred.evaluate import rank_queries
+from kgc.linkpred.ranking import cosine_blocks, rank_queries as rank
 torch.set_num_threads(1)
 E, n, dim = 300_000, 512, 16
 g = torch.Generator().manual_seed(0)
@@ -162,6 +173,7 @@ table = torch.nn.functional.normalize(torch.randn(E, dim, generator=g), dim=1)
 q = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1)
 queries = np.stack([np.arange(n), np.zeros(n, dtype=np.int64), np.arange(n) * 7], 1)
 known = sp.csr_matrix((np.ones(5 * n), (np.repeat(np.arange(n), 5), np.arange(5 * n) * 11)), shape=(n, E))
+rank_queries = lambda q, t, qs, k, **kw: rank(cosine_blocks(q, t, qs[:, 0]), qs, k, t.size(0), **kw)
 rank_queries(q[:2], table, queries[:2], known[:2], max_score_bytes=4 << 20)  # warm up the kernels
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 ranks = rank_queries(q, table, queries, known, max_score_bytes=int(sys.argv[1]))
@@ -210,7 +222,7 @@ def test_ranks_within_an_index_top_k(setup):
     a retrieved gold keeps its exact optimistic rank and a missed gold ranks after every unfiltered hit."""
     import faiss
 
-    from kgc.linkpred.evaluate import rank_queries, rank_retrieved
+    from kgc.linkpred.ranking import rank_retrieved
 
     graph, queries, scores, _ = setup
     index = faiss.IndexFlatIP(E)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kgc.errors import KGCError
-from tests.conftest import write_toy
+from tests.conftest import linkpred_model, write_toy
 
 MAX_TOKENS = 12  # short enough that some toy entity texts are truncated
 
@@ -41,9 +41,7 @@ def read_tsv(path: Path) -> list[dict]:
 
 def kgc_embeddings(run: Path):
     """(model, entity table (entities, dim), queries (2R x entities, dim) for every (head, relation))."""
-    from kgc.linkpred.model import Run
-
-    model, graph = Run(run).load()
+    model, graph = linkpred_model(run)
     pairs = [(h, r) for r in range(2 * graph.num_relations) for h in range(graph.num_entities)]
     with torch.no_grad():
         table = model.entity_table()
@@ -218,6 +216,23 @@ def test_router_exports_its_towers_and_says_its_queries_need_kgc(tmp_path_factor
     texts = [r["text"] for r in read_tsv(tmp_path / "st" / "entities.tsv")]
     torch.testing.assert_close(tail.encode(texts, convert_to_tensor=True), kgc_embeddings(run)[1], atol=1e-5,
                                rtol=0)
+
+
+def test_kgc_json_describes_the_conditioner_in_its_own_words():
+    """export.py knows no conditioner: kgc.json's part is the name, the entry point and the conditioner's spec."""
+    from kgc.export import _conditioner_meta
+
+    class NewConditioner:  # stands in for a conditioner kgc.export has never heard of
+        name, enters_at = "new", "pooled"
+
+        def export_spec(self):
+            return {"reproducible_outside_kgc": True, "query": "normalize(h_s + h_c)", "options": {"width": 8},
+                    "h_s": "query tower(head text)"}
+
+    meta = _conditioner_meta(NewConditioner())
+    assert list(meta) == ["name", "enters_at", "options", "reproducible_outside_kgc", "query", "h_s"]
+    assert meta == {"name": "new", "enters_at": "pooled", "options": {"width": 8}, "reproducible_outside_kgc": True,
+                    "query": "normalize(h_s + h_c)", "h_s": "query tower(head text)"}
 
 
 @pytest.mark.parametrize("st_run", ["mean"], indirect=True)

@@ -88,6 +88,10 @@ class StandInRun:
         self.path, self.weights = path, "weights-1"
         self.recipe = load_recipe(None, [f"index.{k}={v}" for k, v in (index or {}).items()])
 
+    @property
+    def index(self) -> Path:  # RunDir.index
+        return self.path / "index"
+
     def weights_fingerprint(self) -> str:
         return self.weights
 

@@ -4,6 +4,7 @@ An inductive split (held-out entities never in train) is made with ``kgc data in
 is trained on its train split, and then: ``kgc evaluate RUN --entities-from`` ranks exactly as a brute-force
 cosine ranking over the held-out entities; ``kgc index RUN --add`` makes new entities answers and heads;
 ``kgc predict`` without a run directory picks the newest run and builds (or rebuilds) its index.
+The commands run in this process (:func:`tests.conftest.cli`, as ``kgc.cli.main`` runs them).
 """
 
 from __future__ import annotations
@@ -12,24 +13,15 @@ import csv
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from tests.conftest import cli as kgc, linkpred_model
+
 pytestmark = pytest.mark.slow
-
-
-def kgc(*args, check=True, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "kgc.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=cwd)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"kgc {' '.join(map(str, args))} failed ({proc.returncode}):\n"
-                             f"{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def write_slice(src: Path, out: Path, n_train: int = 1500, n_eval: int = 80) -> Path:
@@ -91,8 +83,6 @@ def test_inductive_split_holds_entities_out_of_training(split):
 
 
 def test_inductive_evaluation_matches_brute_force(trained, split):
-    from kgc.linkpred.model import Run
-
     out = kgc("evaluate", trained, "--entities-from", split, "--no-progress")
     assert "inductive" in out.stdout and "MRR" in out.stdout and "warning" not in out.stderr
     results = json.loads((trained / "results.inductive.json").read_text())
@@ -109,7 +99,7 @@ def test_inductive_evaluation_matches_brute_force(trained, split):
 
     # brute force: the run over its own graph holds the held-out entities too, with the same texts (no
     # train neighbours); rank the gold among the candidates by cosine, other known answers filtered out
-    model, graph = Run(trained).load()
+    model, graph = linkpred_model(trained)
     assert all(model.bank.entity_ids(graph.entity_index[e]) == model.bank.base[graph.entity_index[e]] for e in cand)
     ids = [graph.entity_index[e] for e in cand]
     with torch.no_grad():
@@ -133,7 +123,6 @@ def test_inductive_evaluation_matches_brute_force(trained, split):
 def test_inductive_evaluation_errors_and_warnings(trained, split, tmp_path):
     from kgc.data.inductive import read_inductive_folder
     from kgc.errors import KGCError
-    from kgc.linkpred.model import Run
 
     folder = tmp_path / "seen"
     folder.mkdir()
@@ -144,7 +133,7 @@ def test_inductive_evaluation_errors_and_warnings(trained, split, tmp_path):
     assert "warning" in out.stderr and "occur in the run's training triples" in out.stderr
     info = json.loads((trained / "results.inductive.json").read_text())["kgc"]["inductive"]
     assert info["seen_in_training"] > 0 and info["candidates"] == "all" and info["entities"] == info["folder_entities"]
-    known = Run(trained).graph()
+    known = linkpred_model(trained)[1]
     h, _, t = read_triples(split / "test.tsv")[0]
     (folder / "test.tsv").write_text(f"{h}\t_made_up_relation\t{t}\n")
     with pytest.raises(KGCError, match="'_made_up_relation'.*not relations of the run"):
@@ -172,14 +161,13 @@ def open_predictor(run: Path):
     import kgc as api
 
     r = api.load(run, echo=None)
-    model, graph, index = r._predictor(progress=False)
-    model.bank = r._cache["full_bank"]
-    return r._dir, model, graph, index
+    index, graph, bank = r.searcher(progress=False)
+    assert bank.graph is graph and r.model().bank.graph is r.graph()  # the extended bank is passed, not swapped in
+    return r, r.model(), graph, index
 
 
 def test_added_entities_are_answers(trained, added):
     from kgc.fileio import sha256_file
-    from kgc.linkpred.evaluate import evaluate_run
 
     folder = trained / "index"
     meta = json.loads((folder / "meta.json").read_text())
@@ -204,34 +192,32 @@ def test_added_entities_are_answers(trained, added):
     assert {"new_copy", added["held"]} <= {p["entity"] for p in top}
     assert next(p for p in top if p["entity"] == "new_copy")["text"].startswith(graph.full_texts[n][:30])
     # the ordinary evaluation still ranks over the dataset's entities only, from the index's first rows
-    ev = evaluate_run(run, "test")
+    ev = run.evaluation("test")
     assert ev.results["kgc"]["entity_embeddings"] == "index" and ev.results["kgc"]["entities"] == n
 
 
 def test_added_entity_as_head(trained, added):
-    from kgc.linkpred.predict import predict
-
     by_new = json.loads(kgc("predict", trained, "--head", "new_copy", "--relation", "_hypernym", "--top-k", 5,
                             "--json").stdout)
     assert by_new["head"] == "new_copy"  # the query tower read its stored text, identical to the held-out one's
-    _, model, graph, index = open_predictor(trained)
-    _, _, by_old = predict(model, graph, index, head=added["held"], relation="_hypernym", top_k=5)
+    run, model, graph, index = open_predictor(trained)
+    by_old = run.answer(added["held"], "_hypernym", top_k=5).predictions
     np.testing.assert_allclose([p["score"] for p in by_new["predictions"]], [p.score for p in by_old], atol=1e-5)
-    h, _, ship = predict(model, graph, index, head="spaceship", relation="_hypernym", top_k=3)  # found by name
-    assert graph.entities[h] == "new_ship" and len(ship) == 3
+    ship = run.answer("spaceship", "_hypernym", top_k=3)  # found by name
+    assert ship.head == "new_ship" and len(ship.predictions) == 3
 
 
 def test_bad_new_entities_are_refused(trained, added):
     from kgc.errors import KGCError
-    from kgc.linkpred.inductive import add_entities
-    from kgc.linkpred.model import Run
+    from kgc.linkpred.index import add_entities
+    from kgc.linkpred.service import LinkPredRun
 
     tmp = added["tmp"]
     (tmp / "one_field.tsv").write_text("ok_id\tok name\tfine\nlonely_field\n")
     bad = kgc("index", trained, "--add", tmp / "one_field.tsv", check=False)
     assert bad.returncode == 2 and "one_field.tsv:2: expected id<TAB>name<TAB>description" in bad.stderr
-    run = Run(trained)
-    model, graph = run.load()
+    run = LinkPredRun(trained, device="cpu", echo=None)
+    model, graph = run.model(), run.graph()
     cases = {
         "empty_name.tsv": ("x1\t\tdesc\n", "empty_name.tsv:1: empty name"),
         "repeat.tsv": ("r1\tone\n\nr1\tagain\n", "repeat.tsv:3: id 'r1' repeats line 1"),
@@ -242,7 +228,7 @@ def test_bad_new_entities_are_refused(trained, added):
     for name, (text, message) in cases.items():
         (tmp / name).write_text(text)
         with pytest.raises(KGCError, match=message):
-            add_entities(run, model, graph, tmp / name)
+            add_entities(run.dir, model, graph, tmp / name)
     assert json.loads((trained / "index" / "meta.json").read_text())["added_entities"]["count"] == 2  # unchanged
 
 
@@ -261,7 +247,7 @@ def test_rebuild_keeps_added_entities(trained, added):
     assert "new_ship" not in graph.entity_index and index.ntotal == graph.num_entities
 
 
-def test_predict_without_run_dir_uses_the_newest_run(trained, added, tmp_path):
+def test_predict_without_run_dir_uses_the_newest_run(trained, added, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     older, newer = runs / "older", runs / "nested" / "newer"
     for dst in (older, newer):
@@ -274,7 +260,8 @@ def test_predict_without_run_dir_uses_the_newest_run(trained, added, tmp_path):
         for weights in (run / "best.pt", run / "checkpoints" / "last.pt"):
             if weights.is_file():
                 os.utime(weights, (1_000_000 + i, 1_000_000 + i))
-    out = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3, "--json", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3, "--json")
     assert "using the newest run: runs/nested/newer" in out.stderr
     assert "no index yet: building it" in out.stderr and (newer / "index" / "meta.json").is_file()
     answer = json.loads(out.stdout)
@@ -284,15 +271,15 @@ def test_predict_without_run_dir_uses_the_newest_run(trained, added, tmp_path):
     state = torch.load(newer / "best.pt", weights_only=False)
     next(iter(state["model"].values())).add_(1.0)
     torch.save(state, newer / "best.pt")
-    stale = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3, cwd=tmp_path)
+    stale = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3)
     assert "rebuilding the index of runs/nested/newer: it was built from other model weights" in stale.stderr
-    again = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3, cwd=tmp_path)
+    again = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3)
     assert "using the newest run: runs/nested/newer" in again.stderr and "building" not in again.stderr
 
 
 def test_no_run_found_says_how_to_train_one(tmp_path, monkeypatch):
     from kgc.errors import KGCError
-    from kgc.linkpred.prepare import find_latest_run
+    from kgc.linkpred.service import find_latest_run
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(KGCError, match=r"no trained link-prediction run.*`kgc train RECIPE`"):

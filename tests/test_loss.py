@@ -120,3 +120,110 @@ def test_false_negative_mask_matches_loops():
         for j in range(15):
             bad = int(cands[j]) == int(gold[i]) or (int(heads[i]), int(rels[i]), int(cands[j])) in triples
             assert bool(mask[i, j]) == (not bad)
+
+
+def numpy_reference(*, tau: float, gamma: float = 0.02, w_pre: float = 0.5, in_batch: bool = True,
+                    mask: bool = True, symmetric: bool = True) -> tuple[float, np.ndarray]:
+    """The loss written out with numpy matrices: logits ``[in-batch (3×3) | pre-batch (3×2) | self (3×1)]``,
+    cross-entropy by log-sum-exp, plus the transposed in-batch block's cross-entropy (symmetric)."""
+    q, t, h, p = (x.numpy() for x in (Q, T, H, P))
+    known = set(TRAIN)
+    off_diagonal = ~np.eye(3, dtype=bool)
+    block = (q @ t.T - gamma * np.eye(3)) / tau  # margin on the positives only
+    if not in_batch:  # no in-batch negatives: every off-diagonal logit is masked, whatever the masks say
+        block[off_diagonal] = -1e4
+    elif mask:
+        false_neg = np.array([[TAILS[j] == TAILS[i] or (HEADS[i], RELS[i], TAILS[j]) in known for j in range(3)]
+                              for i in range(3)])
+        block[false_neg & off_diagonal] = -1e4
+    pre = q @ p.T / tau * w_pre
+    if mask:
+        pre[np.array([[P_IDS[k] == TAILS[i] or (HEADS[i], RELS[i], P_IDS[k]) in known for k in range(2)]
+                      for i in range(3)])] = -1e4
+    self_neg = (q * h).sum(1) / tau  # masked where the head is a known answer of its own query, always
+    self_neg[np.array([(HEADS[i], RELS[i], HEADS[i]) in known for i in range(3)])] = -1e4
+    logits = np.concatenate([block, pre, self_neg[:, None]], axis=1)
+
+    def cross_entropy(x: np.ndarray) -> float:  # gold = the diagonal (row i's positive is column i)
+        top = x.max(axis=1, keepdims=True)
+        lse = top[:, 0] + np.log(np.exp(x - top).sum(axis=1))
+        return float(np.mean(lse - x[np.arange(3), np.arange(3)]))
+
+    loss = cross_entropy(logits) + (cross_entropy(block.T) if symmetric else 0.0)
+    return loss, logits
+
+
+def configured(temperature: float, **options) -> SimKGCLoss:
+    crit = SimKGCLoss(temperature=temperature, margin=0.02, pre_batch=2, pre_batch_weight=0.5, self_negative=True,
+                      **options).double()
+    crit.load_queue_state([(P.numpy(), np.array(P_IDS))], torch.device("cpu"))
+    return crit
+
+
+def test_numpy_reference_agrees_with_the_loop_reference():
+    for symmetric in (True, False):
+        assert numpy_reference(tau=0.05, symmetric=symmetric)[0] == pytest.approx(
+            reference(0.02, 0.05, 0.5, symmetric=symmetric)[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("tau", [0.05, 0.5])
+def test_without_in_batch_negatives(symmetric, tau):
+    """in_batch=False: each query sees its positive, the pre-batch tails and its head; the other rows' tails are
+    masked (and the symmetric term is then zero: each column holds its positive alone)."""
+    expected, logits = numpy_reference(tau=tau, in_batch=False, symmetric=symmetric)
+    assert (logits[:, :3][~np.eye(3, dtype=bool)] == -1e4).all()
+    np.testing.assert_array_equal(logits[:, 3:], numpy_reference(tau=tau)[1][:, 3:])  # pre-batch, self: as before
+    got = run_loss(configured(tau, in_batch=False, symmetric=symmetric)).item()
+    assert got == pytest.approx(expected, rel=1e-6)
+    with_in_batch = numpy_reference(tau=tau, symmetric=symmetric)[0]
+    assert got < with_in_batch and abs(got - with_in_batch) > 10 * 1e-6 * got  # the dropped negatives mattered
+    if symmetric:  # the transposed block adds nothing
+        assert got == pytest.approx(numpy_reference(tau=tau, in_batch=False, symmetric=False)[0], rel=1e-6)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("tau", [0.05, 0.5])
+def test_without_false_negative_masks(symmetric, tau):
+    """mask_false_negatives=False: same-tail rows and known answers count as negatives, in-batch and pre-batch;
+    only the self-negative keeps its mask (a head that answers its own query)."""
+    expected, logits = numpy_reference(tau=tau, mask=False, symmetric=symmetric)
+    masked = numpy_reference(tau=tau, symmetric=symmetric)[1]
+    assert masked[0, 1] == -1e4 and logits[0, 1] != -1e4  # row 0 and 1 share their gold tail
+    assert masked[0, 3] == -1e4 and logits[0, 3] != -1e4  # pre-batch tail 5 is a known answer of row 0
+    assert logits[2, 5] == -1e4 and logits[1, 5] == -1e4  # the self-negative masks stay
+    got = run_loss(configured(tau, mask_false_negatives=False, symmetric=symmetric)).item()
+    assert got == pytest.approx(expected, rel=1e-6)
+    with_masks = numpy_reference(tau=tau, symmetric=symmetric)[0]
+    assert got > with_masks and abs(got - with_masks) > 10 * 1e-6 * got  # the unmasked false negatives cost
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.2])
+def test_fixed_temperature(tau):
+    """learn_temperature=False: the same loss at that τ, no gradient reaches τ, and an optimiser step keeps it."""
+    fixed = SimKGCLoss(temperature=tau, learn_temperature=False, pre_batch=0).double()
+    learned = SimKGCLoss(temperature=tau, learn_temperature=True, pre_batch=0).double()
+    assert not fixed.log_inv_t.requires_grad and learned.log_inv_t.requires_grad
+    queries = [Q.clone().requires_grad_(True) for _ in range(2)]
+    losses = []
+    for crit, q in zip((fixed, learned), queries):
+        loss = crit(q, T, H, heads=torch.tensor(HEADS), rels=torch.tensor(RELS), tails=torch.tensor(TAILS),
+                    train_keys=TRAIN_KEYS, num_entities=E, num_relations2=R2)
+        loss.backward()
+        losses.append(loss.item())
+    # by hand: no pre-batch queue (pre_batch=0), so the logits are the in-batch block and the self-negative
+    q, t, h = (x.numpy() for x in (Q, T, H))
+    inv_t = np.exp(np.float64(np.float32(np.log(1 / tau))))  # log(1/τ) is stored in fp32
+    block = (q @ t.T - 0.02 * np.eye(3)) * inv_t
+    block[0, 1] = block[1, 0] = -1e4  # rows 0 and 1 share their gold tail (3)
+    self_neg = (q * h).sum(1) * inv_t
+    self_neg[[1, 2]] = -1e4  # heads 1 and 2 are known answers of their own queries: (1, 0, 1), (2, 1, 2)
+    logits = np.concatenate([block, self_neg[:, None]], 1)
+    ce = lambda x: float(np.mean(np.log(np.exp(x).sum(1)) - np.diag(x)))  # noqa: E731  (|x| ≤ 1/τ: no overflow)
+    expected = ce(logits) + ce(block.T)
+    assert losses[0] == pytest.approx(expected, rel=1e-6) and losses[1] == losses[0]
+    assert fixed.log_inv_t.grad is None and learned.log_inv_t.grad is not None
+    torch.testing.assert_close(queries[0].grad, queries[1].grad)  # the same loss surface for the encoder
+    opt = torch.optim.SGD(list(fixed.parameters()) + [queries[0]], lr=1.0)
+    opt.step()
+    assert fixed.temperature == pytest.approx(tau, rel=1e-6)

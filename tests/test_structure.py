@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from kgc.errors import KGCError
-
-
-def kgc(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "kgc.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"kgc {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
+from tests.conftest import cli as kgc
 
 
 STRUCTURE = {"model": "TransE", "dim": 8, "epochs": 2, "batch_size": 512, "lr": 0.01, "negatives": 2, "seed": 1,
@@ -52,12 +41,11 @@ def test_structure_trained_and_saved(fused_run):
 
 
 def _loaded(run_dir):
-    from kgc.linkpred.model import Run
+    from kgc.linkpred.service import LinkPredRun
     from kgc.linkpred.structure import load_structure
 
-    run = Run(run_dir)
-    model, graph = run.load("cpu")
-    return run, model, graph, load_structure(run)
+    run = LinkPredRun(run_dir, device="cpu", echo=None)
+    return run, run.model(), run.graph(), load_structure(run.dir.structure)
 
 
 def test_fused_scores_by_hand_and_relation_mapping(fused_run):
@@ -93,13 +81,17 @@ def test_alpha_one_is_text_alpha_zero_is_structure(fused_run):
     from pykeen.evaluation import RankBasedEvaluator
 
     from kgc.linkpred.evaluate import evaluate
-    from kgc.linkpred.structure import _factory, evaluate_grid
+    from kgc.linkpred.structure import _factory, fused_scorer
 
     run, model, graph, st = _loaded(fused_run)
-    res, rows = evaluate_grid(model, graph, st, "test", [0.0, 1.0], batch_size=256)
-    text = evaluate(model, graph, "test", batch_size=256)
-    assert [x["rank"] for x in rows[1.0]] == pytest.approx([x["rank"] for x in text.ranks])
+    fused = {a: evaluate(model, graph, "test", batch_size=256, scorer=fused_scorer(st, [a])) for a in (0.0, 1.0)}
+    res = {a: ev.variants[a] for a, ev in fused.items()}
+    both = evaluate(model, graph, "test", batch_size=256, scorer=fused_scorer(st, [0.0, 1.0]))  # one pass, two α
     mrr = lambda d: d["both"]["realistic"]["inverse_harmonic_mean_rank"]  # noqa: E731
+    assert [mrr(both.variants[a]) for a in (0.0, 1.0)] == [mrr(res[a]) for a in (0.0, 1.0)]
+    assert both.ranks == fused[0.0].ranks  # the first α is the main result
+    text = evaluate(model, graph, "test", batch_size=256)
+    assert [x["rank"] for x in fused[1.0].ranks] == pytest.approx([x["rank"] for x in text.ranks])
     assert mrr(res[1.0]) == pytest.approx(text.metric(), abs=1e-6)
     # α = 0: pykeen's own filtered evaluation of the structural model on the same test triples
     ev = RankBasedEvaluator(filtered=True)
@@ -193,3 +185,28 @@ def test_bench_structure_is_pykeen_alone(tmp_path):
     recipe.write_text("data: {dataset: nations}\n")
     with pytest.raises(KGCError, match="no `structure:` section"):
         bench_structure(recipe, echo=lambda m: None)
+
+
+def test_compare_on_a_fused_recipe_and_one_results_layout(fused_run, tiny_bert, tmp_path):
+    """`kgc compare` on a fused recipe beside a text-only one (the README's `kgc compare recipes/umls_*.yaml`
+    stopped with KeyError: 'cache_bytes' when the fused evaluation wrote its own layout): both runs' results.json
+    hold the same keys, and the fused row is the fused result."""
+    text_recipe = tmp_path / "text.yaml"
+    fused_recipe = tmp_path / "fused.yaml"
+    base = ("data: {dataset: umls, neighbor_text: false, max_tokens: 16}\n"
+            f"model: {json.dumps({'backbone': str(tiny_bert), 'conditioner': 'biencoder'})}\n"
+            "train: {epochs: 1, max_steps: 2, batch_size: 64, lr: 1.0e-3, warmup_steps: 1, num_threads: 1}\n"
+            "eval: {batch_size: 256, validate_every_epoch: false}\n")
+    text_recipe.write_text("name: text\n" + base)
+    fused_recipe.write_text("name: fused\n" + base + f"structure: {json.dumps(STRUCTURE)}\n")
+    out = tmp_path / "cmp"
+    res = kgc("compare", text_recipe, fused_recipe, "--out", out, "--no-progress")
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert [r["recipe"] for r in rows] == ["text", "fused"] and "| fused | biencoder |" in res.stdout
+    text, fused = (json.loads((out / name / "results.json").read_text()) for name in ("text", "fused"))
+    assert set(text) == set(fused) and set(text["kgc"]) == set(fused["kgc"])  # one layout
+    assert text["kgc"]["structure"] is None and fused["kgc"]["structure"]["alpha"] in STRUCTURE["alphas"]
+    mrr = lambda d: d["both"]["realistic"]["inverse_harmonic_mean_rank"]  # noqa: E731
+    assert rows[1]["MRR"] == pytest.approx(mrr(fused)) and rows[1]["cache bytes"] == fused["kgc"]["cache_bytes"] > 0
+    # the text-only component of the fused run is the text model of the same weights, evaluated alone
+    assert mrr(fused["kgc"]["components"]["text"]) == pytest.approx(mrr(text), abs=1e-6)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -129,14 +127,6 @@ def test_size_warning_and_no_download_without_consent(tmp_path, capsys, monkeypa
     with pytest.raises(KGCError, match="cancelled; nothing was downloaded"):
         fetch_dataset("wikidata5m", home, ask=lambda question: False)
     assert not home.exists()
-
-
-def test_cli_without_a_terminal_or_yes_exits_with_the_fix(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "kgc.cli", "data", "fetch", "wikidata5m", "--dest", str(tmp_path)],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "Rerun with --yes" in proc.stderr and "downloads about 1.3 GB" in proc.stdout
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_download_tries_mirrors_keeps_archives_and_reuses_them(tmp_path, archives, monkeypatch, capsys):

@@ -14,6 +14,12 @@ The interface splits the work accordingly, so callers cache what does not depend
 Inputs are token ids without special tokens (``list[list[int]]``); the conditioner adds the special
 tokens its backbone expects via the shared :class:`~kgc.data.texts.SpecialTokens` template.
 
+Each conditioner also describes itself, so no tool outside this package branches on its name:
+
+* :meth:`Conditioner.describe` — a one-line description from the recipe's ``model.*`` options (``kgc compare``);
+* :meth:`Conditioner.export_spec` — how an exported query is formed from the exported parts (``kgc export``);
+* :attr:`Conditioner.explain_kind` and :meth:`Conditioner.explain` — what ``kgc explain`` can show.
+
 A registry maps names to classes; adding a conditioner means adding one module that calls
 :func:`register` and one entry in ``tests/test_conditioners.py`` (a meta-test enforces it).
 """
@@ -21,7 +27,7 @@ A registry maps names to classes; adding a conditioner means adding one module t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -29,15 +35,23 @@ from torch import nn
 from kgc.data.texts import SpecialTokens
 from kgc.encoding.backbone import TextEncoder
 from kgc.errors import KGCError
+from kgc.registry import CONDITIONERS
 
 TokenLists = Sequence[Sequence[int]]
 
-CONDITIONERS: dict[str, type["Conditioner"]] = {}
+
+class Explained(NamedTuple):
+    """What a conditioner shows ``kgc explain``, as numbers; :mod:`kgc.explain` names and renders them."""
+
+    kind: str  # "router": a weight per token of one sentence; "hypernet": a spectrum per condition
+    values: torch.Tensor  # router: (conditions, tokens) w, rows sum to 1; hypernet: (conditions, H) σ, descending
+    token_ids: tuple[int, ...] = ()  # router: the ids of the tokens w covers, special tokens included
+    layers: tuple[int, ...] = ()  # router: the layers w was read in (averaged over them)
 
 
 def register(cls: type["Conditioner"]) -> type["Conditioner"]:
-    CONDITIONERS[cls.name] = cls
-    return cls
+    """Class decorator: add a conditioner to the registry (``kgc.registry.CONDITIONERS``) under its ``name``."""
+    return CONDITIONERS.register(cls)
 
 
 class Conditioner(nn.Module, ABC):
@@ -47,6 +61,8 @@ class Conditioner(nn.Module, ABC):
     enters_at: ClassVar[Literal["input", "layer", "pooled"]]
     options: ClassVar[tuple[str, ...]] = ()  # recipe fields under ``model.`` this conditioner takes
     encodes_conditions: ClassVar[bool] = True  # False where a condition's state is just its token ids
+    # what ``kgc explain`` shows for this class (None: nothing), listed when another conditioner refuses
+    explains: ClassVar[str | None] = None
 
     def __init__(self, *, encoder: TextEncoder, special: SpecialTokens, max_tokens: int) -> None:
         super().__init__()
@@ -69,6 +85,38 @@ class Conditioner(nn.Module, ABC):
     def out_dim(self) -> int:
         """Width of the embeddings :meth:`combine` returns."""
         return self.encoder.dim
+
+    # describing itself: compare, export and explain ask these instead of branching on ``name``
+    @classmethod
+    @abstractmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        """One line for tables (``kgc compare``) from the recipe's values of :attr:`options` (a missing key
+        means the default), e.g. ``"router (k=1, query_key, one_plus_w)"``."""
+
+    @abstractmethod
+    def export_spec(self) -> dict[str, Any]:
+        """How a query is formed from the exported towers (``kgc.json``'s ``conditioner`` part, less ``name`` and
+        ``enters_at``): ``reproducible_outside_kgc`` (bool), ``query`` (the formula, or why kgc is needed), optional
+        ``input`` / ``note`` / ``h_s`` / ``h_c``, and ``options``: every name in :attr:`options` with the value this
+        instance uses (a default the recipe left unset resolved). Abstract so that a new conditioner cannot
+        export silently without saying how."""
+
+    @property
+    def explain_kind(self) -> str | None:
+        """What :meth:`explain` returns here: ``"router"`` (a weight per token of a sentence under each condition,
+        needs a sentence), ``"hypernet"`` (each condition's spectrum) or None (nothing to show)."""
+        return None
+
+    def explain(self, conditions: TokenLists, sentence: Sequence[int] | None = None) -> Explained:
+        """What the ``conditions`` select (of ``sentence``'s tokens, for the router kind); the default refuses."""
+        raise self.not_explainable()
+
+    def not_explainable(self, what: str | None = None) -> KGCError:
+        """The error for a conditioner :meth:`explain` has nothing to show for: what it is (``what``, default its
+        name) and which conditioners can be explained."""
+        shown = [cls.explains for cls in CONDITIONERS.values() if cls.explains] or ["nothing yet"]
+        listed = " and ".join([", ".join(shown[:-1]), shown[-1]] if len(shown) > 1 else shown)
+        return KGCError(f"kgc explain shows {listed}; this run's conditioner is {what or self.name}")
 
     @abstractmethod
     def encode_conditions(self, conditions: TokenLists) -> Any:
@@ -110,11 +158,8 @@ class Conditioner(nn.Module, ABC):
 
 
 def conditioner_class(name: str) -> type[Conditioner]:
-    import kgc.conditioning  # noqa: F401  (registers the built-in conditioners)
-
-    if name not in CONDITIONERS:
-        raise KGCError(f"model.conditioner {name!r}: unknown. Available: {', '.join(sorted(CONDITIONERS))}")
-    return CONDITIONERS[name]
+    """The registered conditioner class ``name`` (an unknown name lists the registered ones)."""
+    return CONDITIONERS.lookup(name)
 
 
 def build_conditioner(name: str, **kwargs: Any) -> Conditioner:

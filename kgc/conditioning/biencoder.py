@@ -14,10 +14,12 @@ below T − k still run once per distinct input and can come from the layer cach
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import torch
 
-from kgc.conditioning.base import Conditioner, TokenLists, register
-from kgc.conditioning.routing import Route, RoutedAttention
+from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
+from kgc.conditioning.routing import Route, RoutedAttention, explained
 from kgc.encoding.backbone import unique_rows
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
@@ -29,23 +31,66 @@ class BiEncoder(Conditioner):
     enters_at = "input"
     encodes_conditions = False
     options = ("router_layers", "weighting")
+    explains = "CSR's token weights inside the bi-encoder (biencoder with model.router_layers > 0)"
 
     def __init__(self, *, router_layers: int | None = 0, weighting: str = "one_plus_w", **kwargs) -> None:
         super().__init__(**kwargs)
-        self.k, self.weighting = router_layers or 0, weighting
+        self.router_layers: int = router_layers or 0  # CSR in the top k layers; 0: the plain bi-encoder
+        self.weighting = weighting
         total = self.encoder.num_layers
-        if not 0 <= self.k <= total:
+        if not 0 <= self.router_layers <= total:
             raise KGCError(f"model.router_layers={router_layers}: choose 0..{total} for the bi-encoder (0: no routing)")
         if weighting not in ("one_plus_w", "w_only"):
             raise KGCError(f"model.weighting {weighting!r}: choose one_plus_w or w_only")
         self.routing = None
-        if self.k:
+        if self.router_layers:
             check_bert_family(self.encoder.backbone, "model.conditioner=biencoder with router_layers")
             self.routing = RoutedAttention(self.encoder.backbone, self.routing_layers)
 
+    @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        k = options.get("router_layers")
+        return cls.name + (f" + CSR in the top {k} layers ({options.get('weighting', 'one_plus_w')})" if k else "")
+
+    def export_spec(self) -> dict[str, Any]:
+        pair = ("text pair (head text, relation text): tokenizer(head, relation, truncation='longest_first', "
+                "max_length=max_tokens), i.e. [CLS] head [SEP] relation [SEP] with token types 0 / 1")
+        options = {"router_layers": self.router_layers, "weighting": self.weighting}
+        if self.router_layers:
+            return {"reproducible_outside_kgc": False, "input": pair,
+                    "query": f"CSR routing inside the top {self.router_layers} layers (model.router_layers) rescales "
+                             "attention context vectors; a stock transformer does not route. Use kgc for queries.",
+                    "options": options}
+        return {"reproducible_outside_kgc": True, "input": pair,
+                "query": "pool(query tower(pair)) over every token, L2-normalised; with the sentence-transformers "
+                         "format: SentenceTransformer(query folder).encode([[head text, relation text], ...])",
+                "options": options}
+
+    @property
+    def explain_kind(self) -> str | None:
+        return "router" if self.routing is not None else None
+
+    def not_explainable(self, what: str | None = None) -> KGCError:
+        return super().not_explainable(what or f"{self.name} without router_layers")
+
+    @torch.no_grad()
+    def explain(self, conditions: TokenLists, sentence: Sequence[int] | None = None) -> Explained:
+        """w over [CLS] and the sentence's tokens of each ``[CLS] sentence [SEP] condition [SEP]``, averaged over
+        the routed layers; where a long condition cut the sentence shorter in some pairs, their common part."""
+        if self.routing is None:
+            raise self.not_explainable()
+        if sentence is None:
+            raise KGCError("kgc explain: give a sentence (an entity's text): CSR weighs its tokens")
+        n = len(conditions)
+        _, route = self.route([sentence] * n, list(conditions), torch.arange(n, device=self.device))
+        rows = route.order.cpu() if route.order is not None else torch.arange(n)
+        width = min(int(route.score_cols[int(i)].sum()) for i in rows)  # [CLS] + the sentence's tokens kept
+        ids = self.special.pair[0] + self.special.truncate_pair(sentence, conditions[0], self.max_tokens)[0]
+        return explained(route, rows, width, ids[:width])
+
     @property
     def plain_below(self) -> int:
-        return self.encoder.num_layers - self.k
+        return self.encoder.num_layers - self.router_layers
 
     def encode_conditions(self, conditions: TokenLists) -> TokenLists:
         return conditions  # t = 0: the condition's state is its token ids
@@ -87,8 +132,9 @@ class BiEncoder(Conditioner):
 
     @property
     def routing_layers(self) -> range:
-        return range(self.encoder.num_layers - self.k, self.encoder.num_layers)
+        return range(self.encoder.num_layers - self.router_layers, self.encoder.num_layers)
 
     def combine(self, sentence_state: TokenLists, condition_state: TokenLists,
                 condition_index: torch.Tensor) -> torch.Tensor:
         return self.route(sentence_state, condition_state, condition_index)[0]
+

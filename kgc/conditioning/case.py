@@ -24,6 +24,8 @@ Dropout(0.15), and MSE against label / 5; here a BERT-family encoder pools the c
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,17 +45,33 @@ class Case(Conditioner):
         if self.encoder.pooling == "cls":
             raise KGCError("model.conditioner=case pools the condition's own tokens: use model.pooling mean or s2sent")
         h = self.encoder.dim
-        self.k = case_dim or h
+        self.case_projection = case_projection
+        self.case_dim: int = case_dim or h  # the projection's width, the embeddings' width
         if case_projection == "linear":
-            self.proj = nn.Linear(h, self.k, bias=False)
+            self.proj = nn.Linear(h, self.case_dim, bias=False)
         elif case_projection == "mlp":
-            self.proj = nn.Sequential(nn.Linear(h, h), nn.LeakyReLU(), nn.Dropout(0.1), nn.Linear(h, self.k))
+            self.proj = nn.Sequential(nn.Linear(h, h), nn.LeakyReLU(), nn.Dropout(0.1), nn.Linear(h, self.case_dim))
         else:
             raise KGCError(f"model.case_projection {case_projection!r}: choose linear or mlp")
 
     @property
     def out_dim(self) -> int:
-        return self.k
+        return self.case_dim
+
+    @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        return f"{cls.name} ({options.get('case_projection', 'linear')}, k={options.get('case_dim') or 'H'})"
+
+    def export_spec(self) -> dict[str, Any]:
+        return {"reproducible_outside_kgc": True,
+                "note": "with transformers and a mean over a token span (the relation's tokens: sequence id 0 of the "
+                        "pair); stock sentence-transformers modules pool every token",
+                "query": "f(c; s) = pool over the relation's tokens of query tower(tokenizer(relation, head) pair, "
+                         "longest_first to max_tokens); f(c; none) = pool over the relation's tokens of "
+                         "[CLS] relation [SEP]; both L2-normalised; q = normalize(P(f(c; s) - f(c; none))) with P(x) = "
+                         "proj.weight @ x (case_projection linear) or proj.3(leaky_relu(proj.0(x), 0.01)) (mlp; "
+                         "dropout off)",
+                "options": {"case_projection": self.case_projection, "case_dim": self.case_dim}}
 
     def _pooled(self, seqs: list[tuple[list[int], list[int]]], spans: list[tuple[int, int]]) -> torch.Tensor:
         """(batch, H) unit vectors of the padded sequences, pooled over each one's condition span."""
@@ -83,4 +101,4 @@ class Case(Conditioner):
             seqs.append(self.special.wrap_pair(cond, sent, self.max_tokens))
             spans.append((start, start + len(cond)))
         given = self._pooled(seqs, spans)  # f(c ; s): (batch, H)
-        return F.normalize(self.proj(given - alone[condition_index]), dim=-1)  # (batch, k)
+        return F.normalize(self.proj(given - alone[condition_index]), dim=-1)  # (batch, case_dim)

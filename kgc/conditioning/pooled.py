@@ -17,16 +17,26 @@ Every output is L2-normalised.
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kgc.conditioning.base import Conditioner, TokenLists, register
+from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
 from kgc.errors import KGCError
+
+# the parts an exported query is composed from (kgc.json), the same for every conditioner here
+POOLED_PARTS = {"h_s": "query tower(head text), encoded exactly like an entity text (entities.tsv)",
+                "h_c": "query tower(relation text) (relations.tsv), a single sequence like an entity text"}
 
 
 class PooledConditioner(Conditioner):
     enters_at = "pooled"
+
+    def _spec(self, query: str, **options: Any) -> dict[str, Any]:
+        """An export spec reproducible from the query tower's pooled h_s, h_c and ``conditioner.safetensors``."""
+        return {"reproducible_outside_kgc": True, "query": query, **POOLED_PARTS, "options": options}
 
     def encode_sentences(self, sentences: TokenLists) -> torch.Tensor:
         return self.encoder.encode_unique(self.single_batch(sentences))  # (batch, H)
@@ -44,6 +54,13 @@ class Hadamard(PooledConditioner):
         h = self.encoder.dim
         self.proj = nn.Linear(h, h)
 
+    @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        return cls.name
+
+    def export_spec(self) -> dict[str, Any]:
+        return self._spec("normalize(h_s * (proj.weight @ h_c + proj.bias))")
+
     def combine(self, sentence_state, condition_state, condition_index):
         cond = self.proj(condition_state)[condition_index]  # (batch, H): W h_c per distinct condition
         return F.normalize(sentence_state * cond, dim=-1)
@@ -60,6 +77,14 @@ class Concat(PooledConditioner):
         self.dropout = nn.Dropout(dropout)
         self.proj = nn.Linear(2 * h, h)
 
+    @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        return cls.name
+
+    def export_spec(self) -> dict[str, Any]:
+        return self._spec("normalize(gelu(proj.weight @ concat(h_s, h_c) + proj.bias))  (exact erf GELU; dropout off)",
+                          dropout=self.dropout.p)
+
     def combine(self, sentence_state, condition_state, condition_index):
         pair = torch.cat([sentence_state, condition_state[condition_index]], dim=-1)  # (batch, 2H)
         return F.normalize(F.gelu(self.proj(self.dropout(pair))), dim=-1)
@@ -69,6 +94,7 @@ class Concat(PooledConditioner):
 class HyperNet(PooledConditioner):
     name = "hypernet"
     options = ("rank", "hypernet_form")
+    explains = "Hyper-CL's W_c (hypernet)"
 
     def __init__(self, *, rank: int | None = None, hypernet_form: str = "lowrank", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -85,6 +111,27 @@ class HyperNet(PooledConditioner):
             if self.form == "residual":  # W_c = I + W1 W2ᵀ starts at the identity
                 nn.init.zeros_(self.gen2.weight)
                 nn.init.zeros_(self.gen2.bias)
+
+    @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        return f"{cls.name} ({options.get('hypernet_form', 'lowrank')}, K={options.get('rank') or 'H/12'})"
+
+    def export_spec(self) -> dict[str, Any]:
+        factors = "W1 = (gen1.weight @ h_c + gen1.bias).reshape(H, K), W2 likewise from gen2; "
+        query = {"lowrank": factors + "q = normalize((h_s @ W1) @ W2.T)",
+                 "residual": factors + "q = normalize(h_s + (h_s @ W1) @ W2.T)",
+                 "full": "W_c = (gen.weight @ h_c + gen.bias).reshape(H, H); q = normalize(h_s @ W_c)"}[self.form]
+        return self._spec(query, rank=None if self.form == "full" else self.rank, hypernet_form=self.form)
+
+    @property
+    def explain_kind(self) -> str | None:
+        return "hypernet"
+
+    @torch.no_grad()
+    def explain(self, conditions: TokenLists, sentence: Sequence[int] | None = None) -> Explained:
+        """The singular values of W_c (H × H) of each condition, descending (``sentence`` is not needed)."""
+        mats = self.matrices(self.encode_conditions(conditions))  # (conditions, H, H)
+        return Explained("hypernet", torch.linalg.svdvals(mats.float()).cpu())
 
     def encode_conditions(self, conditions: TokenLists):
         """W_c of each distinct condition: (conditions, H, H) full, or the factors (conditions, H, K) ×2."""

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import torch
 from torch import nn
 
-from kgc.conditioning.base import Conditioner, TokenLists, register
-from kgc.conditioning.routing import Route, RoutedAttention
+from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
+from kgc.conditioning.routing import Route, RoutedAttention, explained
 from kgc.encoding.backbone import unique_rows
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
@@ -55,6 +55,7 @@ class Router(Conditioner):
     name = "router"
     enters_at = "layer"
     options = ("router_layers", "weighting", "scorer", "cross_attend")
+    explains = "CSR's token weights (router)"
 
     def __init__(self, *, router_layers: int | None = 1, weighting: str = "one_plus_w", scorer: str = "query_key",
                  cross_attend: str = "none", **kwargs) -> None:
@@ -83,8 +84,44 @@ class Router(Conditioner):
         self.routing = RoutedAttention(backbone, range(self.entry_layer, total))
 
     @property
+    def router_layers(self) -> int:
+        """k: the top k layers route (``t`` = T − k is the layer whose input the condition's query reads)."""
+        return self.encoder.num_layers - self.t
+
+    @property
     def entry_layer(self) -> int:
         return 0 if self.cross_attend == "all" else self.t
+
+    @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        cross = options.get("cross_attend", "none")
+        return (f"{cls.name} (k={options.get('router_layers') or 1}, {options.get('scorer', 'query_key')}, "
+                f"{options.get('weighting', 'one_plus_w')}" + (f", cross-attends {cross}" if cross != "none" else "")
+                + ")")
+
+    def export_spec(self) -> dict[str, Any]:
+        return {"reproducible_outside_kgc": False,
+                "query": "CSR routing rescales attention context vectors inside the top router_layers layers of the "
+                         "query tower (kgc.conditioning.router; the heavy scorer's w_q / w_k are in "
+                         "conditioner.safetensors); the exported encoder holds the weights but a stock transformer "
+                         "does not route. Use kgc for queries.",
+                "options": {"router_layers": self.router_layers, "weighting": self.weighting, "scorer": self.scorer,
+                            "cross_attend": self.cross_attend}}
+
+    @property
+    def explain_kind(self) -> str | None:
+        return "router"
+
+    @torch.no_grad()
+    def explain(self, conditions: TokenLists, sentence: Sequence[int] | None = None) -> Explained:
+        """w of each token of ``[CLS] sentence [SEP]`` under each condition, averaged over the router layers."""
+        if sentence is None:
+            raise KGCError("kgc explain: give a sentence (an entity's text): the router weighs its tokens")
+        n = len(conditions)
+        index = torch.arange(n, device=self.device)
+        _, route = self.route(self.encode_sentences([sentence] * n), self.encode_conditions(conditions), index)
+        ids = self.special.wrap(sentence, self.max_tokens)[0]
+        return explained(route, torch.arange(n), len(ids), ids)
 
     def _projections(self):
         attn = self.encoder.backbone.encoder.layer[self.t].attention.self
@@ -140,9 +177,10 @@ class Router(Conditioner):
             rows[:, 0] = 1  # the sentence's [CLS]
         else:  # w from the states entering layer t, read when the pass gets there (with ``all`` they saw the condition)
             score, rows = (lambda hidden: self.weights(hidden.unsqueeze(2), mask, cond.query)), None
+        cross = frozenset(range(self.entry_layer, total)) if self.cross_attend != "none" else frozenset()
         r = Route(mask=mask, scale_layers=frozenset(range(self.t, total)), score=score, score_rows=rows,
                   score_cols=mask, weighting=self.weighting, cond_states=cond.tokens, cond_mask=cond.mask,
-                  cross_layers=frozenset(range(self.entry_layer, total)) if self.cross_attend != "none" else frozenset())
+                  cross_layers=cross)
         with self.routing.route(r):
             return self.encoder.run_from(states, mask, self.entry_layer), r  # (batch, dim)
 

@@ -10,26 +10,34 @@ CSR changes a layer's self-attention in up to three ways, each optional per laye
   (1 + w_i) (or w_i), before the output projection and the residual;
 * **w** — fixed for every scaled layer (``weights``, or ``score`` applied to the states entering the
   first scaled layer: the router's query–key scorer), or read off each layer's own attention
-  (``score_rows``/``score_cols``) — the head-averaged attention probabilities of the query rows ``score_rows`` (the sentence's
-  [CLS]: the released code's ``router_type`` 3; the condition's tokens inside the bi-encoder) on the
+  (``score_rows``/``score_cols``) — the head-averaged attention probabilities of the query rows ``score_rows``
+  (the sentence's [CLS]: the released code's ``router_type`` 3; the condition's tokens inside the bi-encoder) on the
   keys ``score_cols`` (the sentence's tokens), averaged over those rows and renormalised to sum to 1
   over the sentence's tokens.
 
-The layers keep their weights and state-dict names: :class:`RoutedAttention` replaces ``forward`` of the
-chosen ``attention.self`` modules by one that reads the :class:`Route` set for one pass (``with
-routing.route(...)``) and is the plain attention outside it (the tail tower, the condition's own pass).
+:class:`RoutedAttention` installs a :class:`RoutedSelfAttention` in place of each chosen
+``encoder.layer[i].attention.self``. The substitute is a subclass of the module's own class (BERT's, RoBERTa's, …)
+made once per class, built around the *same* query/key/value/dropout modules, so
+
+* the state-dict keys stay ``encoder.layer.N.attention.self.query.weight`` … (old checkpoints load);
+* it is still an instance of the original class, so Hugging Face's output recording
+  (``output_attentions=True`` hooks on ``BertSelfAttention``) and ``set_attn_implementation`` see it;
+* outside a routed pass (``with routing.route(...)``: the tail tower, the condition's own pass) it runs the
+  original class's ``forward`` unchanged, so unrouted outputs are bit-identical to the plain model;
+* ``copy.deepcopy`` and ``.to()`` / ``.train()`` work as for any module (no bound methods stored on it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kgc.conditioning.base import Explained
 
 
 @dataclass
@@ -60,14 +68,109 @@ def weights_from_attention(probs: torch.Tensor, rows: torch.Tensor, cols: torch.
     return w / w.sum(1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
 
 
-class RoutedAttention:
-    """Takes over ``forward`` of ``backbone.encoder.layer[i].attention.self`` for each i in ``layers``."""
+def explained(route: Route, rows: torch.Tensor, width: int, token_ids: Sequence[int]) -> Explained:
+    """``kgc explain``'s numbers from the w a routed pass used (``route.seen``): averaged over the layers, the
+    route's ``rows`` in condition order, the first ``width`` positions (``token_ids``), rows renormalised to 1."""
+    layers = sorted(route.seen)
+    w = torch.stack([route.seen[i] for i in layers]).mean(0).float().cpu()[rows][:, :width]  # (conditions, tokens)
+    w = w / w.sum(1, keepdim=True).clamp_min(1e-12)
+    return Explained("router", w, tuple(int(i) for i in token_ids), tuple(layers))
 
-    def __init__(self, backbone: nn.Module, layers) -> None:
+
+class RoutedSelfAttention(nn.Module):
+    """Mixin for a BERT-family self-attention module that routes when a :class:`Route` is active.
+
+    Never built directly: :meth:`substitute` makes a ``Routed<Class>`` subclass of the module's own class (once
+    per class, so ``isinstance(m, BertSelfAttention)`` stays true for Hugging Face's hooks) and an instance of it
+    that shares the original's submodules, parameters, hooks and config.
+    """
+
+    layer: int  # this module's layer index
+    switches: list["RoutedAttention"]  # every router installed here (conditioners built on one encoder share it)
+    original: ClassVar[type]  # the class this one routes (set on each Routed<Class>)
+
+    _classes: ClassVar[dict[type, type]] = {}  # original class → its routed subclass
+
+    @classmethod
+    def routed_class(cls, original: type) -> type:
+        """``Routed<Class>``: this mixin over ``original``, made once per class."""
+        if original not in cls._classes:
+            cls._classes[original] = type(f"Routed{original.__name__}", (RoutedSelfAttention, original),
+                                          {"__module__": __name__, "original": original})
+        return cls._classes[original]
+
+    @classmethod
+    def substitute(cls, module: nn.Module, layer: int, switch: "RoutedAttention") -> "RoutedSelfAttention":
+        """A routed copy of ``module`` (its submodules and parameters are shared, not copied); a module that
+        already routes just listens to one more switch."""
+        if isinstance(module, RoutedSelfAttention):
+            module.switches.append(switch)
+            return module
+        routed = _bare(type(module))
+        # the original's state, with its own containers (parameters, submodules, hooks) copied one level
+        routed.__dict__.update({k: v.copy() if isinstance(v, (dict, set)) else v for k, v in vars(module).items()})
+        routed.layer, routed.switches = layer, [switch]
+        return routed
+
+    def __reduce_ex__(self, protocol):
+        # pickle cannot name a class made at run time: name the original class and rebuild the routed one from it
+        return _bare, (self.original,), self.__dict__
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any):
+        r = next((s.current for s in self.switches if s.current is not None), None)
+        if r is None or (self.layer not in r.scale_layers and self.layer not in r.cross_layers):
+            return super().forward(hidden_states, attention_mask=attention_mask, **kwargs)  # the original class's
+        return self._routed(r, hidden_states)
+
+    def _routed(self, r: Route, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(context (b, n, H), attention probabilities (b, heads, n, m + n)) under the route ``r``."""
+        b, n, _ = hidden_states.shape
+        split = lambda x: x.view(x.shape[0], x.shape[1], self.num_attention_heads, -1).transpose(1, 2)  # noqa: E731
+        q, k, v = (split(p(hidden_states)) for p in (self.query, self.key, self.value))  # (b, heads, n, dh)
+        keep = r.mask.to(hidden_states.device)
+        m = 0
+        if self.layer in r.cross_layers and r.cond_states is not None:
+            c = r.cond_states.to(hidden_states.dtype)  # (b, m, H)
+            m = c.shape[1]
+            k = torch.cat([split(self.key(c)), k], 2)  # (b, heads, m + n, dh)
+            v = torch.cat([split(self.value(c)), v], 2)
+            keep = torch.cat([r.cond_mask.to(keep), keep], 1)
+        scores = q @ k.transpose(-1, -2) * self.scaling  # (b, heads, n, m + n)
+        scores = scores.masked_fill(keep[:, None, None, :] == 0, torch.finfo(scores.dtype).min)
+        probs = scores.softmax(-1)
+        context = F.dropout(probs, self.dropout.p, self.training) @ v  # (b, heads, n, dh)
+        context = context.transpose(1, 2).reshape(b, n, -1)  # (b, n, H)
+        if self.layer in r.scale_layers:
+            if r.weights is None and r.score is not None:  # the first scaled layer scores its input once
+                r.weights = r.score(hidden_states)
+            w = r.weights if r.weights is not None else weights_from_attention(probs[..., m:], r.score_rows,
+                                                                               r.score_cols)
+            r.seen[self.layer] = w.detach()
+            factor = (1 + w) if r.weighting == "one_plus_w" else w
+            context = context * factor.unsqueeze(-1).to(context.dtype)
+        return context, probs
+
+
+def _bare(original: type) -> RoutedSelfAttention:
+    """An empty ``Routed<original>`` whose state is filled in next (by :meth:`RoutedSelfAttention.substitute`,
+    pickle or deepcopy)."""
+    cls = RoutedSelfAttention.routed_class(original)
+    return cls.__new__(cls)
+
+
+class RoutedAttention:
+    """The switch of one conditioner: installs :class:`RoutedSelfAttention` at ``backbone.encoder.layer[i]
+    .attention.self`` for each i in ``layers`` and holds the :class:`Route` of the current pass.
+
+    Not a module on purpose: the routed layers belong to the backbone (their weights are saved once, under the
+    backbone's names), this only says when they route.
+    """
+
+    def __init__(self, backbone: nn.Module, layers: Iterable[int]) -> None:
         self.current: Route | None = None
         for i in layers:
-            module = backbone.encoder.layer[i].attention.self
-            module.forward = functools.partial(self._forward, module, i, module.forward)
+            attention = backbone.encoder.layer[i].attention
+            attention.self = RoutedSelfAttention.substitute(attention.self, i, self)
 
     @contextlib.contextmanager
     def route(self, route: Route):
@@ -76,33 +179,3 @@ class RoutedAttention:
             yield route
         finally:
             self.current = None
-
-    def _forward(self, module, layer: int, plain, hidden_states, attention_mask=None, **kwargs):
-        r = self.current
-        if r is None or (layer not in r.scale_layers and layer not in r.cross_layers):
-            return plain(hidden_states, attention_mask=attention_mask, **kwargs)
-        b, n, _ = hidden_states.shape
-        split = lambda x: x.view(x.shape[0], x.shape[1], module.num_attention_heads, -1).transpose(1, 2)  # noqa: E731
-        q, k, v = (split(p(hidden_states)) for p in (module.query, module.key, module.value))  # (b, heads, n, dh)
-        keep = r.mask.to(hidden_states.device)
-        m = 0
-        if layer in r.cross_layers and r.cond_states is not None:
-            c = r.cond_states.to(hidden_states.dtype)  # (b, m, H)
-            m = c.shape[1]
-            k = torch.cat([split(module.key(c)), k], 2)  # (b, heads, m + n, dh)
-            v = torch.cat([split(module.value(c)), v], 2)
-            keep = torch.cat([r.cond_mask.to(keep), keep], 1)
-        scores = q @ k.transpose(-1, -2) * module.scaling  # (b, heads, n, m + n)
-        scores = scores.masked_fill(keep[:, None, None, :] == 0, torch.finfo(scores.dtype).min)
-        probs = scores.softmax(-1)
-        context = F.dropout(probs, module.dropout.p, module.training) @ v  # (b, heads, n, dh)
-        context = context.transpose(1, 2).reshape(b, n, -1)  # (b, n, H)
-        if layer in r.scale_layers:
-            if r.weights is None and r.score is not None:  # the first scaled layer scores its input once
-                r.weights = r.score(hidden_states)
-            w = r.weights if r.weights is not None else weights_from_attention(probs[..., m:], r.score_rows,
-                                                                               r.score_cols)
-            r.seen[layer] = w.detach()
-            factor = (1 + w) if r.weighting == "one_plus_w" else w
-            context = context * factor.unsqueeze(-1).to(context.dtype)
-        return context, probs

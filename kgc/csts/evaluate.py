@@ -115,21 +115,6 @@ def format_summary(results: dict) -> str:
             f"MSE {fmt(results['mse'])}")
 
 
-def evaluate_run(run, split: str = "test", *, device="cpu", batch_size: int | None = None,
-                 progress: bool = False) -> CSTSEvaluation:
-    """Evaluate a C-STS run directory; write ``results[.split].json`` and ``predictions[.split].tsv`` into it."""
-    from kgc.fileio import write_json, write_tsv
-
-    model, tokenizer = run.load(device)
-    data = run.data()
-    ev = evaluate(model, Texts(data, tokenizer), data, split, batch_size=batch_size or run.recipe.eval.batch_size,
-                  progress=progress)
-    suffix = "" if split == "test" else f".{split}"
-    write_json(run.path / f"results{suffix}.json", ev.results)
-    write_tsv(run.path / f"predictions{suffix}.tsv", ev.predictions)
-    return ev
-
-
 @torch.no_grad()
 def condition_blind(data: CSTSData, backbone_folder, split: str = "test", *, pooling: str = "mean",
                     max_tokens: int = 128, batch_size: int = 256) -> dict:

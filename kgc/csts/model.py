@@ -12,11 +12,10 @@ from typing import Sequence
 import torch
 
 from kgc.conditioning.base import build_conditioner
-from kgc.csts.data import CSTSData, load_csts
+from kgc.csts.data import CSTSData
 from kgc.data.texts import SpecialTokens, tokenizer_hash
 from kgc.encoding.backbone import TextEncoder, load_tokenizer
 from kgc.recipe import Recipe
-from kgc.training.run import RunDir
 from kgc.training.setup import TaskModel, build_encoders, conditioner_options
 
 
@@ -62,21 +61,3 @@ def build_model(recipe: Recipe, backbone_folder: Path, *, pretrained: bool = Tru
                             conditioner=recipe.model.conditioner, tokenizer_hash=tokenizer_hash(tokenizer),
                             **conditioner_options(recipe))
     return model, tokenizer
-
-
-class CSTSRun(RunDir):
-    """A C-STS run directory."""
-
-    task = "csts"
-
-    def data(self) -> CSTSData:
-        d = self.recipe.data
-        return load_csts(d.dataset, d.path, d.synth)
-
-    def load(self, device: str | torch.device = "cpu"):
-        """(model, tokenizer) with the run's best weights, in eval mode."""
-        model, tokenizer = build_model(self.recipe, self.backbone, pretrained=False)
-        model.load_state_dict(self.model_state())
-        model.attach_layer_cache(self.recipe)
-        model.to(device).eval()
-        return model, tokenizer

@@ -19,6 +19,7 @@ from typing import Callable
 
 from kgc.errors import KGCError
 from kgc.fileio import atomic_dir, sha256_file
+from kgc.registry import TASKS
 
 KGBERT = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
 
@@ -34,6 +35,7 @@ class CatalogEntry:
     task: str = "linkpred"
     encrypted: bool = False  # url is one ``openssl enc -aes-256-cbc -a -salt -pbkdf2`` tar archive
     wikidata5m: str | None = None  # Wikidata5M split (transductive/inductive): archives converted at fetch
+    generated: str | None = None  # made by kgc itself on first use, under this folder (no files to find)
 
     @property
     def probe(self) -> tuple[str, ...]:
@@ -85,6 +87,8 @@ CATALOG: dict[str, CatalogEntry] = {
                      url="https://raw.githubusercontent.com/princeton-nlp/c-sts/main/data/csts.tar.enc",
                      task="csts", encrypted=True),
         # Wikidata5M: archives (mirrors and sizes in kgc.data.wikidata5m) converted to KG-BERT files at fetch
+        CatalogEntry("synth-csts", "synth-csts", "synthetic conditional similarity, made by kgc "
+                     "(`kgc data synth-csts OUT`)", task="csts", generated="$KGC_CACHE_HOME/synth-csts (on first use)"),
         CatalogEntry("wikidata5m", "Wikidata5M", "Wikidata + Wikipedia abstracts (Wang et al. 2021), transductive; "
                      "4.6M entities, ~1.3 GB download", url="https://deepgraphlearning.github.io/project/wikidata5m",
                      wikidata5m="transductive"),
@@ -142,7 +146,7 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpr
         folder = Path(name_or_path).expanduser()
         if _looks_like_dataset(folder, task):
             return folder, "path"
-        names = [n for n, e in CATALOG.items() if e.task == task] + (["synth-csts"] if task == "csts" else [])
+        names = [n for n, e in CATALOG.items() if e.task == task]
         raise KGCError(f"dataset {name_or_path!r}: not a catalog name for task {task} ({', '.join(names)}) "
                        f"and not a folder holding {' or '.join(PROBES[task])}")
     if entry.task != task:
@@ -166,18 +170,21 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpr
 def list_datasets() -> list[dict[str, str]]:
     rows = []
     for entry in CATALOG.values():
+        if entry.generated:
+            rows.append({"name": entry.name, "where": "generated", "folder": entry.generated,
+                         "about": entry.description})
+            continue
         try:
             folder, where = find_dataset(entry.name, task=entry.task)
             rows.append({"name": entry.name, "where": where, "folder": str(folder), "about": entry.description})
         except KGCError:
             rows.append({"name": entry.name, "where": "missing", "folder": "-", "about": entry.description})
-    rows.append({"name": "synth-csts", "where": "generated", "folder": "$KGC_CACHE_HOME/synth-csts (on first use)",
-                 "about": "synthetic conditional similarity, made by kgc (`kgc data synth-csts OUT`)"})
     return rows
 
 
 def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | None = None,
-                  source: str | None = None, yes: bool = False, ask: Callable[[str], bool] | None = None) -> Path:
+                  source: str | None = None, yes: bool = False, ask: Callable[[str], bool] | None = None,
+                  echo: Callable[[str], None] = print) -> Path:
     """Download a catalog dataset from its public home into <home>/<FOLDER>, checking sha256 sums.
 
     Files land in a temporary folder first; the folder is renamed into place only when every file
@@ -189,6 +196,9 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     entry = catalog_entry(name)
     if entry is None:
         raise KGCError(f"unknown dataset {name!r}; catalog names: {', '.join(CATALOG)}")
+    if entry.generated:
+        raise KGCError(f"{entry.name} is made by kgc, not downloaded: name it in a recipe (data.dataset: "
+                       f"{entry.name}), or write it with `kgc data synth-csts OUT`")
     if entry.url is None:
         raise KGCError(f"{entry.name} has no download home; it ships inside the pykeen wheel")
     home = dest_home or data_homes()[0][1]
@@ -198,7 +208,8 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     if entry.wikidata5m:
         from kgc.data import wikidata5m
 
-        return wikidata5m.fetch(variant=entry.wikidata5m, target=target, home=home, source=source, yes=yes, ask=ask)
+        return wikidata5m.fetch(variant=entry.wikidata5m, target=target, home=home, source=source, yes=yes, ask=ask,
+                                echo=echo)
     if entry.encrypted and not password:
         raise KGCError(f"{entry.name} is distributed encrypted: pass --password (its authors give it on request), "
                        f"or put {', '.join(entry.files)} into {target} yourself")
@@ -217,7 +228,7 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
                                f"({', '.join(entry.files)}) into {target} by hand.") from None
             got = sha256_file(tmp / fname)
             if expected is None:
-                print(f"  {fname}: sha256 {got} (not pinned in the catalog)")
+                echo(f"  {fname}: sha256 {got} (not pinned in the catalog)")
             elif got != expected:
                 raise KGCError(f"{url}: sha256 {got} does not match the catalog's {expected}; refusing it")
     return target
@@ -252,7 +263,4 @@ def _unpack_encrypted(entry: CatalogEntry, blob: bytes, tmp: Path, password: str
             raise KGCError(f"{where}: the archive lacks {', '.join(missing)} (it holds {', '.join(sorted(members))})")
         for fname in entry.files:
             (tmp / fname).write_bytes(archive.extractfile(members[fname]).read())
-    if entry.task == "csts":  # check the columns and every row before the folder is published
-        from kgc.csts.data import read_csts
-
-        read_csts(tmp)
+    TASKS.lookup(entry.task).check_dataset(tmp)  # every row checked before the folder is published

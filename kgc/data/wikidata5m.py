@@ -223,7 +223,13 @@ def size_message(variant: str, to_download: list[str], archive_dir: Path) -> str
     return "\n".join(lines)
 
 
+def _say(msg: str) -> None:
+    """The default progress line: straight to stdout, flushed (the CLI passes its own echo)."""
+    print(msg, flush=True)
+
+
 def fetch(*, variant: str, target: Path, home: Path, source: str | None = None, yes: bool = False,
+          echo: Callable[[str], None] = _say,
           ask: Callable[[str], bool] | None = None) -> Path:
     """Download what is missing (after the size message and a yes), convert, and rename into ``target``.
 
@@ -244,7 +250,7 @@ def fetch(*, variant: str, target: Path, home: Path, source: str | None = None, 
     else:
         folder = home / ARCHIVE_DIR
         to_download = [a for a in urls if not _available(folder, a)]
-    print(size_message(variant, to_download, folder), flush=True)
+    echo(size_message(variant, to_download, folder))
     if to_download and not yes:
         if ask is None:
             raise KGCError(f"Wikidata5M is a large download (about {sum(ARCHIVE_MB[a] for a in to_download) / 1000:.1f}"
@@ -255,30 +261,29 @@ def fetch(*, variant: str, target: Path, home: Path, source: str | None = None, 
     sources = {}
     for archive in urls:
         if archive in to_download:
-            sources[archive] = _download(archive, urls[archive], folder / archive)
+            sources[archive] = _download(archive, urls[archive], folder / archive, echo)
         else:
             sources[archive] = str(folder / archive) if (folder / archive).is_file() else "extracted files"
     sums = {}
     for archive in urls:
         if (folder / archive).is_file():
             sums[archive] = sha256_file(folder / archive)
-            print(f"  {archive}: sha256 {sums[archive]} (not pinned in the catalog)", flush=True)
+            echo(f"  {archive}: sha256 {sums[archive]} (not pinned in the catalog)")
     with atomic_dir(target) as tmp:
-        print(f"converting into {target} (streaming; a few minutes for the full set)", flush=True)
+        echo(f"converting into {target} (streaming; a few minutes for the full set)")
         counts = convert(folder, tmp, variant=variant)
         write_json(tmp / "wikidata5m.json", {
             "variant": variant, "project": PROJECT,
             "archives": {a: {"source": sources[a], "sha256": sums.get(a)} for a in urls}, "counts": counts})
-        print(f"  {counts['entities']:,} entities ({counts['entities_without_alias']:,} without an alias, "
-              f"{counts['entities_without_description']:,} without a description), {counts['relations']} relations, "
-              f"{counts['train_triples']:,} / {counts['dev_triples']:,} / {counts['test_triples']:,} triples",
-              flush=True)
+        echo(f"  {counts['entities']:,} entities ({counts['entities_without_alias']:,} without an alias, "
+             f"{counts['entities_without_description']:,} without a description), {counts['relations']} relations, "
+             f"{counts['train_triples']:,} / {counts['dev_triples']:,} / {counts['test_triples']:,} triples")
     if source is None:
-        print(f"the archives stay in {folder} for the other variant; delete that folder when done", flush=True)
+        echo(f"the archives stay in {folder} for the other variant; delete that folder when done")
     return target
 
 
-def _download(archive: str, urls: tuple[str, ...], dest: Path) -> str:
+def _download(archive: str, urls: tuple[str, ...], dest: Path, echo: Callable[[str], None] = _say) -> str:
     """Stream the first mirror that answers into ``dest`` (via ``dest.part``); return its URL."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
@@ -290,12 +295,12 @@ def _download(archive: str, urls: tuple[str, ...], dest: Path) -> str:
                 total = int(resp.headers.get("Content-Length") or 0)
                 done, step = 0, max(total // 10, 100 << 20) if total else 100 << 20
                 mark = step
-                print(f"downloading {url}", flush=True)
+                echo(f"downloading {url}")
                 while chunk := resp.read(1 << 20):
                     out.write(chunk)
                     done += len(chunk)
                     if done >= mark:
-                        print(f"  {done >> 20} MB" + (f" of {total >> 20} MB" if total else ""), flush=True)
+                        echo(f"  {done >> 20} MB" + (f" of {total >> 20} MB" if total else ""))
                         mark += step
             if total and done != total:
                 raise OSError(f"got {done} of {total} bytes")

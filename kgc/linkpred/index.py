@@ -17,16 +17,20 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import torch
 
 from kgc.errors import KGCError
-from kgc.fileio import write_json, write_npy, write_with
+from kgc.fileio import sha256_file, write_json, write_npy, write_text, write_with
+from kgc.data.graph import KnowledgeGraph
 from kgc.linkpred import index_types
-from kgc.linkpred.index_types import search_index  # noqa: F401  (the search API lives beside the index)
-from kgc.linkpred.model import LinkPredictor, Run
+from kgc.linkpred.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
+                                read_new_entities, stored_entities, tsv)
+from kgc.linkpred.model import LinkPredictor
 from kgc.recipe import IndexConfig
+from kgc.training.run import RunDir
 
 
-def fingerprint(run: Run, model: LinkPredictor) -> dict[str, str]:
+def fingerprint(run: RunDir, model: LinkPredictor) -> dict[str, str]:
     return {"weights_sha256": run.weights_fingerprint(), "texts_sha256": model.bank.fingerprint(),
             "weights_file": run.weights_file().name}
 
@@ -52,14 +56,14 @@ def stored_params(meta: dict) -> dict:
     return meta.get("index") or {"type": "flat"}
 
 
-def stored_config(run: Run) -> IndexConfig | None:
+def stored_config(run: RunDir) -> IndexConfig | None:
     """An ``index:`` section that rebuilds the run's current index as it is (its type and parameters, from
     meta.json; a stale one too), or None when there is none: to rebuild a stale index without changing its type."""
-    meta = _read_meta(run.path / "index")
+    meta = _read_meta(run.index)
     return None if meta is None else IndexConfig(**stored_params(meta))
 
 
-def index_params(run: Run, model: LinkPredictor) -> dict:
+def index_params(run: RunDir, model: LinkPredictor) -> dict:
     """The fresh index's type and parameters plus ``exact`` (only flat is), e.g. for results.json to say what
     a search used: ``{"type": "ivf", "nlist": 4000, "train_size": 256000, "nprobe": 32, "exact": False}``."""
     params = stored_params(_read_meta(_check_fresh(run, model)))
@@ -79,7 +83,7 @@ def _reusable_table(folder: Path, meta: dict | None, current: dict, entities: in
     return table
 
 
-def build_index(run: Run, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True,
+def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True,
                 config: IndexConfig | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto") -> dict:
     """Build ``run/index`` from scratch for the graph's entities, as ``config`` says (default: the recipe's
     ``index:`` section). The entity table is reused from a stored ``entities.npy`` made by the same weights
@@ -87,7 +91,7 @@ def build_index(run: Run, model: LinkPredictor, *, batch_size: int = 256, progre
     auto (a FAISS GPU when there is one), gpu or cpu. Returns the new ``meta.json``."""
     start = time.perf_counter()
     config = config if config is not None else run.recipe.index
-    folder = run.path / "index"
+    folder = run.index
     folder.mkdir(exist_ok=True)
     current = fingerprint(run, model)
     entities = model.bank.graph.num_entities
@@ -114,14 +118,14 @@ def build_index(run: Run, model: LinkPredictor, *, batch_size: int = 256, progre
     return meta
 
 
-def index_plan(run: Run, model: LinkPredictor, config: IndexConfig | None = None) -> tuple[str, str]:
+def index_plan(run: RunDir, model: LinkPredictor, config: IndexConfig | None = None) -> tuple[str, str]:
     """What ``kgc index`` has to do for ``config``: ``("build", why)``, ``("search", why)`` (only nprobe /
     ef_search differ: meta.json is updated, nothing rebuilt) or ``("none", "up to date")``."""
     config = config if config is not None else run.recipe.index
     reason = stale_reason(run, model)
     if reason is not None:
         return "build", reason
-    meta = _read_meta(run.path / "index")
+    meta = _read_meta(run.index)
     have = stored_params(meta)
     want = index_types.resolve(config, model.bank.graph.num_entities, int(meta["dim"]))
     if index_types.build_params(have) != index_types.build_params(want):
@@ -140,7 +144,7 @@ def _describe(params: dict, *, search_only: bool = False) -> str:
     return f"{params['type']} ({inner})" if inner else params["type"]
 
 
-def update_search_params(run: Run, model: LinkPredictor, config: IndexConfig | None = None) -> dict:
+def update_search_params(run: RunDir, model: LinkPredictor, config: IndexConfig | None = None) -> dict:
     """Store ``config``'s nprobe / ef_search in a fresh index's meta.json (no rebuild); returns the meta."""
     folder = _check_fresh(run, model)
     meta = _read_meta(folder)
@@ -157,11 +161,9 @@ def update_search_params(run: Run, model: LinkPredictor, config: IndexConfig | N
 NO_INDEX = "there is no index yet"
 
 
-def stale_reason(run: Run, model: LinkPredictor) -> str | None:
+def stale_reason(run: RunDir, model: LinkPredictor) -> str | None:
     """Why the run's index cannot serve ``model`` (its own graph): missing or stale; None when it is fresh."""
-    from kgc.linkpred.inductive import added_stale_reason
-
-    folder = run.path / "index"
+    folder = run.index
     meta = _read_meta(folder)
     if meta is None:
         return NO_INDEX
@@ -173,8 +175,8 @@ def stale_reason(run: Run, model: LinkPredictor) -> str | None:
     return added_stale_reason(folder, meta)  # an index with added entities: the added file must match too
 
 
-def _check_fresh(run: Run, model: LinkPredictor) -> Path:
-    folder = run.path / "index"
+def _check_fresh(run: RunDir, model: LinkPredictor) -> Path:
+    folder = run.index
     reason = stale_reason(run, model)
     if reason == NO_INDEX:
         raise KGCError(f"{run.path}: no index yet. Build it with `kgc index {run.path}`.")
@@ -183,14 +185,14 @@ def _check_fresh(run: Run, model: LinkPredictor) -> Path:
     return folder
 
 
-def load_embeddings(run: Run, model: LinkPredictor) -> np.ndarray | None:
+def load_embeddings(run: RunDir, model: LinkPredictor) -> np.ndarray | None:
     """(entities, dim) from a fresh index, or None when there is none (a stale one is an error)."""
-    if not (run.path / "index" / "meta.json").is_file():
+    if not (run.index / "meta.json").is_file():
         return None
     return np.load(_check_fresh(run, model) / "entities.npy")[: model.bank.graph.num_entities]  # not added ones
 
 
-def load_index(run: Run, model: LinkPredictor, *, nprobe: int | None = None, ef_search: int | None = None,
+def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, ef_search: int | None = None,
                faiss_device: str = "auto") -> faiss.Index:
     """The run's fresh FAISS index with the search parameters stored in meta.json (``nprobe`` / ``ef_search``
     override them for this load), on a FAISS GPU when there is one (``faiss_device``: auto, gpu or cpu).
@@ -203,9 +205,7 @@ def load_index(run: Run, model: LinkPredictor, *, nprobe: int | None = None, ef_
     if found != params["type"] or ("nlist" in params and faiss.extract_index_ivf(index).nlist != params["nlist"]):
         raise KGCError(f"{folder}: meta.json records a {_describe(params)} index, entities.faiss holds "
                        f"{found or type(index).__name__}. Rebuild it with `kgc index {run.path}`.")
-    from kgc.linkpred.inductive import added_count  # entities added with `kgc index --add` follow the graph's
-
-    added = added_count(meta)
+    added = added_count(meta)  # entities added with `kgc index --add` follow the graph's
     if index.ntotal != model.bank.graph.num_entities + added:
         raise KGCError(f"{folder}: holds {index.ntotal} entities, the graph has {model.bank.graph.num_entities} "
                        f"(+ {added} added). Rebuild it with `kgc index {run.path}`.")
@@ -218,3 +218,103 @@ def load_index(run: Run, model: LinkPredictor, *, nprobe: int | None = None, ef_
     index, _ = index_types.to_device(index, params["type"], faiss_device)
     index_types.set_search_params(index, params)
     return index
+
+
+# ---------------------------------------------------------------- added entities (kgc index --add)
+
+
+def _meta(run: RunDir) -> dict:
+    """The index's meta.json ({} when there is none; an unreadable one is a clear error)."""
+    return _read_meta(run.index) or {}
+
+
+def added_graph(run: RunDir, graph: KnowledgeGraph) -> KnowledgeGraph:
+    """``graph`` with the index's added entities appended (ids ``>= graph.num_entities`` in index order): the
+    graph a search over the index answers in, where an added entity can be a query head."""
+    count = added_count(_meta(run))
+    if not count:
+        return graph
+    entities = stored_entities(run.index)
+    if len(entities) != count:
+        raise KGCError(f"{run.index}: meta.json records {count} added entities, {ADDED_FILE} has "
+                       f"{len(entities)}. Rebuild the index with `kgc index {run.path} --force`.")
+    return extend_graph(graph, entities)
+
+
+@torch.no_grad()
+def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[NewEntity], *, sources: list[dict],
+            batch_size: int, progress: bool) -> dict:
+    """Embed ``new`` with the tail tower and append them after the index's current rows (atomic files,
+    ``meta.json`` last: an interrupted add leaves a stale index, never a wrong one)."""
+    import faiss
+    from tqdm.auto import tqdm
+
+    from kgc.encoding.backbone import load_tokenizer
+
+    folder, meta = run.index, _meta(run)
+    before = stored_entities(folder) if meta.get("added_entities") else []
+    entities = before + new
+    extended = extend_graph(graph, entities)
+    bank = model.bank.extended(extended, load_tokenizer(run.backbone))  # passed, never swapped into the model
+    ids = list(range(graph.num_entities + len(before), extended.num_entities))
+    parts = [model.encode_entities(ids[s: s + batch_size], bank=bank).float().cpu()
+             for s in tqdm(range(0, len(ids), batch_size), desc="new entities", disable=not progress, leave=False)]
+    vectors = torch.cat(parts).numpy().astype(np.float32)  # (new, dim)
+    table = np.load(folder / "entities.npy", mmap_mode="r")  # read once, by the concatenate below
+    index = faiss.read_index(str(folder / "entities.faiss"))
+    if not table.shape[0] == index.ntotal == graph.num_entities + len(before):
+        raise KGCError(f"{folder}: entities.faiss holds {index.ntotal} vectors and entities.npy {table.shape[0]} "
+                       f"rows; expected {graph.num_entities + len(before)}. Rebuild it with "
+                       f"`kgc index {run.path} --force`.")
+    index.add(vectors)  # flat, IVF and HNSW indexes all take new vectors without retraining
+    table = np.concatenate([table, vectors])
+    # the list first: once it differs from the sha256 in meta.json the index is stale (and a rebuild embeds
+    # every entity it lists), so a kill between the writes below never leaves a "fresh" index of the wrong size
+    write_text(folder / ADDED_FILE, tsv(entities))
+    write_npy(folder / "entities.npy", table)
+    write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+    meta["entities"] = int(index.ntotal)
+    if "faiss" in meta:  # the index grew
+        meta["faiss"]["bytes"] = (folder / "entities.faiss").stat().st_size
+    meta["added_entities"] = {"count": len(entities), "file": ADDED_FILE, "sha256": sha256_file(folder / ADDED_FILE),
+                              "sources": sources}
+    write_json(folder / "meta.json", meta)
+    return meta
+
+
+def add_entities(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: str | Path, *, batch_size: int = 256,
+                 progress: bool = False) -> dict:
+    """``kgc index RUN --add path``: validate the new entities, embed them, append them to the (fresh) index."""
+    path = Path(path)
+    rows = read_new_entities(path)
+    if (reason := stale_reason(run, model)) is not None:
+        raise KGCError(f"{run.index}: cannot add entities: {reason}. Build it first with `kgc index {run.path}`.")
+    meta = _meta(run)
+    before = {e.id for e in stored_entities(run.index)} if meta.get("added_entities") else set()
+    check_new(graph, rows, str(path), "Give the new entity a new id; an existing entity can be queried as it is.")
+    for lineno, e in rows:
+        if e.id in before:
+            raise KGCError(f"{path}:{lineno}: id {e.id!r} was already added to {run.index} ({ADDED_FILE}). "
+                           "Give it a new id, or remove its line from that file, rebuild with "
+                           f"`kgc index {run.path}` and add it again.")
+    sources = meta.get("added_entities", {}).get("sources", []) + [
+        {"file": str(path.resolve()), "sha256": sha256_file(path), "count": len(rows)}]
+    return _append(run, model, graph, [e for _, e in rows], sources=sources, batch_size=batch_size, progress=progress)
+
+
+def rebuild_index(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, *, progress: bool = True,
+                  **build_options) -> dict:
+    """Build the run's index from scratch (``build_index(run, model, **build_options)``), keeping the entities
+    listed in ``index/added_entities.tsv`` (re-embedded with the current weights). ``model`` is over the run's
+    own graph."""
+    stored = run.index / ADDED_FILE
+    keep = read_new_entities(stored) if stored.is_file() else []
+    check_new(graph, keep, str(stored), "Remove that line (the graph has the entity now) and rebuild.")
+    sources = _meta(run).get("added_entities", {}).get("sources", [])
+    meta = build_index(run, model, progress=progress, **build_options)
+    if keep:
+        meta = _append(run, model, graph, [e for _, e in keep], sources=sources,
+                       batch_size=run.recipe.eval.batch_size, progress=progress)
+    return meta
+
+

@@ -1,4 +1,5 @@
-"""The FAISS structures an entity index can be — ``flat``, ``ivf``, ``hnsw``, ``ivfpq`` — as one registry.
+"""The FAISS structures an entity index can be — ``flat``, ``ivf``, ``hnsw``, ``ivfpq`` — one class each, in one
+registry (:data:`TYPES`); adding a type is one class here.
 
 Every type uses ``METRIC_INNER_PRODUCT`` on unit vectors, so a score is a cosine (for ``ivfpq``, the cosine
 with the compressed vector). A type reads two kinds of recipe keys (``index:``): *build* keys, fixed once the
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from typing import ClassVar
 
 import faiss
 import numpy as np
@@ -23,29 +24,115 @@ from kgc.errors import KGCError
 from kgc.recipe import IndexConfig
 
 
-@dataclass(frozen=True)
 class IndexType:
-    name: str
-    build: tuple[str, ...]  # recipe keys fixed at build time
-    search: tuple[str, ...]  # recipe keys applied at load time
-    gpu: bool  # FAISS has a GPU version of it
-    summary: str
+    """One FAISS structure: its recipe keys (``build``: fixed once built; ``search``: applied at load), whether
+    FAISS has a GPU version, the FAISS factory string, and how its parameters are resolved for a size."""
+
+    name: ClassVar[str]
+    build: ClassVar[tuple[str, ...]] = ()  # recipe keys fixed at build time
+    search: ClassVar[tuple[str, ...]] = ()  # recipe keys applied at load time
+    gpu: ClassVar[bool] = False  # FAISS has a GPU version of it
+    summary: ClassVar[str]
+    faiss_classes: ClassVar[tuple[str, ...]] = ()  # FAISS class names an index of this type loads as
+
+    def factory(self, params: dict) -> str:
+        """The ``faiss.index_factory`` string for resolved ``params``."""
+        raise NotImplementedError
+
+    def resolve(self, config: IndexConfig, entities: int, dim: int) -> dict:
+        """The type's own keys, defaults filled in and checked against the sizes."""
+        return {"type": self.name}
+
+    def prepare(self, index: faiss.Index, params: dict) -> None:
+        """Settings to make on a fresh FAISS index before it is trained and filled."""
 
 
-TYPES = {t.name: t for t in (
-    IndexType("flat", (), (), True, "exact: every entity scored (IndexFlatIP)"),
-    IndexType("ivf", ("nlist", "train_size"), ("nprobe",), True,
-              "k-means cells, a query scans nprobe of them (IndexIVFFlat)"),
-    IndexType("hnsw", ("hnsw_m", "ef_construction"), ("ef_search",), False,
-              "navigable small-world graph, beam search of width ef_search (IndexHNSWFlat)"),
-    IndexType("ivfpq", ("nlist", "pq_bytes", "train_size"), ("nprobe",), True,
-              "ivf whose vectors are product-quantised to pq_bytes bytes (IndexIVFPQ)"),
-)}
+class Flat(IndexType):
+    name, gpu, summary = "flat", True, "exact: every entity scored (IndexFlatIP)"
+    faiss_classes = ("IndexFlat", "IndexFlatIP", "GpuIndexFlat", "GpuIndexFlatIP")
+
+    def factory(self, params):
+        return "Flat"
+
+
+class IVF(IndexType):
+    name, gpu = "ivf", True
+    build, search = ("nlist", "train_size"), ("nprobe",)
+    summary = "k-means cells, a query scans nprobe of them (IndexIVFFlat)"
+    faiss_classes = ("IndexIVFFlat", "GpuIndexIVFFlat")
+
+    def factory(self, params):
+        return f"IVF{params['nlist']},Flat"
+
+    def resolve(self, config, entities, dim):
+        params = {"type": self.name}
+        nlist = config.nlist if config.nlist is not None else default_nlist(entities)
+        if nlist > entities:
+            raise KGCError(f"index.nlist={nlist} is more cells than the {entities} entities. Choose nlist <= "
+                           f"{max(1, entities // 39)} (or leave it unset: 4·√entities).")
+        params["nlist"] = nlist
+        self._codes(config, entities, dim, params)
+        low = max(params["nlist"], self.min_train)
+        size = min(entities, config.train_size if config.train_size is not None else 64 * params["nlist"])
+        if size < low:
+            raise KGCError(f"index.train_size={size} is too few to train {params['nlist']} cells"
+                           f"{self.train_what}. Choose train_size >= "
+                           f"{low} (39·nlist = {39 * params['nlist']} or more is better), or leave it unset.")
+        params["train_size"] = size
+        params["nprobe"] = min(config.nprobe, params["nlist"])
+        return params
+
+    min_train, train_what = 1, ""
+
+    def _codes(self, config, entities, dim, params) -> None:
+        """ivfpq: the product-quantiser's bytes per vector."""
+
+
+class IVFPQ(IVF):
+    name = "ivfpq"
+    build = ("nlist", "pq_bytes", "train_size")
+    summary = "ivf whose vectors are product-quantised to pq_bytes bytes (IndexIVFPQ)"
+    faiss_classes = ("IndexIVFPQ", "GpuIndexIVFPQ")
+    min_train, train_what = 2 ** 8, " and 256-centroid codebooks"
+
+    def factory(self, params):
+        return f"IVF{params['nlist']},PQ{params['pq_bytes']}x{PQ_BITS}"
+
+    def _codes(self, config, entities, dim, params):
+        pq = config.pq_bytes if config.pq_bytes is not None else default_pq_bytes(dim)
+        if dim % pq:
+            raise KGCError(f"index.pq_bytes={pq} does not divide the embedding dim {dim}: each byte codes dim / "
+                           f"pq_bytes dimensions. Choose one of {', '.join(map(str, divisors(dim)))}.")
+        if entities < 2 ** PQ_BITS:
+            raise KGCError(f"index.type=ivfpq needs at least {2 ** PQ_BITS} entities to train its codebooks; this "
+                           f"index has {entities}. Use index.type=flat (exact) or ivf.")
+        params["pq_bytes"] = pq
+
+    def prepare(self, index, params):
+        index.do_polysemous_training = False  # the factory's default: minutes of annealing, unused by our search
+
+
+class HNSW(IndexType):
+    name = "hnsw"
+    build, search = ("hnsw_m", "ef_construction"), ("ef_search",)
+    summary = "navigable small-world graph, beam search of width ef_search (IndexHNSWFlat)"
+    faiss_classes = ("IndexHNSWFlat",)
+
+    def factory(self, params):
+        return f"HNSW{params['hnsw_m']},Flat"
+
+    def resolve(self, config, entities, dim):
+        return {"type": self.name, "hnsw_m": config.hnsw_m, "ef_construction": config.ef_construction,
+                "ef_search": config.ef_search}
+
+    def prepare(self, index, params):
+        index.hnsw.efConstruction = params["ef_construction"]
+
+
+TYPES: dict[str, IndexType] = {t.name: t for t in (Flat(), IVF(), HNSW(), IVFPQ())}
 FAISS_PARAMETER = {"nprobe": "nprobe", "ef_search": "efSearch"}
 PQ_BITS = 8  # bits per sub-quantiser code: 256 centroids each, so ivfpq needs >= 256 training vectors
-_FAISS_CLASS = {"IndexFlat": "flat", "IndexFlatIP": "flat", "IndexIVFFlat": "ivf", "IndexHNSWFlat": "hnsw",
-                "IndexIVFPQ": "ivfpq", "GpuIndexFlat": "flat", "GpuIndexFlatIP": "flat", "GpuIndexIVFFlat": "ivf",
-                "GpuIndexIVFPQ": "ivfpq"}
+_FAISS_CLASS = {cls: t.name for t in TYPES.values() for cls in t.faiss_classes}
 
 
 def index_config(base: IndexConfig | None = None, **changes) -> IndexConfig:
@@ -92,38 +179,7 @@ def default_pq_bytes(dim: int) -> int:
 def resolve(config: IndexConfig, entities: int, dim: int) -> dict:
     """The parameters an index of ``entities`` vectors of ``dim`` is built and searched with: the type's own keys
     only, defaults filled in, checked against the sizes (``{"type": "ivf", "nlist": 4000, "train_size": …}``)."""
-    kind = TYPES[config.type]
-    params: dict = {"type": kind.name}
-    if "nlist" in kind.build:
-        nlist = config.nlist if config.nlist is not None else default_nlist(entities)
-        if nlist > entities:
-            raise KGCError(f"index.nlist={nlist} is more cells than the {entities} entities. Choose nlist <= "
-                           f"{max(1, entities // 39)} (or leave it unset: 4·√entities).")
-        params["nlist"] = nlist
-    if kind.name == "ivfpq":
-        pq = config.pq_bytes if config.pq_bytes is not None else default_pq_bytes(dim)
-        if dim % pq:
-            raise KGCError(f"index.pq_bytes={pq} does not divide the embedding dim {dim}: each byte codes dim / "
-                           f"pq_bytes dimensions. Choose one of {', '.join(map(str, divisors(dim)))}.")
-        if entities < 2 ** PQ_BITS:
-            raise KGCError(f"index.type=ivfpq needs at least {2 ** PQ_BITS} entities to train its codebooks; this "
-                           f"index has {entities}. Use index.type=flat (exact) or ivf.")
-        params["pq_bytes"] = pq
-    if "train_size" in kind.build:
-        low = max(params["nlist"], 2 ** PQ_BITS if kind.name == "ivfpq" else 1)
-        size = min(entities, config.train_size if config.train_size is not None else 64 * params["nlist"])
-        if size < low:
-            raise KGCError(f"index.train_size={size} is too few to train {params['nlist']} cells"
-                           f"{' and 256-centroid codebooks' if kind.name == 'ivfpq' else ''}. Choose train_size >= "
-                           f"{low} (39·nlist = {39 * params['nlist']} or more is better), or leave it unset.")
-        params["train_size"] = size
-    if kind.name == "hnsw":
-        params["hnsw_m"], params["ef_construction"] = config.hnsw_m, config.ef_construction
-    if "nprobe" in kind.search:
-        params["nprobe"] = min(config.nprobe, params["nlist"])
-    if "ef_search" in kind.search:
-        params["ef_search"] = config.ef_search
-    return params
+    return TYPES[config.type].resolve(config, entities, dim)
 
 
 def build_params(params: dict) -> dict:
@@ -136,14 +192,7 @@ def search_params(params: dict) -> dict:
 
 
 def factory_string(params: dict) -> str:
-    kind = params["type"]
-    if kind == "flat":
-        return "Flat"
-    if kind == "ivf":
-        return f"IVF{params['nlist']},Flat"
-    if kind == "hnsw":
-        return f"HNSW{params['hnsw_m']},Flat"
-    return f"IVF{params['nlist']},PQ{params['pq_bytes']}x{PQ_BITS}"
+    return TYPES[params["type"]].factory(params)
 
 
 # ---------------------------------------------------------------- devices
@@ -202,10 +251,7 @@ def build(vectors: np.ndarray, params: dict, *, seed: int = 0, device: str = "au
     n, dim = vectors.shape
     kind = params["type"]
     index = faiss.index_factory(dim, factory_string(params), faiss.METRIC_INNER_PRODUCT)
-    if kind == "hnsw":
-        index.hnsw.efConstruction = params["ef_construction"]
-    if kind == "ivfpq":
-        index.do_polysemous_training = False  # the factory's default: minutes of annealing, unused by our search
+    TYPES[kind].prepare(index, params)
     index, where = to_device(index, kind, device)
     start = time.perf_counter()
     if not index.is_trained:

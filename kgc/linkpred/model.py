@@ -1,7 +1,7 @@
 """The link predictor: query tower g(head | relation) = the conditioner, tail tower f(entity).
 
-A run directory holds everything needed to rebuild it: ``backbone/`` (config + tokenizer files),
-``recipe.yaml`` and the weights (``best.pt`` / ``checkpoints/last.pt``).
+The model's TextBank holds the texts of the graph it was built over. A bank over more entities (the run's graph
+plus entities added with ``kgc index --add``) is passed to the encoding methods (``bank=``), never swapped in.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import torch
 
 from kgc.conditioning.base import build_conditioner
 from kgc.conditioning.engine import PairEncoder
-from kgc.data.graph import KnowledgeGraph, load_graph
+from kgc.data.graph import KnowledgeGraph
 from kgc.data.texts import TextBank
 from kgc.encoding.backbone import TextEncoder, load_tokenizer
 from kgc.errors import KGCError
 from kgc.recipe import Recipe
-from kgc.training.run import RunDir
 from kgc.training.setup import TaskModel, build_encoders, conditioner_options
 
 
@@ -45,16 +44,19 @@ class LinkPredictor(TaskModel):
         return self.bank.tokenizer_hash
 
     def encode_queries(self, heads: Sequence[int], rels: Sequence[int],
-                       excludes: Sequence[int | None] | None = None) -> torch.Tensor:
-        """(batch, dim): head texts (neighbour ``excludes`` left out) under their relations."""
+                       excludes: Sequence[int | None] | None = None, *, bank: TextBank | None = None) -> torch.Tensor:
+        """(batch, dim): head texts (neighbour ``excludes`` left out) under their relations; ``bank``: the texts
+        to read the heads from (default the model's own)."""
+        bank = bank or self.bank
         excludes = excludes if excludes is not None else [None] * len(heads)
-        sentences = [self.bank.entity_ids(int(h), x) for h, x in zip(heads, excludes)]
-        conditions = [self.bank.relation_ids[int(r)] for r in rels]
+        sentences = [bank.entity_ids(int(h), x) for h, x in zip(heads, excludes)]
+        conditions = [bank.relation_ids[int(r)] for r in rels]
         return self.conditioner(sentences, conditions)
 
-    def encode_entities(self, entities: Sequence[int], excludes: Sequence[int | None] | None = None) -> torch.Tensor:
+    def encode_entities(self, entities: Sequence[int], excludes: Sequence[int | None] | None = None, *,
+                        bank: TextBank | None = None) -> torch.Tensor:
         """(batch, dim) tail-tower embeddings; identical texts in the batch are encoded once."""
-        batch = {k: v.to(self.device) for k, v in self.bank.entity_inputs(entities, excludes).items()}
+        batch = {k: v.to(self.device) for k, v in (bank or self.bank).entity_inputs(entities, excludes).items()}
         return self.tail_encoder.encode_unique(batch)
 
     @torch.no_grad()
@@ -101,24 +103,3 @@ def build_model(recipe: Recipe, graph: KnowledgeGraph, backbone_folder: Path, *,
     query, tail = build_encoders(recipe, backbone_folder, pretrained=pretrained, shared=recipe.model.shared_towers)
     model = LinkPredictor(query, tail, bank, recipe.model.conditioner, **conditioner_options(recipe))
     return model, tokenizer
-
-
-class Run(RunDir):
-    """A link-prediction run directory."""
-
-    task = "linkpred"
-
-    def graph(self) -> KnowledgeGraph:
-        d = self.recipe.data
-        return load_graph(d.dataset, path=d.path, long_text=d.long_text)
-
-    def load(self, device: str | torch.device = "cpu", *,
-             graph: KnowledgeGraph | None = None) -> tuple[LinkPredictor, KnowledgeGraph]:
-        """The trained model with its TextBank over ``graph`` (default: the run's own dataset). The weights do
-        not depend on the graph, so another graph (an inductive test folder) gets the same towers."""
-        graph = graph if graph is not None else self.graph()
-        model, _ = build_model(self.recipe, graph, self.backbone, pretrained=False)
-        model.load_state_dict(self.model_state())
-        model.attach_layer_cache(self.recipe)
-        model.to(device).eval()
-        return model, graph

@@ -1,4 +1,5 @@
-"""Top-k answers to (head, relation, ?) from a run's FAISS index."""
+"""Top-k answers to (head, relation, ?): by cosine from a run's FAISS index, or by the fused text + structure
+score over every entity (:func:`kgc.linkpred.structure.predict_fused`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import numpy as np
 import torch
 
 from kgc.data.graph import KnowledgeGraph
-from kgc.linkpred.model import LinkPredictor
 
 
 @dataclass
@@ -19,35 +19,38 @@ class Prediction:
     score: float
 
 
+def known_answers(graph: KnowledgeGraph, head: int, relation: int) -> np.ndarray:
+    """Entity ids already known as answers of (head, relation) in train + dev + test (none for an added head)."""
+    if head >= graph.num_entities:
+        return np.empty(0, dtype=np.int64)
+    return graph.all_answers[graph.hr_keys(np.array([head]), np.array([relation]))].indices
+
+
 @torch.no_grad()
-def predict(model: LinkPredictor, graph: KnowledgeGraph, index, *, head: str, relation: str, top_k: int = 10,
-            inverse: bool = False, filter_known: bool = False) -> tuple[int, int, list[Prediction]]:
-    """Resolve ``head``/``relation`` by id or text and return (head id, relation id, predictions)."""
-    h = graph.find_entity(head)
-    r = graph.find_relation(relation) + (graph.num_relations if inverse else 0)
-    q = model.encode_queries([h], [r]).float().cpu().numpy().astype(np.float32)  # (1, dim)
-    known = set()
-    if filter_known:
-        known = set(graph.all_answers[graph.hr_keys(np.array([h]), np.array([r]))].indices.tolist())
-    k = min(graph.num_entities, top_k + len(known))
-    scores, ids = index.search(q, k)
+def search_answers(query_vector: np.ndarray, index, graph: KnowledgeGraph, *, top_k: int = 10,
+                   exclude: set[int] = frozenset()) -> list[Prediction]:
+    """The index's top ``top_k`` entities for one query vector (1, dim), leaving out the ids in ``exclude``.
+    ``graph`` names the index's rows (the run's graph with its added entities)."""
+    from kgc.linkpred.index_types import search_index
+
+    k = min(index.ntotal, top_k + len(exclude))
+    scores, ids = search_index(index, query_vector, k)
     out = []
     for s, e in zip(scores[0], ids[0]):
-        if e < 0 or int(e) in known:
+        if e < 0 or int(e) in exclude:
             continue
         out.append(Prediction(len(out) + 1, graph.entities[e], graph.full_texts[e], float(s)))
         if len(out) == top_k:
             break
-    return h, r, out
+    return out
 
 
-def answer(run, model: LinkPredictor, graph: KnowledgeGraph, index, **query) -> tuple[int, int, list[Prediction]]:
-    """``kgc predict``'s answers (the CLI and ``kgc.Run.predict``): the fused text + structure score over every
-    entity when the run has a structural model (:func:`kgc.linkpred.structure.predict_fused`), else the FAISS
-    index's top k. ``query``: head, relation, top_k, inverse, filter_known."""
-    from kgc.linkpred.structure import has_structure, predict_fused
-
-    if has_structure(run):
-        h, r, preds, _ = predict_fused(run, model, graph, **query)
-        return h, r, preds
-    return predict(model, graph, index, **query)
+def rank_scores(scores: torch.Tensor, graph: KnowledgeGraph, *, top_k: int = 10,
+                exclude: set[int] = frozenset()) -> list[Prediction]:
+    """The top ``top_k`` of dense (entities,) scores (fused), leaving out ``exclude``."""
+    scores = scores.clone()
+    if exclude:
+        scores[torch.as_tensor(sorted(exclude))] = float("-inf")
+    order = torch.argsort(scores, descending=True)[:top_k]
+    return [Prediction(i + 1, graph.entities[e], graph.full_texts[e], float(scores[e]))
+            for i, e in enumerate(order.tolist()) if torch.isfinite(scores[e])]

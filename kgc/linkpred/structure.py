@@ -24,27 +24,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
-from kgc.fileio import write_json, write_tsv, write_with
-from kgc.recipe import Recipe, StructureConfig
+from kgc.fileio import write_json, write_with
+from kgc.recipe import StructureConfig
 
-FOLDER = "structure"
 FORMULA = ("fused = alpha * z(text cosine) + (1 - alpha) * z(structural score); z standardises each query's "
            "scores over all entities (mean 0, population std 1); alpha chosen on dev by filtered MRR")
 EPS = 1e-12
 
-if TYPE_CHECKING:  # pykeen loads when a structural model is trained or scored, not for `has_structure`
-    from pykeen.evaluation.ranks import Ranks
-
-
-def has_structure(run) -> bool:
-    return (Path(run.path) / FOLDER / "model.pt").is_file()
+def has_structure(folder: Path) -> bool:
+    """``folder`` (a run's ``structure/``) holds a trained structural model."""
+    return (Path(folder) / "model.pt").is_file()
 
 
 def _factory(triples: np.ndarray, graph: KnowledgeGraph, inverse: bool = True):
@@ -75,7 +69,7 @@ def pipeline_kwargs(config: StructureConfig, *, seed: int, device, progress: boo
                 device=device, **kwargs)
 
 
-def train_structure(config: StructureConfig, graph: KnowledgeGraph, run_dir: str | Path, *, seed: int = 0,
+def train_structure(config: StructureConfig, graph: KnowledgeGraph, folder: str | Path, *, seed: int = 0,
                     device: str = "auto", progress: bool = False, echo=print) -> dict:
     """Train ``config.model`` with PyKEEN's pipeline on ``graph``'s train triples (kgc's ids), evaluate it on dev
     (PyKEEN's filtered evaluation), save ``RUN/structure/{model.pt, meta.json}``; return the meta."""
@@ -84,7 +78,7 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, run_dir: str
 
     from kgc.training.common import pick_device
 
-    folder = Path(run_dir) / FOLDER
+    folder = Path(folder)  # the run's structure/ folder (RunDir.structure)
     folder.mkdir(parents=True, exist_ok=True)
     dev = pick_device(config.device or device)
     seed = config.seed if config.seed is not None else seed
@@ -111,17 +105,6 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, run_dir: str
     return meta
 
 
-def train_run_structure(run, *, config: StructureConfig | None = None, progress: bool = False, echo=print) -> dict:
-    """``kgc structure RUN``: (re)train the structural part of an existing run (``config``: default the recipe's)."""
-    recipe: Recipe = run.recipe
-    config = config or recipe.structure
-    if config is None:
-        raise KGCError(f"{run.path}: its recipe has no `structure:` section. Give one with --set, e.g. "
-                       f"`kgc structure {run.path} --set structure.model=RotatE`")
-    return train_structure(config, run.graph(), run.path, seed=recipe.train.seed, device=recipe.train.device,
-                           progress=progress, echo=echo)
-
-
 @dataclass
 class Structure:
     """A trained PyKEEN model over the first ``num_entities`` entity ids of a kgc graph."""
@@ -139,6 +122,10 @@ class Structure:
     @property
     def name(self) -> str:
         return self.meta["model"]
+
+    @property
+    def alphas(self) -> list[float]:
+        return list(StructureConfig(**self.meta["params"]).alphas)
 
     @torch.no_grad()
     def scores(self, heads: np.ndarray, rels: np.ndarray) -> torch.Tensor:
@@ -161,14 +148,23 @@ class Structure:
         return out
 
 
-def load_structure(run, device: str | torch.device = "cpu") -> Structure:
-    import json
+def load_structure(folder: Path, device: str | torch.device = "cpu") -> Structure:
+    """The structural model in a run's ``structure/`` folder; a missing or unreadable file is one KGCError."""
+    from kgc.training.run import read_json
 
-    folder = Path(run.path) / FOLDER
+    folder = Path(folder)
+    run = folder.parent
     if not (folder / "model.pt").is_file():
-        raise KGCError(f"{run.path} has no structural model; train one with `kgc structure {run.path}`")
-    model = torch.load(folder / "model.pt", map_location=device, weights_only=False).eval()
-    return Structure(model=model, meta=json.loads((folder / "meta.json").read_text()))
+        raise KGCError(f"{run} has no structural model; train one with `kgc structure {run}`")
+    fix = f"Retrain the structural model with `kgc structure {run}`."
+    meta = read_json(folder / "meta.json", fix)
+    if not isinstance(meta, dict) or any(k not in meta for k in ("model", "entities", "relations", "params")):
+        raise KGCError(f"{folder / 'meta.json'}: not the description kgc writes of a structural model. {fix}")
+    try:
+        model = torch.load(folder / "model.pt", map_location=device, weights_only=False).eval()
+    except Exception as exc:  # truncated file, pickle error: torch raises many kinds
+        raise KGCError(f"{folder / 'model.pt'}: unreadable ({str(exc).splitlines()[0][:200]}). {fix}") from None
+    return Structure(model=model, meta=meta)
 
 
 def standardise(x: torch.Tensor) -> torch.Tensor:
@@ -194,145 +190,68 @@ def fused_scores(text: torch.Tensor, structural: torch.Tensor | None, alpha: flo
     return out
 
 
-def _filtered_ranks(scores: torch.Tensor, queries: np.ndarray, known) -> Ranks:
-    """Filtered ranks of a dense (batch, entities) score block: known answers other than the gold become NaN
-    (:func:`kgc.linkpred.evaluate.mask_known_`, as ``rank_queries`` does), then pykeen's ``Ranks.from_scores``."""
-    from pykeen.evaluation.ranks import Ranks
+class FusedScores:
+    """The scorer of fused text + structure scores for every α in ``alphas`` at once (the query vectors and
+    the structural scores are computed once per chunk). z standardises over every entity, so each chunk is
+    scored densely: :meth:`max_rows` keeps its rows within the evaluation's score budget."""
 
-    from kgc.linkpred.evaluate import mask_known_
+    def __init__(self, table: torch.Tensor, structure: Structure, alphas: list[float]) -> None:
+        self.table, self.structure, self.variants = table, structure, list(alphas)
 
-    answers = queries[:, 2]
-    scores = mask_known_(scores.clone(), known, answers)
-    true = scores[torch.arange(len(queries)), torch.as_tensor(answers)].unsqueeze(1)
-    return Ranks.from_scores(true_score=true, all_scores=scores)
+    def blocks(self, query_vectors, queries):
+        text = (query_vectors.float() @ self.table.t()).cpu()  # (batch, entities)
+        struct = self.structure.scores(queries[:, 0], queries[:, 1])  # (batch, entities)
+        out = {}
+        for a in self.variants:
+            fused = fused_scores(text, struct, a)
+            out[a] = lambda r0, r1, c0, c1, f=fused: f[r0:r1, c0:c1].clone()
+        return out
 
-
-@torch.no_grad()
-def evaluate_grid(model, graph: KnowledgeGraph, structure: Structure, split: str, alphas: list[float], *,
-                  batch_size: int = 256, entity_table: torch.Tensor | None = None, progress: bool = False,
-                  engine=None):
-    """Filtered evaluation of ``split`` (both directions) for every α at once: the query vectors and the
-    structural scores are computed once per batch. ``engine``: a :class:`QueryEngine` to reuse (its entity and
-    relation states are computed once, for dev and test alike). Returns ({α: pykeen results}, {α: rows})."""
-    from pykeen.evaluation import RankBasedEvaluator
-
-    from kgc.linkpred.evaluate import query_directions, rank_rows, record_ranks
-    from kgc.linkpred.model import QueryEngine
-
-    if structure.num_entities != graph.num_entities:
-        raise KGCError(f"the structural model knows {structure.num_entities} entities, the graph has "
-                       f"{graph.num_entities}; retrain it with `kgc structure RUN`")
-    model.eval()
-    engine = engine or QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=entity_table)
-    if entity_table is None:
-        entity_table = engine.entity_table if engine.entity_table is not None else model.entity_table(batch_size)
-    table = entity_table.to(model.device)
-    directions = query_directions(graph, graph.splits[split])
-    evaluators = {a: RankBasedEvaluator(filtered=True, clear_on_finalize=False) for a in alphas}
-    for target, queries in directions.items():
-        for s in range(0, len(queries), batch_size):
-            chunk = queries[s: s + batch_size]
-            text = (engine(chunk[:, 0], chunk[:, 1]).float() @ table.t()).cpu()  # (batch, entities)
-            struct = structure.scores(chunk[:, 0], chunk[:, 1])  # (batch, entities)
-            known = graph.all_answers[graph.hr_keys(chunk[:, 0], chunk[:, 1])]
-            for a in alphas:
-                record_ranks(evaluators[a], target, _filtered_ranks(fused_scores(text, struct, a), chunk, known),
-                             graph.num_entities)
-    results = {a: ev.finalize().to_dict() for a, ev in evaluators.items()}
-    rows = {a: rank_rows(ev, directions, graph) for a, ev in evaluators.items()}
-    return results, rows
+    def max_rows(self, n_entities, max_score_bytes):
+        return max(1, max_score_bytes // (4 * n_entities * (2 + len(self.variants))))
 
 
-def _mrr(result: dict) -> float:
+def fused_scorer(structure: Structure, alphas: list[float]):
+    """``evaluate(..., scorer=fused_scorer(structure, alphas))``: rank by the fused scores of every α."""
+    return lambda table: FusedScores(table, structure, alphas)
+
+
+def mrr(result: dict) -> float:
     return float(result["both"]["realistic"]["inverse_harmonic_mean_rank"])
 
 
-def _structure_id(run) -> float:
-    import json
-
-    return json.loads((Path(run.path) / FOLDER / "meta.json").read_text())["trained_at"]
-
-
-def choose_alpha(run, model, graph, structure: Structure, *, batch_size: int = 256, entity_table=None,
-                 progress: bool = False, engine=None) -> dict:
+def choose_alpha(folder: Path, model, graph: KnowledgeGraph, structure: Structure, *, batch_size: int = 256,
+                 entity_table=None, progress: bool = False, engine=None, max_score_bytes: int | None = None) -> dict:
     """α by dev MRR over ``structure.alphas`` (stored in ``structure/alpha.json``; reused while the structural
     model is the same). Returns {alpha, grid: [{alpha, dev_mrr}], model}."""
-    import json
+    from kgc.linkpred.evaluate import evaluate
+    from kgc.training.run import read_json
 
-    path = Path(run.path) / FOLDER / "alpha.json"
+    if structure.num_entities != graph.num_entities:
+        raise KGCError(f"the structural model knows {structure.num_entities} entities, the graph has "
+                       f"{graph.num_entities}; retrain it with `kgc structure {Path(folder).parent}`")
+    path = Path(folder) / "alpha.json"
     if path.is_file():
-        stored = json.loads(path.read_text())
-        if stored.get("structure_trained_at") == _structure_id(run):
+        stored = read_json(path, f"Delete it; `kgc evaluate {Path(folder).parent}` chooses alpha again.")
+        if isinstance(stored, dict) and stored.get("structure_trained_at") == structure.meta.get("trained_at"):
             return stored
-    alphas = list(StructureConfig(**structure.meta["params"]).alphas)
-    results, _ = evaluate_grid(model, graph, structure, "dev", alphas, batch_size=batch_size,
-                               entity_table=entity_table, progress=progress, engine=engine)
-    grid = [{"alpha": a, "dev_mrr": round(_mrr(results[a]), 5)} for a in alphas]
+    alphas = structure.alphas
+    extra = {} if max_score_bytes is None else {"max_score_bytes": max_score_bytes}
+    ev = evaluate(model, graph, "dev", batch_size=batch_size, entity_table=entity_table, progress=progress,
+                  engine=engine, scorer=fused_scorer(structure, alphas), **extra)
+    grid = [{"alpha": a, "dev_mrr": round(mrr(ev.variants[a]), 5)} for a in alphas]
     best = max(grid, key=lambda g: (g["dev_mrr"], g["alpha"]))
     choice = {"alpha": best["alpha"], "grid": grid, "model": structure.name, "formula": FORMULA,
-              "structure_trained_at": _structure_id(run)}
+              "structure_trained_at": structure.meta.get("trained_at")}
     write_json(path, choice)
     return choice
 
 
-def evaluate_run_fused(run, split: str = "test", *, device="cpu", batch_size: int | None = None,
-                       progress: bool = False):
-    """``kgc evaluate`` for a run with a structural part: α on dev, then ``split`` fused (the main result in
-    PyKEEN's layout) with ``kgc.components`` text-only (α = 1) and structure-only (α = 0)."""
-    from kgc.linkpred.evaluate import Evaluation
-    from kgc.linkpred.index import load_embeddings
-    from kgc.linkpred.model import QueryEngine
-
-    start = time.perf_counter()
-    model, graph = run.load(device)
-    structure = load_structure(run, device)
-    bs = batch_size or run.recipe.eval.batch_size
-    cached = load_embeddings(run, model)
-    table = None if cached is None else torch.from_numpy(cached)
-    engine = QueryEngine(model, batch_size=bs, progress=progress, entity_table=table)  # one for dev and test
-    if table is None:
-        table = engine.entity_table if engine.entity_table is not None else model.entity_table(bs, progress=progress)
-    choice = choose_alpha(run, model, graph, structure, batch_size=bs, entity_table=table, progress=progress,
-                          engine=engine)
-    alpha = choice["alpha"]
-    alphas = list(dict.fromkeys([alpha, 1.0, 0.0]))
-    results, rows = evaluate_grid(model, graph, structure, split, alphas, batch_size=bs, entity_table=table,
-                                  progress=progress, engine=engine)
-    seconds = time.perf_counter() - start
-    main = dict(results[alpha])
-    main["kgc"] = {"split": split, "triples": int(len(graph.splits[split])), "queries": len(rows[alpha]),
-                   "entities": graph.num_entities, "dataset": graph.source, "evaluation_seconds": round(seconds, 3),
-                   "search": None, "rerank": None,
-                   "structure": {"model": structure.name, "alpha": alpha, "grid": choice["grid"], "formula": FORMULA,
-                                 "params": structure.meta["params"]},
-                   "components": {"text": results[1.0], "structure": results[0.0]}}
-    suffix = "" if split == "test" else f".{split}"
-    write_json(run.path / f"results{suffix}.json", main)
-    write_tsv(run.path / f"ranks{suffix}.tsv", rows[alpha])
-    return Evaluation(results=main, ranks=rows[alpha], seconds=seconds)
-
-
 @torch.no_grad()
-def predict_fused(run, model, graph: KnowledgeGraph, *, head: str, relation: str, top_k: int = 10,
-                  inverse: bool = False, filter_known: bool = False):
-    """``kgc predict`` for a run with a structural part: every entity (added ones too, text alone for them)
-    ranked by the fused score, α from ``structure/alpha.json`` (chosen on dev first when missing)."""
-    from kgc.linkpred.predict import Prediction
-
-    structure = load_structure(run)
-    base_graph = run.graph()
-    alpha = choose_alpha(run, model, base_graph, structure, batch_size=run.recipe.eval.batch_size)["alpha"]
-    h = graph.find_entity(head)
-    r = graph.find_relation(relation) + (graph.num_relations if inverse else 0)
-    table = torch.from_numpy(np.load(Path(run.path) / "index" / "entities.npy")).float()  # graph rows, then added
-    q = model.encode_queries([h], [r]).float().cpu()  # (1, dim)
-    text = q @ table.t()  # (1, entities incl. added)
-    struct = structure.scores([h], [r]) if h < structure.num_entities else None
-    scores = fused_scores(text, struct, alpha, heads=np.array([h]), num_structural=structure.num_entities)[0]
-    if filter_known and h < base_graph.num_entities:
-        known = graph.all_answers[graph.hr_keys(np.array([h]), np.array([r]))].indices
-        scores[torch.as_tensor(known[known < len(scores)])] = float("-inf")
-    order = torch.argsort(scores, descending=True)[:top_k]
-    preds = [Prediction(i + 1, graph.entities[e], graph.full_texts[e], float(scores[e]))
-             for i, e in enumerate(order.tolist()) if torch.isfinite(scores[e])]
-    return h, r, preds, alpha
+def predict_fused(query_vector: torch.Tensor, table: torch.Tensor, structure: Structure, alpha: float, *, head: int,
+                  relation: int) -> torch.Tensor:
+    """(entities,) fused scores of one query over every entity of ``table`` (added ones too: text alone for
+    them; a head the structural model never saw: text alone)."""
+    text = query_vector.float().cpu().reshape(1, -1) @ table.t()  # (1, entities incl. added)
+    struct = structure.scores([head], [relation]) if head < structure.num_entities else None
+    return fused_scores(text, struct, alpha, heads=np.array([head]), num_structural=structure.num_entities)[0]

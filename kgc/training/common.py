@@ -90,13 +90,6 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     write_with(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise KGCError(f"{path}: unreadable checkpoint ({exc}). Delete it to restart that run.") from None
-
-
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, appended; a torn last line (after a kill) is skipped."""
 

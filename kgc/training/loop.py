@@ -15,12 +15,10 @@ batch inside DDP; rank 0 alone writes the run directory, checkpoints, metrics, c
 
 from __future__ import annotations
 
-import importlib
 import time
-from abc import ABC, abstractmethod
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,63 +27,12 @@ from torch import nn
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_text
 from kgc.recipe import Recipe
-from kgc.training.common import (MetricsLog, linear_schedule, load_checkpoint, make_optimizer,
-                                 plot_curves, rng_state, save_checkpoint, seed_everything, set_rng_state)
+from kgc.training.common import (MetricsLog, linear_schedule, make_optimizer, plot_curves, rng_state,
+                                 save_checkpoint, seed_everything, set_rng_state)
 from kgc.training import distributed as dist
-from kgc.training.run import RunDir
+from kgc.training.run import RunDir, load_checkpoint
+from kgc.training.task import Task, make_task
 from kgc.training.setup import count_parameters, pooling_parameters, save_backbone_files
-
-TASKS = {"linkpred": "kgc.linkpred.train:LinkPredTask", "csts": "kgc.csts.train:CSTSTask"}
-
-
-class Task(ABC):
-    """One task's part of training. The model must offer ``encoders``, ``attach_layer_cache(recipe)``,
-    ``layer_cache`` and ``save_cache()``; ``metric`` (higher is better) picks ``best.pt``."""
-
-    unit: ClassVar[str]  # what a training example is: "triples", "pairs"
-    metric: ClassVar[str]  # the validation metric that selects best.pt, e.g. "dev_mrr"
-
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
-
-    @abstractmethod
-    def build_model(self, backbone_folder: Path, *, pretrained: bool = True) -> tuple[nn.Module, Any]:
-        """(model, tokenizer); ``pretrained=False`` builds the architecture only."""
-
-    @abstractmethod
-    def make_loss(self) -> nn.Module: ...
-
-    @property
-    @abstractmethod
-    def steps_per_epoch(self) -> int: ...
-
-    @abstractmethod
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The epoch's batches (``steps_per_epoch`` of them); a pure function of (seed, epoch)."""
-
-    @abstractmethod
-    def batch_loss(self, model: nn.Module, criterion: nn.Module, batch: np.ndarray) -> torch.Tensor: ...
-
-    def batch_size(self, batch: np.ndarray) -> int:
-        """Training examples in a batch (for the throughput figure)."""
-        return len(batch)
-
-    @abstractmethod
-    def validate(self, model: nn.Module) -> tuple[dict[str, float], str]:
-        """(metrics including ``self.metric`` and ``dev_seconds``, a one-line summary)."""
-
-    def to(self, device: torch.device) -> None:
-        """Move task-side tensors (e.g. the false-negative keys) to the training device."""
-
-    def loss_state(self, criterion: nn.Module) -> Any:
-        """Training state the objective carries besides its parameters (SimKGC's pre-batch queue)."""
-        return None
-
-    def load_loss_state(self, criterion: nn.Module, state: Any, device: torch.device) -> None:
-        pass
-
-    def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
-        """Work that follows the text model's training (main process only), e.g. a structural model beside it."""
 
 
 class _NoLog:
@@ -96,11 +43,6 @@ class _NoLog:
 
     def truncate_after(self, step: int) -> None:
         pass
-
-
-def make_task(recipe: Recipe) -> Task:
-    module, cls = TASKS[recipe.task].split(":")
-    return getattr(importlib.import_module(module), cls)(recipe)
 
 
 def default_run_dir(recipe: Recipe) -> Path:
@@ -128,16 +70,24 @@ class _Step(nn.Module):
 
 
 def _on_main(fn):
-    """Run ``fn`` on rank 0; every rank gets its result, or raises its error."""
+    """Run ``fn`` on rank 0 while the other ranks wait; every rank gets its result, or fails with its error.
+
+    Any exception on rank 0 reaches the others (as a KGCError naming it) instead of leaving them waiting at
+    the next collective until torchrun's timeout; rank 0 re-raises its own."""
+    if not dist.active():
+        return fn()
     result = error = None
     if dist.is_main():
         try:
             result = fn()
-        except KGCError as exc:
-            error = str(exc)
-    result, error = dist.broadcast((result, error))
+        except BaseException as exc:  # noqa: BLE001  (forwarded, then re-raised)
+            error = exc
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    result, message = dist.broadcast((None if error is not None else result, message))
     if error is not None:
-        raise KGCError(error)
+        raise error
+    if message is not None:
+        raise KGCError(f"rank 0 failed ({message}); this rank stops too")
     return result
 
 
@@ -153,134 +103,153 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
         dist.shutdown()
 
 
+class _Setup:
+    """What one training run holds: recipe, task, run directory, model, objective, optimiser, schedule and the
+    counters a checkpoint restores."""
+
+    def __init__(self, recipe: Recipe | None, *, out: Path | None, resume: Path | None, echo) -> None:
+        from kgc.encoding.backbone import resolve_backbone
+
+        ckpt = None
+        if resume is not None:
+            run = RunDir(resume)
+            recipe = run.recipe
+            if not run.last.is_file():
+                raise KGCError(f"{run.path}: no checkpoints/last.pt to resume from; start it again with `kgc train`.")
+        assert recipe is not None
+        task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
+        tc = recipe.train
+        if tc.num_threads:
+            torch.set_num_threads(tc.num_threads)
+        self.device = dist.init(tc.device)  # joins the torchrun group, if any
+        self.world, self.rank = dist.world_size(), dist.rank()
+        self.say = echo if dist.is_main() else (lambda _msg: None)
+        if self.world > 1 and not task.distributed:
+            raise KGCError(f"task {recipe.task} trains in one process (its batches must be seen whole by one rank); "
+                           "drop --nproc / torchrun")
+        dist.check_batch(tc.batch_size)
+        if resume is not None:
+            ckpt = load_checkpoint(run.last)
+            self.say(f"resuming {run.path} from step {ckpt['step']}")
+            run_dir = run.path
+        else:
+            run_dir = _on_main(lambda: _prepare_new_run(recipe, out))
+            self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
+                                                   if self.world > 1 else ""))
+        seed_everything(tc.seed)
+        if ckpt is None:
+            model, tokenizer = task.build_model(resolve_backbone(recipe.model.backbone))
+
+            def publish() -> None:
+                save_backbone_files(run_dir / "backbone", recipe, tokenizer)
+                write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
+
+            _on_main(publish)
+        else:
+            model, _ = task.build_model(run_dir / "backbone", pretrained=False)
+            model.load_state_dict(ckpt["model"])
+        self.recipe, self.task, self.model, self.ckpt = recipe, task, model, ckpt
+        self.run = RunDir(run_dir)
+        self._build_objective()
+
+    def _build_objective(self) -> None:
+        recipe, task, model, tc = self.recipe, self.task, self.model, self.recipe.train
+        model.attach_layer_cache(recipe)  # freezes layers below T - n: before the optimiser sees them
+        self.criterion = criterion = task.make_loss()
+        model.to(self.device)
+        criterion.to(self.device)
+        task.to(self.device)
+        self.step_module: nn.Module = _Step(task, model, criterion)
+        if self.world > 1:  # rank 0's weights are broadcast; gradients are averaged in buckets during backward
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.step_module = DistributedDataParallel(self.step_module, device_ids=ids,
+                                                       static_graph=True)  # the same parameters every step
+        self.steps_per_epoch = task.steps_per_epoch
+        self.total = self.steps_per_epoch * tc.epochs
+        if tc.max_steps:
+            self.total = min(self.total, tc.max_steps)
+        own = {id(p) for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")}
+        self.optimizer = make_optimizer([model, criterion], tc.lr, tc.weight_decay, other=own,
+                                        other_lr=tc.conditioner_lr)
+        self.scheduler = linear_schedule(self.optimizer, tc.warmup_steps, self.total)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.device.type == "cuda" and tc.amp == "fp16")
+        self.params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
+        self.metrics = MetricsLog(self.run.metrics) if dist.is_main() else _NoLog()
+        self.step, self.validated, self.best = 0, 0, float("-inf")
+        ckpt = self.ckpt
+        if ckpt is not None:
+            criterion.load_state_dict(ckpt["loss"])
+            task.load_loss_state(criterion, ckpt.get("loss_extra"), self.device)
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+            ranks = ckpt.get("rng_ranks")
+            set_rng_state(ranks[self.rank] if ranks and len(ranks) == self.world else ckpt["rng"])
+            self.step, self.validated, self.best = ckpt["step"], ckpt["validated_epochs"], ckpt["best_metric"]
+            self.metrics.truncate_after(self.step)
+        elif self.world > 1:
+            torch.manual_seed(tc.seed + self.rank)  # the weights are rank 0's; dropout masks differ per rank
+
+    def checkpoint(self) -> None:
+        rngs = dist.gather_objects(rng_state())  # every rank's generators: a resumed group replays them
+
+        def write() -> None:
+            self.model.save_cache()
+            save_checkpoint(self.run.last, {
+                "model": self.model.state_dict(), "loss": self.criterion.state_dict(),
+                "loss_extra": self.task.loss_state(self.criterion), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": rngs[0],
+                "rng_ranks": rngs if self.world > 1 else None, "world_size": self.world, "step": self.step,
+                "validated_epochs": self.validated, "best_metric": self.best, "total_steps": self.total})
+
+        _on_main(write)
+
+    def validate(self, epoch: int) -> None:
+        """Rank 0 validates (and keeps best.pt) while the others wait; an error there stops every rank."""
+        def run() -> None:
+            values, summary = self.task.validate(self.model)
+            self.metrics.write(step=self.step, epoch=epoch + 1, **values)
+            value = values[self.task.metric]
+            improved = value > self.best
+            if improved:
+                self.best = value
+                save_checkpoint(self.run.best, {"model": self.model.state_dict(), "step": self.step,
+                                                self.task.metric: value})
+            self.say(f"step {self.step} (epoch {epoch + 1}): {summary}{'  (best)' if improved else ''}  "
+                     f"[{values['dev_seconds']:.1f}s]")
+
+        _on_main(run)
+        self.model.train()
+        self.criterion.train()
+
+
 def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, progress: bool, echo) -> Path:
     from tqdm.auto import tqdm
 
-    from kgc.encoding.backbone import resolve_backbone
-
-    ckpt = None
-    if resume is not None:
-        run_dir = Path(resume)
-        recipe = RunDir(run_dir).recipe
-        if not (run_dir / "checkpoints" / "last.pt").is_file():
-            raise KGCError(f"{run_dir}: no checkpoints/last.pt to resume from; start it again with `kgc train`.")
-    else:
-        assert recipe is not None
-        task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
-    tc = recipe.train
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
-    device = dist.init(tc.device)  # joins the torchrun group, if any
-    world, rank = dist.world_size(), dist.rank()
-    say = echo if dist.is_main() else (lambda _msg: None)
-    if resume is not None:
-        ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-        say(f"resuming {run_dir} from step {ckpt['step']}")
-    if world > 1 and recipe.task != "linkpred":
-        raise KGCError(f"task {recipe.task} trains in one process (its batches are groups of rows that one rank must "
-                       "see whole); drop --nproc / torchrun")
-    dist.check_batch(tc.batch_size)
-    if ckpt is None:
-        run_dir = _on_main(lambda: _prepare_new_run(recipe, out))
-        say(f"run directory: {run_dir}" + (f" ({world} processes, global batch {tc.batch_size})" if world > 1 else ""))
-    seed_everything(tc.seed)
-    if ckpt is None:
-        model, tokenizer = task.build_model(resolve_backbone(recipe.model.backbone))
-        if dist.is_main():
-            save_backbone_files(run_dir / "backbone", recipe, tokenizer)
-            write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
-    else:
-        task = make_task(recipe)
-        model, _ = task.build_model(run_dir / "backbone", pretrained=False)
-        model.load_state_dict(ckpt["model"])
-    model.attach_layer_cache(recipe)  # freezes layers below T - n: before the optimiser sees them
-    criterion = task.make_loss()
-    model.to(device)
-    criterion.to(device)
-    task.to(device)
-    step_module: nn.Module = _Step(task, model, criterion)
-    if world > 1:  # rank 0's weights are broadcast; gradients are averaged in buckets during backward
-        from torch.nn.parallel import DistributedDataParallel
-
-        step_module = DistributedDataParallel(step_module, device_ids=[device.index] if device.type == "cuda" else None,
-                                              static_graph=True)  # the same parameters every step; some unused
-
-    steps_per_epoch = task.steps_per_epoch
-    total = steps_per_epoch * tc.epochs
-    if tc.max_steps:
-        total = min(total, tc.max_steps)
-    own = {id(p) for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")}
-    optimizer = make_optimizer([model, criterion], tc.lr, tc.weight_decay, other=own, other_lr=tc.conditioner_lr)
-    scheduler = linear_schedule(optimizer, tc.warmup_steps, total)
-    scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and tc.amp == "fp16")
-    params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
-    metrics = MetricsLog(run_dir / "metrics.jsonl") if dist.is_main() else _NoLog()
+    s = _Setup(recipe, out=out, resume=resume, echo=echo)
+    recipe, task, model, criterion, tc = s.recipe, s.task, s.model, s.criterion, s.recipe.train
     rate_key = f"{task.unit}_per_s"
-
-    step, validated, best = 0, 0, float("-inf")
-    if ckpt is not None:
-        criterion.load_state_dict(ckpt["loss"])
-        task.load_loss_state(criterion, ckpt.get("loss_extra"), device)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        ranks = ckpt.get("rng_ranks")
-        set_rng_state(ranks[rank] if ranks and len(ranks) == world else ckpt["rng"])
-        step, validated, best = ckpt["step"], ckpt["validated_epochs"], ckpt["best_metric"]
-        metrics.truncate_after(step)
-    elif world > 1:
-        torch.manual_seed(tc.seed + rank)  # the weights are rank 0's; dropout masks differ per rank
-
-    def checkpoint() -> None:
-        rngs = dist.gather_objects(rng_state())  # every rank's generators: a resumed group replays them
-        if not dist.is_main():
-            return
-        model.save_cache()
-        save_checkpoint(run_dir / "checkpoints" / "last.pt", {
-            "model": model.state_dict(), "loss": criterion.state_dict(), "loss_extra": task.loss_state(criterion),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs[0],
-            "rng_ranks": rngs if world > 1 else None, "world_size": world,
-            "step": step, "validated_epochs": validated, "best_metric": best, "total_steps": total})
-
-    def validate(epoch: int) -> None:
-        nonlocal best
-        if not dist.is_main():  # rank 0 validates (and keeps best.pt); the others wait for it
-            dist.barrier()
-            model.train()
-            criterion.train()
-            return
-        values, summary = task.validate(model)
-        metrics.write(step=step, epoch=epoch + 1, **values)
-        value = values[task.metric]
-        improved = value > best
-        if improved:
-            best = value
-            save_checkpoint(run_dir / "best.pt", {"model": model.state_dict(), "step": step, task.metric: value})
-        say(f"step {step} (epoch {epoch + 1}): {summary}{'  (best)' if improved else ''}  "
-            f"[{values['dev_seconds']:.1f}s]")
-        dist.barrier()
-        model.train()
-        criterion.train()
-
     model.train()
     criterion.train()
-    bar = tqdm(total=total, initial=step, desc="train", disable=not progress or not dist.is_main(), dynamic_ncols=True)
+    bar = tqdm(total=s.total, initial=s.step, desc="train", disable=not progress or not dist.is_main(),
+               dynamic_ncols=True)
     seen, t_start = 0, time.perf_counter()
-    for epoch in range(step // steps_per_epoch if step < total else tc.epochs, tc.epochs):
-        batches = task.epoch_batches(epoch)
-        for i, batch in enumerate(batches):
-            if epoch * steps_per_epoch + i < step:
+    for epoch in range(s.step // s.steps_per_epoch if s.step < s.total else tc.epochs, tc.epochs):
+        for i, batch in enumerate(task.epoch_batches(epoch)):
+            if epoch * s.steps_per_epoch + i < s.step:
                 continue  # done before the resume
-            if step >= total:
+            if s.step >= s.total:
                 break
-            loss = step_module(dist.shard(batch, rank, world) if world > 1 else batch)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            step += 1
+            loss = s.step_module(dist.shard(batch, s.rank, s.world) if s.world > 1 else batch)
+            s.optimizer.zero_grad(set_to_none=True)
+            s.scaler.scale(loss).backward()
+            s.scaler.unscale_(s.optimizer)
+            torch.nn.utils.clip_grad_norm_(s.params, tc.grad_clip)
+            s.scaler.step(s.optimizer)
+            s.scaler.update()
+            s.scheduler.step()
+            s.step += 1
             seen += task.batch_size(batch)  # the global batch
             rate = seen / (time.perf_counter() - t_start)
             tau = getattr(criterion, "temperature", None)
@@ -288,42 +257,48 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
                             **{rate_key: f"{rate:.1f}"})
-            if step % tc.log_every == 0 or step == total:
-                metrics.write(step=step, epoch=epoch + 1, loss=round(loss_value, 5),
-                              **({"tau": tau} if tau is not None else {}), lr=scheduler.get_last_lr()[0],
-                              **{rate_key: round(rate, 2)})
+            if s.step % tc.log_every == 0 or s.step == s.total:
+                s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5),
+                                **({"tau": tau} if tau is not None else {}), lr=s.scheduler.get_last_lr()[0],
+                                **{rate_key: round(rate, 2)})
             every = recipe.eval.validate_every_steps
-            if every and step % every == 0 and step % steps_per_epoch != 0 and step < total:  # else: below
-                validate(epoch)
-                checkpoint()  # right after: a resume never repeats or skips a validation
-            elif step % tc.checkpoint_every == 0:
-                checkpoint()
-        if validated <= epoch:
+            if every and s.step % every == 0 and s.step % s.steps_per_epoch != 0 and s.step < s.total:  # else: below
+                s.validate(epoch)
+                s.checkpoint()  # right after: a resume never repeats or skips a validation
+            elif s.step % tc.checkpoint_every == 0:
+                s.checkpoint()
+        if s.validated <= epoch:
             if recipe.eval.validate_every_epoch:
-                validate(epoch)
-            validated = epoch + 1
-            checkpoint()
-        if step >= total:
+                s.validate(epoch)
+            s.validated = epoch + 1
+            s.checkpoint()
+        if s.step >= s.total:
             break
     bar.close()
     if not dist.is_main():
-        return run_dir
-    if not (run_dir / "best.pt").is_file():  # no validation asked for: the final weights are the model
-        save_checkpoint(run_dir / "best.pt", {"model": model.state_dict(), "step": step, task.metric: None})
+        return s.run.path
+    _finish(s, time.perf_counter() - t_start, progress=progress, echo=echo)
+    return s.run.path
+
+
+def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
+    """best.pt when nothing was validated, the curves, train_summary.json, then the task's after-training work."""
+    run, task, model = s.run, s.task, s.model
+    if not run.best.is_file():  # no validation asked for: the final weights are the model
+        save_checkpoint(run.best, {"model": model.state_dict(), "step": s.step, task.metric: None})
     model.save_cache()
-    records = metrics.read()
-    plot_curves(records, run_dir / "curves.png", metric=task.metric)
+    records = s.metrics.read()
+    plot_curves(records, run.curves, metric=task.metric)
+    rate_key = f"{task.unit}_per_s"
     rates = [r[rate_key] for r in records if rate_key in r]
-    trainable, total_params = count_parameters(model, criterion)
+    trainable, total_params = count_parameters(model, s.criterion)
     cache = model.layer_cache
-    write_json(run_dir / "train_summary.json", {
-        "task": recipe.task, "steps": step, f"best_{task.metric}": best if best > float("-inf") else None,
+    write_json(run.summary_file, {
+        "task": s.recipe.task, "steps": s.step, f"best_{task.metric}": s.best if s.best > float("-inf") else None,
         rate_key: rates[-1] if rates else None, "trainable_params": trainable, "total_params": total_params,
-        "pooling_params": pooling_parameters(model.encoders), "conditioner": recipe.model.conditioner,
+        "pooling_params": pooling_parameters(model.encoders), "conditioner": s.recipe.model.conditioner,
         "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
                                                    "misses": cache.misses, "folder": str(cache.folder)},
-        "train_seconds": round(time.perf_counter() - t_start, 2), "device": str(device), "processes": world,
-        "finished": True})
-    echo(f"finished {step} steps; run directory: {run_dir}")
-    task.after_training(run_dir, progress=progress, echo=echo)
-    return run_dir
+        "train_seconds": round(seconds, 2), "device": str(s.device), "processes": s.world, "finished": True})
+    echo(f"finished {s.step} steps; run directory: {run.path}")
+    task.after_training(run.path, progress=progress, echo=echo)

@@ -1,39 +1,114 @@
-"""A run directory: the resolved recipe, backbone files, checkpoints and results of one training run.
+"""A run directory (:class:`RunDir`: every path in it, and reading its files with clear errors) and the base
+class of a task's run (:class:`Run`: what ``kgc.load`` returns; each task package subclasses it with its verbs).
 
-``open_run`` returns the task's own run class (link prediction or C-STS), read off ``recipe.yaml``.
+Layout of a run directory::
+
+    recipe.yaml            the resolved recipe (the command that resumes it on the first line)
+    backbone/              config + tokenizer files (weights live in the checkpoints)
+    best.pt                the weights validation picked (or the final ones)
+    checkpoints/last.pt    everything resume needs
+    metrics.jsonl, curves.png, train_summary.json
+    results[.KIND][.SPLIT].json, ranks… .tsv / predictions… .tsv     evaluations (test has no suffix)
+    index/                 link prediction: entity embeddings + FAISS index (+ added entities)
+    structure/             link prediction: the PyKEEN model beside the text model
+    data/                  triples handed to ``kgc.train(data=…)``, written as a KG-BERT folder
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
-
-import torch
+from typing import Any, Callable, ClassVar
 
 from kgc.errors import KGCError
 from kgc.fileio import sha256_file
-from kgc.recipe import load_recipe
+from kgc.recipe import Recipe, load_recipe
+
+Echo = Callable[[str], None]
+CHECKPOINTS = ("best.pt", "checkpoints/last.pt")  # weights, in the order a trained model is read from
+
+
+def _silent(msg: str) -> None:
+    pass
+
+
+def read_json(path: Path, fix: str) -> Any:
+    """A JSON file the toolkit wrote; an unreadable one is one KGCError naming the file and ``fix``."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise KGCError(f"{path}: unreadable ({exc}). {fix}") from None
+
+
+def load_checkpoint(path: Path, fix: str | None = None) -> dict[str, Any]:
+    """A ``torch.save``d checkpoint; an unreadable or truncated one is one KGCError naming the file and the fix."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # truncated zip, pickle error, wrong file: torch raises many kinds
+        raise KGCError(f"{path}: unreadable checkpoint ({str(exc).splitlines()[0][:200]}). "
+                       f"{fix or 'Delete it to restart that run.'}") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise KGCError(f"{path}: not a kgc checkpoint (no model weights in it). {fix or 'Delete it.'}")
+    return state
 
 
 class RunDir:
-    """Paths and weights of a run; subclasses add ``load()`` for their task."""
-
-    task: ClassVar[str | None] = None
+    """The paths of one run directory; the one place that knows its layout."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not (self.path / "recipe.yaml").is_file():
+        if not self.recipe_file.is_file():
             raise KGCError(f"{self.path}: not a run directory (no recipe.yaml). Train one with `kgc train RECIPE`.")
-        self.recipe = load_recipe(self.path / "recipe.yaml", saved=True)
+        self.recipe: Recipe = load_recipe(self.recipe_file, saved=True)
         self._weights_hash: tuple | None = None  # ((file, mtime, size), sha256): see weights_fingerprint
-        if self.task is not None and self.recipe.task != self.task:
-            hint = "kgc similarity RUN --s1 … --s2 … --condition …" if self.recipe.task == "csts" else \
-                "kgc predict RUN --head … --relation …"
-            raise KGCError(f"{self.path} is a {self.recipe.task} run, not {self.task}; use `{hint}`.")
 
+    recipe_file = property(lambda self: self.path / "recipe.yaml")
     backbone = property(lambda self: self.path / "backbone")
-    best = property(lambda self: self.path / "best.pt")
-    last = property(lambda self: self.path / "checkpoints" / "last.pt")
+    best = property(lambda self: self.path / CHECKPOINTS[0])
+    last = property(lambda self: self.path / CHECKPOINTS[1])
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    curves = property(lambda self: self.path / "curves.png")
+    summary_file = property(lambda self: self.path / "train_summary.json")  # RunDir.finished
+    index = property(lambda self: self.path / "index")
+    structure = property(lambda self: self.path / "structure")
+    data = property(lambda self: self.data_folder(self.path))
+
+    @staticmethod
+    def finished(path: str | Path) -> bool:
+        """A run directory whose training finished (it wrote train_summary.json)."""
+        return (Path(path) / "train_summary.json").is_file()
+
+    @staticmethod
+    def resumable(path: str | Path) -> bool:
+        """A run directory with a checkpoint to resume from."""
+        return (Path(path) / CHECKPOINTS[1]).is_file()
+
+    @staticmethod
+    def data_folder(path: str | Path) -> Path:
+        """Where ``kgc.train(data=…)`` writes the triples it was given (before the run has a recipe.yaml)."""
+        return Path(path) / "data"
+
+    def output(self, stem: str, split: str = "test", kind: str | None = None, ext: str = "json") -> Path:
+        """``<stem>[.<kind>][.<split>].<ext>``, e.g. results.json, ranks.dev.tsv, results.inductive.json; the test
+        split has no suffix."""
+        parts = [stem] + ([kind] if kind else []) + ([] if split == "test" else [split])
+        return self.path / f"{'.'.join(parts)}.{ext}"
+
+    def results(self, split: str = "test", kind: str | None = None) -> Path:
+        return self.output("results", split, kind)
+
+    def table(self, stem: str, split: str = "test", kind: str | None = None) -> Path:
+        """ranks[…].tsv (link prediction) or predictions[…].tsv (C-STS)."""
+        return self.output(stem, split, kind, "tsv")
+
+    def summary(self) -> dict | None:
+        """train_summary.json (None while the run has not finished)."""
+        if not self.summary_file.is_file():
+            return None
+        return read_json(self.summary_file, f"Delete it and finish the run with `kgc train --resume {self.path}`.")
 
     def weights_file(self) -> Path:
         for f in (self.best, self.last):
@@ -43,7 +118,10 @@ class RunDir:
                        f"Finish training or resume it: `kgc train --resume {self.path}`.")
 
     def model_state(self) -> dict:
-        return torch.load(self.weights_file(), map_location="cpu", weights_only=False)["model"]
+        f = self.weights_file()
+        fix = (f"Resume the run to rewrite it (`kgc train --resume {self.path}`), or delete it to use "
+               "checkpoints/last.pt." if f == self.best else "Delete it to restart that run.")
+        return load_checkpoint(f, fix)["model"]
 
     def weights_fingerprint(self) -> str:
         """sha256 of the weights file, hashed once per version of it (one command checks an index's freshness
@@ -55,14 +133,63 @@ class RunDir:
             self._weights_hash = (key, sha256_file(f))
         return self._weights_hash[1]
 
+    def weights_mtime(self) -> float | None:
+        times = [f.stat().st_mtime for f in (self.best, self.last) if f.is_file()]
+        return max(times) if times else None
 
-def open_run(path: str | Path) -> RunDir:
-    """The run at ``path`` as its task's run class (``kgc.linkpred.model.Run`` or ``kgc.csts.model.CSTSRun``)."""
-    task = RunDir(path).recipe.task
-    if task == "csts":
-        from kgc.csts.model import CSTSRun
 
-        return CSTSRun(path)
-    from kgc.linkpred.model import Run
+class Run:
+    """A trained run of one task: ``path``, ``recipe``, ``task``, ``dir`` (its :class:`RunDir`), ``device``;
+    ``evaluate`` / ``evaluation``, and the task's own verbs on the subclass. The model and data are loaded on
+    first use and kept."""
 
-    return Run(path)
+    task: ClassVar[str]
+    command: ClassVar[str]  # what to run on such a run from the shell, e.g. "kgc predict RUN --head … --relation …"
+
+    def __init__(self, path: str | Path | RunDir, *, device: str = "auto", echo: Echo | None = print) -> None:
+        from kgc.training.common import pick_device
+
+        self.dir = path if isinstance(path, RunDir) else RunDir(path)
+        self.path: Path = self.dir.path
+        self.recipe: Recipe = self.dir.recipe
+        if self.recipe.task != self.task:
+            raise KGCError(f"{self.path} is a {self.recipe.task} run, not {self.task}; open it with kgc.load "
+                           f"(`kgc evaluate {self.path}` works for every task)")
+        self.device = pick_device(device)
+        self.echo: Echo = echo or _silent
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, task={self.task!r})"
+
+    def __getattr__(self, name: str):
+        """Another task's verb (``predict`` on a C-STS run) is a KGCError saying what this run is and offers."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from kgc.registry import TASKS
+
+        owners = [t for t in TASKS if t != self.task and hasattr(TASKS[t].run_class(), name)]
+        if owners:
+            raise KGCError(f"{self.path} is a {self.task} run, not {owners[0]}; use `{self.command}` "
+                           f"({name}() belongs to {owners[0]} runs)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def evaluate(self, split: str | None = None, **options: Any) -> dict:
+        """Evaluate on ``split`` and return the dict written to ``results[.split].json``."""
+        return self.evaluation(split, **options).results
+
+    def evaluation(self, split: str | None = None, **options: Any):
+        """The evaluation of ``split`` with ``.results``, ``.seconds`` and the task's per-row output."""
+        raise NotImplementedError
+
+
+@dataclass
+class ExplainInputs:
+    """What a run hands ``kgc explain``: its conditioner and tokenizer, a sentence's token ids (None when none was
+    given; ``sentence_hint`` says how to give one) and the conditions' token ids with their names."""
+    conditioner: Any
+    tokenizer: Any
+    sentence: list[int] | None
+    subject: str  # the sentence as a reader knows it (an entity's id and text)
+    conditions: list[list[int]]
+    names: list[str]
+    sentence_hint: str

@@ -1,0 +1,161 @@
+"""The C-STS task: training (rows batched by sentence pair, MSE + Hyper-CL's contrastive term, dev Spearman)
+and its hooks for the tools (recipe keys, run class, dataset check, evaluation report, compare row).
+
+The loop itself is :func:`kgc.training.loop.train`, shared with link prediction. A batch holds
+``train.batch_size // 2`` sentence pairs with all their rows (both conditions of a pair always share a
+batch, so the contrastive term sees c_high and c_low together); its size counts rows.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kgc.csts.data import load_csts
+from kgc.csts.evaluate import evaluate
+from kgc.csts.loss import CSTSLoss
+from kgc.csts.model import Texts, build_model
+from kgc.recipe import Recipe
+from kgc.training.common import autocast
+from kgc.training.task import Task
+
+KEYS = frozenset({"data.synth", "loss.mse_weight", "loss.contrastive", "loss.contrastive_weight",
+                  "loss.contrastive_temperature"})
+
+
+def _data_key(recipe: Recipe) -> str:
+    d = recipe.data
+    return f"{d.dataset}|{d.path}|{d.synth.model_dump() if d.dataset == 'synth-csts' else ''}"
+
+
+class CSTSTask(Task):
+    name = "csts"
+    title = "C-STS"
+    unit = "pairs"
+    metric = "dev_spearman"
+    recipe_keys = KEYS
+    distributed = False  # a batch is whole sentence-pair groups (c_high with c_low): one rank must see it whole
+    splits = ("test", "validation", "train")
+    compare_columns = ["recipe", "conditioner", "pooling", "data", "Spearman", "Pearson", "pair accuracy",
+                       "trainable params", "total params", "train pairs/s", "train seconds", "eval seconds",
+                       "cache bytes"]
+    compare_metric = "Spearman"
+
+    @classmethod
+    def run_class(cls):
+        from kgc.csts.service import CSTSRun
+
+        return CSTSRun
+
+    @classmethod
+    def check_dataset(cls, folder: Path) -> None:
+        from kgc.csts.data import read_csts
+
+        read_csts(folder)  # every row checked before a fetched folder is published
+
+    @classmethod
+    def report(cls, run, evaluation, split: str) -> list[str]:
+        from kgc.csts.evaluate import format_summary
+
+        r = evaluation.results
+        lines = [f"{r['kgc']['dataset']} {split}: {r['rows']} rows ({r['labelled_rows']} labelled), "
+                 f"{evaluation.seconds:.1f}s", format_summary(r)]
+        if not r["labelled_rows"]:
+            lines.append("no labels in this split (the public C-STS test set): predictions only")
+        lines.append(f"wrote {run.dir.results(split)} and {run.dir.table('predictions', split)}")
+        return lines
+
+    @classmethod
+    def compare_split(cls, recipe: Recipe, state: dict, echo) -> tuple[str, list[dict]]:
+        """The test split when the dataset has test labels, else validation (the official test labels are
+        hidden); before the first recipe of each dataset, the condition-blind baseline's row on that split."""
+        key = _data_key(recipe)
+        if key in state:
+            return state[key], []
+        split, row = _blind_row(recipe, echo)
+        state[key] = split
+        return split, [row]
+
+    @classmethod
+    def compare_row(cls, run, results: dict, summary: dict, seconds: float) -> dict:
+        r = results
+        return {"data": f"{run.recipe.data.dataset} {r['split']}", "Spearman": r["spearman"],
+                "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"],
+                "train pairs/s": summary["pairs_per_s"], "train seconds": round(seconds, 1)}
+
+    def __init__(self, recipe: Recipe) -> None:
+        super().__init__(recipe)
+        d = recipe.data
+        self.data = load_csts(d.dataset, d.path, d.synth)
+        self.split = self.data.split("train")
+        self.groups = self.split.groups
+        self.per_batch = max(1, recipe.train.batch_size // 2)
+        self.texts: Texts | None = None
+
+    def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
+        model, tokenizer = build_model(self.recipe, backbone_folder, pretrained=pretrained)
+        self.texts = Texts(self.data, tokenizer)  # every sentence and condition tokenised once
+        return model, tokenizer
+
+    def make_loss(self) -> CSTSLoss:
+        loss = self.recipe.loss
+        return CSTSLoss(mse_weight=loss.mse_weight, contrastive=loss.contrastive,
+                        contrastive_weight=loss.contrastive_weight,
+                        contrastive_temperature=loss.contrastive_temperature)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.groups) / self.per_batch)
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        order = np.random.default_rng(self.recipe.train.seed + epoch).permutation(len(self.groups))
+        return [np.concatenate([self.groups[g] for g in order[i: i + self.per_batch]])
+                for i in range(0, len(order), self.per_batch)]
+
+    def batch_loss(self, model, criterion, batch: np.ndarray) -> torch.Tensor:
+        sp, texts = self.split, self.texts
+        with autocast(model.device, self.recipe.train.amp):  # the encoder may run in bf16 on CUDA; the loss not
+            cosine = model.similarity([texts.sentences[i] for i in sp.s1[batch]],
+                                      [texts.sentences[i] for i in sp.s2[batch]],
+                                      [texts.conditions[i] for i in sp.cond[batch]])  # (rows,) fp32
+        position = np.full(len(sp), -1)
+        position[batch] = np.arange(len(batch))  # train row → row of this batch
+        high, low = sp.contrast_pairs(batch)
+        as_t = lambda x: torch.as_tensor(x, device=model.device)  # noqa: E731
+        return criterion(cosine, as_t(sp.label[batch]).float(), as_t(position[high]), as_t(position[low]))
+
+    def validate(self, model):
+        ev = evaluate(model, self.texts, self.data, "validation", batch_size=self.recipe.eval.batch_size,
+                      max_groups=self.recipe.eval.dev_queries, seed=self.recipe.train.seed)
+        r = ev.results
+        nan = lambda v: float("nan") if v is None else v  # noqa: E731  (constant predictions: no correlation)
+        values = {"dev_spearman": nan(r["spearman"]), "dev_pearson": nan(r["pearson"]),
+                  "dev_pair_accuracy": r["pair_accuracy"], "dev_seconds": round(ev.seconds, 2)}
+        return values, (f"dev Spearman {values['dev_spearman']:.4f}  Pearson {values['dev_pearson']:.4f}  "
+                        f"pair accuracy {r['pair_accuracy']:.4f}")
+
+
+def _blind_row(recipe: Recipe, echo) -> tuple[str, dict]:
+    """(the split to evaluate this recipe's dataset on — test when it has labels, else validation — and the
+    condition-blind baseline's row there: plain sentence cosine of the recipe's untrained backbone)."""
+    import time
+
+    from kgc.csts.evaluate import condition_blind
+    from kgc.encoding.backbone import resolve_backbone
+
+    d = recipe.data
+    start = time.perf_counter()
+    data = load_csts(d.dataset, d.path, d.synth)
+    split = "test" if "test" in data.splits and data.splits["test"].labelled.any() else "validation"
+    r = condition_blind(data, resolve_backbone(recipe.model.backbone), split, max_tokens=d.max_tokens)
+    seconds = time.perf_counter() - start
+    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.4f}"
+    echo(f"condition-blind baseline on {d.dataset}: {split} Spearman {rho}")
+    return split, {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained",
+                   "pooling": "mean", "data": f"{d.dataset} {split}", "Spearman": r["spearman"],
+                   "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"], "trainable params": None,
+                   "total params": None, "train pairs/s": None, "train seconds": None,
+                   "eval seconds": round(seconds, 1), "cache bytes": None}

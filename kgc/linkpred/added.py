@@ -1,0 +1,119 @@
+"""Entities added to a run without retraining (``kgc index RUN --add new.tsv``): reading them, and the record of
+them kept in the run's index folder. The index store (:mod:`kgc.linkpred.index`) embeds and appends them.
+
+A text model is inductive by construction: an entity is its text, so an entity that did not exist at
+training time is embedded by the same tail tower and asked about through the same query tower
+(``kgc predict RUN --head <new id>``).
+
+Added entities live in the run's index folder:
+
+* ``index/added_entities.tsv`` — ``id<TAB>name<TAB>description`` of every added entity, in index order; their
+  rows follow the graph's entities in ``entities.npy`` and the FAISS index (row ``num_entities + i``);
+* ``meta.json``'s ``added_entities`` — their count, the sha256 of ``added_entities.tsv`` and of every
+  file they came from. The index is fresh when its base fingerprint (weights, graph texts) matches *and*
+  ``added_entities.tsv`` is the one recorded; rebuilding the index (``kgc index RUN``) re-embeds the added
+  entities from that file, so they survive a retrained or edited run. To drop them, delete the file and
+  rebuild.
+
+Their text follows the graph's rules (``name: description``, a description prefix repeating the name
+dropped); they have no train-graph neighbours, so no neighbour names are appended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kgc.data.graph import KnowledgeGraph, _strip_name_prefix
+from kgc.errors import KGCError
+from kgc.fileio import sha256_file
+
+ADDED_FILE = "added_entities.tsv"
+
+
+@dataclass(frozen=True)
+class NewEntity:
+    id: str
+    name: str
+    description: str = ""
+
+
+# ---------------------------------------------------------------- the TSV of new entities
+
+
+def read_new_entities(path: str | Path) -> list[tuple[int, NewEntity]]:
+    """``(line number, entity)`` for every line ``id<TAB>name<TAB>description`` (the description may be empty)."""
+    path = Path(path)
+    if not path.is_file():
+        raise KGCError(f"{path}: no such file. Give a TSV with one new entity per line: id<TAB>name<TAB>description.")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise KGCError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}). Save it as UTF-8.") from None
+    rows, first_line = [], {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split("\t")]
+        if len(parts) < 2:
+            raise KGCError(f"{path}:{lineno}: expected id<TAB>name<TAB>description, got {len(parts)} field: "
+                           f"{line[:80]!r}. Separate the fields with tabs (the description may be empty).")
+        ent_id, name, desc = parts[0], parts[1], " ".join(p for p in parts[2:] if p)
+        if not ent_id or not name:
+            what = "id" if not ent_id else "name"
+            raise KGCError(f"{path}:{lineno}: empty {what} in {line[:80]!r}. Every new entity needs an id and a name.")
+        if ent_id in first_line:
+            raise KGCError(f"{path}:{lineno}: id {ent_id!r} repeats line {first_line[ent_id]}. Keep one line per "
+                           "entity.")
+        first_line[ent_id] = lineno
+        rows.append((lineno, NewEntity(ent_id, name, desc)))
+    if not rows:
+        raise KGCError(f"{path}: no entities. Give one per line: id<TAB>name<TAB>description.")
+    return rows
+
+
+def extend_graph(graph: KnowledgeGraph, entities: list[NewEntity]) -> KnowledgeGraph:
+    """``graph`` with ``entities`` appended (ids ``num_entities …``); splits unchanged (they have no triples)."""
+    if not entities:
+        return graph
+    return KnowledgeGraph(entities=graph.entities + [e.id for e in entities],
+                          names=graph.names + [e.name for e in entities],
+                          descriptions=graph.descriptions + [_strip_name_prefix(e.name, e.description)
+                                                             for e in entities],
+                          relations=graph.relations, relation_texts=graph.relation_texts, splits=graph.splits,
+                          source=graph.source)
+
+
+def stored_entities(folder: Path) -> list[NewEntity]:
+    """Every entity in ``folder/added_entities.tsv`` (an index folder; none when there is no such file)."""
+    f = Path(folder) / ADDED_FILE
+    return [e for _, e in read_new_entities(f)] if f.is_file() else []
+
+
+def added_count(meta: dict | None) -> int:
+    """How many added entities an index (its meta.json, None: no index) holds after the graph's own."""
+    return int((meta or {}).get("added_entities", {}).get("count", 0))
+
+
+def added_stale_reason(folder: Path, meta: dict) -> str | None:
+    """Why the index's added entities do not match ``added_entities.tsv`` (None when they do)."""
+    f, rec = Path(folder) / ADDED_FILE, meta.get("added_entities")
+    if rec is None:
+        return f"{f.name} lists entities the index does not hold" if f.is_file() else None
+    if not f.is_file():
+        return f"its added entities ({f.name}) are gone"
+    if sha256_file(f) != rec.get("sha256"):
+        return f"{f.name} changed since the entities were added"
+    return None
+
+
+def check_new(graph: KnowledgeGraph, rows: list[tuple[int, NewEntity]], where: str, fix: str) -> None:
+    """No new entity may reuse an id of the graph."""
+    for lineno, e in rows:
+        if e.id in graph.entity_index:
+            raise KGCError(f"{where}:{lineno}: id {e.id!r} is already an entity of the run's graph ({graph.source}). "
+                           f"{fix}")
+
+
+def tsv(entities: list[NewEntity]) -> str:
+    return "".join(f"{e.id}\t{e.name}\t{e.description}\n" for e in entities)

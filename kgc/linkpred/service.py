@@ -1,0 +1,437 @@
+"""A link-prediction run, as ``kgc.load`` returns it: the run-level verbs (evaluate, predict, index, add
+entities, train the structural model, embed) over the library's parts.
+
+State kept on the run is loaded once and never swapped: the model over the run's own graph, the tokenizer, and —
+once an answer needs the index — the index with the graph and TextBank extended by added entities, passed
+explicitly to whatever encodes with them. An operation that changes the index on disk forgets the cached one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from kgc.errors import KGCError
+from kgc.fileio import write_json, write_tsv
+from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kgc.data.graph import KnowledgeGraph
+    from kgc.linkpred.model import LinkPredictor
+    from kgc.linkpred.ranking import Evaluation
+
+PREDICTION_COLUMNS = ["rank", "entity", "text", "score"]
+
+
+@dataclass
+class Answers:
+    """:meth:`LinkPredRun.answer`: the query as it was resolved and its ranked answers (what ``kgc predict``
+    prints)."""
+    run: Path
+    head: str                # entity id (the text given was resolved to it)
+    relation: str            # relation label; ``inverse`` answers (?, relation, head)
+    head_text: str           # the head's full text
+    relation_text: str       # the relation's text, "inverse …" for the inverse direction
+    predictions: list        # kgc.linkpred.predict.Prediction: rank, entity, text, score
+    seconds: float           # answering, index loading excluded
+
+    def frame(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame([{c: getattr(p, c) for c in PREDICTION_COLUMNS} for p in self.predictions],
+                            columns=PREDICTION_COLUMNS)
+
+
+def _as_list(x: Any) -> tuple[list, bool]:
+    if isinstance(x, str):
+        return [x], True
+    return list(x), False
+
+
+def find_latest_run(root: str | Path = "runs") -> Path:
+    """The link-prediction run under ``root`` (searched recursively) whose weights were written last.
+
+    A run directory holds ``recipe.yaml`` and ``best.pt`` or ``checkpoints/last.pt``; runs of other tasks are
+    skipped, and a run still training (``checkpoints/last.pt`` only) counts only when no other has weights."""
+    import yaml
+
+    root = Path(root)
+    found = []
+    if root.is_dir():
+        for recipe in root.rglob("recipe.yaml"):
+            folder = recipe.parent
+            times = [(folder / w).stat().st_mtime for w in CHECKPOINTS if (folder / w).is_file()]
+            if not times:
+                continue
+            try:
+                tree = yaml.safe_load(recipe.read_text(encoding="utf-8")) or {}
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue
+            if isinstance(tree, dict) and tree.get("task", LinkPredRun.task) == LinkPredRun.task:
+                found.append(((folder / CHECKPOINTS[0]).is_file(), max(times), str(folder), folder))
+    if not found:
+        raise KGCError(f"no trained link-prediction run under {root.resolve()} (a folder with recipe.yaml and "
+                       "best.pt or checkpoints/last.pt). Train one with `kgc train RECIPE` (e.g. "
+                       "`kgc train recipes/umls_biencoder.yaml`), or name the run: `kgc predict RUN_DIR …`.")
+    return max(found)[3]
+
+
+class LinkPredRun(Run):
+    """A link-prediction run: ``evaluate`` / ``evaluation``, ``predict`` / ``answer``, ``index``, ``add_entities``,
+    ``train_structure``, ``embed_entities``, ``embed_queries``."""
+
+    task = "linkpred"
+    command = "kgc predict RUN --head … --relation …"
+
+    def __init__(self, path: str | Path | RunDir, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self._loaded: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ loading, once
+
+    def graph(self) -> "KnowledgeGraph":
+        """The run's own dataset."""
+        if "graph" not in self._loaded:
+            from kgc.data.graph import load_graph
+
+            d = self.recipe.data
+            self._loaded["graph"] = load_graph(d.dataset, path=d.path, long_text=d.long_text)
+        return self._loaded["graph"]
+
+    def model_for(self, graph: "KnowledgeGraph") -> "LinkPredictor":
+        """The trained towers with a TextBank over ``graph`` (the weights do not depend on the graph), in eval mode
+        on the run's device: a new model for every call."""
+        from kgc.linkpred.model import build_model
+
+        model, _ = build_model(self.recipe, graph, self.dir.backbone, pretrained=False)
+        model.load_state_dict(self.dir.model_state())
+        model.attach_layer_cache(self.recipe)
+        return model.to(self.device).eval()
+
+    def model(self) -> "LinkPredictor":
+        """The trained model over the run's own graph, loaded once."""
+        if "model" not in self._loaded:
+            self._loaded["model"] = self.model_for(self.graph())
+        return self._loaded["model"]
+
+    def tokenizer(self):
+        if "tokenizer" not in self._loaded:
+            from kgc.encoding.backbone import load_tokenizer
+
+            self._loaded["tokenizer"] = load_tokenizer(self.dir.backbone)
+        return self._loaded["tokenizer"]
+
+    def ensure_index(self, *, progress: bool = True) -> None:
+        """Build the run's index when it has none, and rebuild it when it is stale (added entities are kept)."""
+        from kgc.linkpred.index import NO_INDEX, rebuild_index, stale_reason, stored_config
+
+        model = self.model()
+        reason = stale_reason(self.dir, model)
+        if reason is None:
+            return
+        self.echo(f"{self.path} has no index yet: building it (every entity embedded once)" if reason == NO_INDEX
+                  else f"rebuilding the index of {self.path}: {reason}")
+        # a stale index keeps its type and parameters (an ivf index built with `kgc index --type ivf` stays ivf)
+        config = None if reason == NO_INDEX else stored_config(self.dir)
+        meta = rebuild_index(self.dir, model, self.graph(), progress=progress, config=config)
+        self.echo(f"indexed {meta['entities']} entities in {meta.get('seconds', '?')}s → {self.dir.index}")
+        self._forget_index()
+
+    def searcher(self, *, progress: bool = False):
+        """(FAISS index, graph with added entities, TextBank over it), the index built first when missing or
+        stale; loaded once."""
+        if "search" not in self._loaded:
+            from kgc.linkpred.index import added_graph, load_index
+
+            self.ensure_index(progress=progress)
+            model = self.model()
+            index = load_index(self.dir, model, faiss_device="cpu" if self.device.type == "cpu" else "auto")
+            full = added_graph(self.dir, self.graph())
+            bank = model.bank if full is self.graph() else model.bank.extended(full, self.tokenizer())
+            self._loaded["search"] = (index, full, bank)
+        return self._loaded["search"]
+
+    def _forget_index(self) -> None:
+        self._loaded.pop("search", None)
+
+    def _entity_table(self, model) -> torch.Tensor | None:
+        """(entities, dim) from the run's index when it is fresh (a stale one is an error), else None."""
+        from kgc.linkpred.index import load_embeddings
+
+        cached = load_embeddings(self.dir, model)
+        return None if cached is None else torch.from_numpy(cached)
+
+    # ------------------------------------------------------------ evaluation
+
+    def evaluation(self, split: str | None = None, *, batch_size: int | None = None, rerank: bool | None = None,
+                   progress: bool = False, entities_from: str | Path | None = None, candidates: str | None = None,
+                   use_index: bool = False, top_k: int | None = None) -> "Evaluation":
+        """Filtered ranks of ``split`` (test or dev), both directions, in PyKEEN's layout: ``.results``
+        (``results["both"]["realistic"]["inverse_harmonic_mean_rank"]`` and a ``"kgc"`` block), ``.ranks``,
+        ``.seconds``; ``results[.split].json`` and ``ranks[.split].tsv`` are written into the run.
+
+        A run with a structural model ranks by the fused score (α chosen on dev). ``entities_from`` (a KG-BERT
+        folder, e.g. from ``kgc data inductive-split``) ranks its ``split`` triples over its own entities, unseen
+        in training — ``candidates`` ``"split"`` (the entities of the split's triples, SimKGC's protocol) or
+        ``"all"`` — into ``results.inductive[.split].json``; ``use_index`` ranks within the top ``top_k`` (100)
+        of the run's FAISS index, re-scored exactly."""
+        from kgc.linkpred.evaluate import evaluate
+        from kgc.linkpred.structure import has_structure
+
+        split = split or "test"
+        if split not in ("test", "dev"):
+            raise KGCError(f"split {split!r}: choose test or dev")
+        if use_index and entities_from is not None:
+            raise KGCError("use_index (--use-index) ranks against the run's own FAISS index; drop it with "
+                           "entities_from (--entities-from)")
+        if candidates is not None and entities_from is None:
+            raise KGCError("candidates (--candidates) goes with entities_from (--entities-from)")
+        if top_k is not None and not use_index:
+            raise KGCError("top_k (--top-k) goes with use_index (--use-index)")
+        rr = self.recipe.eval.rerank.model_dump()
+        if rerank is not None:
+            rr["enabled"] = rerank
+        bs = batch_size or self.recipe.eval.batch_size
+        budget = self.recipe.eval.max_score_bytes
+        if entities_from is not None:
+            from kgc.linkpred.inductive import inductive_graph
+
+            graph, info = inductive_graph(entities_from, self.graph(), split=split, candidates=candidates or "split",
+                                          long_text=self.recipe.data.long_text, warn=self.echo)
+            ev = evaluate(self.model_for(graph), graph, split, batch_size=bs, rerank=rr, progress=progress,
+                          max_score_bytes=budget)
+            ev.results["kgc"]["inductive"] = info
+            return self._write(ev, split, "inductive")
+        graph = self.graph()
+        if not len(graph.splits[split]):
+            raise KGCError(f"{graph.source}: the {split} split has no triples to rank (train with testing= / "
+                           "validation= factories, or a dataset with that split)")
+        if has_structure(self.dir.structure):
+            if use_index or rerank:
+                raise KGCError(f"{self.path} has a structural model: its evaluation fuses text and structure over "
+                               "every entity; drop --use-index / --rerank (or remove its structure/ folder)")
+            return self._write(self._evaluate_fused(split, bs, progress), split)
+        model = self.model()
+        search = None
+        if use_index:
+            from kgc.linkpred.index import index_params, load_index
+
+            top_k = 100 if top_k is None else top_k
+            if top_k < 1:
+                raise KGCError(f"--top-k {top_k}: rank within at least 1 retrieved entity")
+            search = (load_index(self.dir, model, faiss_device="cpu"), top_k)  # missing: the message says build it
+        ev = evaluate(model, graph, split, batch_size=bs, rerank=rr, progress=progress,
+                      entity_table=self._entity_table(model), max_score_bytes=budget, search=search)
+        if use_index:
+            ev.results["kgc"]["search"]["index"] = index_params(self.dir, model)
+        return self._write(ev, split)
+
+    def _evaluate_fused(self, split: str, batch_size: int, progress: bool) -> "Evaluation":
+        """α on dev, then ``split`` fused (the main result) with ``kgc.components`` text-only (α = 1) and
+        structure-only (α = 0), all ranked in one pass per split through the ranking protocol."""
+        from kgc.linkpred.evaluate import entity_states, evaluate
+        from kgc.linkpred.structure import FORMULA, choose_alpha, fused_scorer, load_structure
+
+        start = time.perf_counter()
+        model, graph = self.model(), self.graph()
+        structure = load_structure(self.dir.structure, self.device)
+        budget = self.recipe.eval.max_score_bytes
+        engine, table, *_ = entity_states(model, batch_size=batch_size, progress=progress,
+                                          entity_table=self._entity_table(model))  # once, for dev and test
+        choice = choose_alpha(self.dir.structure, model, graph, structure, batch_size=batch_size, entity_table=table,
+                              progress=progress, engine=engine, max_score_bytes=budget)
+        alpha = choice["alpha"]
+        ev = evaluate(model, graph, split, batch_size=batch_size, entity_table=table, progress=progress, engine=engine,
+                      scorer=fused_scorer(structure, list(dict.fromkeys([alpha, 1.0, 0.0]))), max_score_bytes=budget)
+        ev.seconds = time.perf_counter() - start
+        ev.results["kgc"]["evaluation_seconds"] = round(ev.seconds, 3)
+        ev.results["kgc"]["structure"] = {"model": structure.name, "alpha": alpha, "grid": choice["grid"],
+                                          "formula": FORMULA, "params": structure.meta["params"]}
+        ev.results["kgc"]["components"] = {"text": ev.variants[1.0], "structure": ev.variants[0.0]}
+        return ev
+
+    def _write(self, ev: "Evaluation", split: str, kind: str | None = None) -> "Evaluation":
+        write_json(self.dir.results(split, kind), ev.results)
+        write_tsv(self.dir.table("ranks", split, kind), ev.ranks)
+        return ev
+
+    # ------------------------------------------------------------ answers
+
+    def predict(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
+                filter_known: bool = False, progress: bool = False) -> "pd.DataFrame":
+        """Top-k answers to (head, relation, ?) — ``inverse``: (?, relation, head) — as a DataFrame with columns
+        rank, entity, text, score, the rows ``kgc predict`` prints. ``head``: entity id or text (an entity added
+        with ``kgc index --add`` too); ``relation``: name or text. A run with a structural model ranks by the fused
+        score, others by cosine over the FAISS index, which is built first if the run has none (or a stale one)."""
+        return self.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known,
+                           progress=progress).frame()
+
+    @torch.no_grad()
+    def answer(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
+               filter_known: bool = False, progress: bool = False) -> Answers:
+        """:meth:`predict` with the query as it was resolved (head id and text, relation) and the time taken."""
+        from kgc.linkpred.predict import known_answers, rank_scores, search_answers
+        from kgc.linkpred.structure import choose_alpha, has_structure, load_structure, predict_fused
+
+        model = self.model()
+        index, graph, bank = self.searcher(progress=progress)
+        start = time.perf_counter()
+        h = graph.find_entity(head)
+        r = graph.find_relation(relation) + (graph.num_relations if inverse else 0)
+        q = model.encode_queries([h], [r], bank=bank).float().cpu()  # (1, dim)
+        exclude = set(known_answers(graph, h, r).tolist()) if filter_known else set()
+        if has_structure(self.dir.structure):  # as `kgc evaluate`: fused with the structural model
+            structure = load_structure(self.dir.structure)
+            alpha = choose_alpha(self.dir.structure, model, self.graph(), structure,
+                                 batch_size=self.recipe.eval.batch_size)["alpha"]
+            table = torch.from_numpy(np.load(self.dir.index / "entities.npy")).float()  # graph rows, then added
+            preds = rank_scores(predict_fused(q, table, structure, alpha, head=h, relation=r), graph, top_k=top_k,
+                                exclude=exclude)
+        else:
+            preds = search_answers(q.numpy().astype(np.float32), index, graph, top_k=top_k, exclude=exclude)
+        return Answers(run=self.path, head=graph.entities[h], relation=graph.relation_label(r),
+                       head_text=graph.full_texts[h], relation_text=graph.relation_text(r), predictions=preds,
+                       seconds=time.perf_counter() - start)
+
+    # ------------------------------------------------------------ the index
+
+    def index(self, *, type: str | None = None, force: bool = False, progress: bool = True,
+              **params: int | None) -> dict:
+        """Build, update or keep the run's FAISS index (``kgc index``) and say what was done:
+        ``{"action": "none" | "search" | "build", "why": …, "meta": index/meta.json}``.
+
+        Type and parameters are the existing index's (a first build: the recipe's ``index:`` section; ``type``
+        starts again from the recipe's), with ``params`` (nlist, nprobe, hnsw_m, ef_search, ef_construction,
+        pq_bytes, train_size) applied. A fresh index of that type is kept; a changed nprobe / ef_search is stored
+        without a rebuild; anything else rebuilds, reusing the stored embeddings (``force``: re-embed)."""
+        from kgc.linkpred.index import _read_meta, index_plan, rebuild_index, stored_config, update_search_params
+        from kgc.linkpred.index_types import index_config
+
+        # an existing index keeps its type and build parameters (`kgc index RUN --nprobe 64` on an ivf index, or
+        # a rebuild after retraining, must not turn it back into the recipe's type); `type` starts from the recipe
+        stored = stored_config(self.dir) if type is None else None
+        if stored is not None and params.get("nlist") is not None and params.get("train_size") is None:
+            stored = stored.model_copy(update={"train_size": None})  # its train_size was 64·(old nlist)
+        config = index_config(stored if stored is not None else self.recipe.index, type=type, **params)
+        model = self.model()  # bad options stopped above, before the model is loaded
+        action, why = index_plan(self.dir, model, config)
+        if force:
+            action = "build"
+        if action == "none":
+            meta = _read_meta(self.dir.index)
+        elif action == "search":
+            meta = update_search_params(self.dir, model, config)
+        else:
+            meta = rebuild_index(self.dir, model, self.graph(), progress=progress, config=config,
+                                 reuse_embeddings=not force,
+                                 faiss_device="cpu" if self.device.type == "cpu" else "auto")
+        self._forget_index()
+        return {"action": action, "why": why, "meta": meta}
+
+    def add_entities(self, path: str | Path, *, progress: bool = True) -> dict:
+        """Embed the entities of a TSV (``id<TAB>name<TAB>description``) with the trained tail tower and append them
+        to the index (built first if missing), no retraining (``kgc index --add``); returns index/meta.json."""
+        from kgc.linkpred.index import add_entities
+
+        self.ensure_index(progress=progress)
+        try:
+            return add_entities(self.dir, self.model(), self.graph(), path, batch_size=self.recipe.eval.batch_size,
+                                progress=progress)
+        finally:  # the index on disk changed (or may have, if the add failed half-way)
+            self._forget_index()
+
+    # ------------------------------------------------------------ the structural model
+
+    def train_structure(self, overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
+                        progress: bool = True, **kwargs: Any) -> dict:
+        """(Re)train only the structural PyKEEN model (``RUN/structure/``; ``kgc structure``), from the run's
+        ``structure:`` section (defaults if it has none) with ``structure.*`` overrides
+        (``structure__epochs=200`` or ``{"structure.epochs": 200}``). Returns its meta (model, train_seconds …)."""
+        from kgc.linkpred.structure import train_structure
+        from kgc.recipe import StructureConfig, override_keys, resolve_recipe
+
+        changes = override_keys(overrides, kwargs)
+        bad = [k for k in changes if not k.startswith("structure.")]
+        if bad:
+            raise KGCError(f"{bad[0]}: only structure.* keys change the structural model (`kgc structure RUN "
+                           "--set structure.KEY=VALUE`, run.train_structure(structure__KEY=VALUE))")
+        config = self.recipe.structure
+        if changes:
+            base = {"task": self.task, "structure": config.model_dump(mode="json") if config else {}}
+            config = resolve_recipe(base, changes).structure
+        return train_structure(config or StructureConfig(), self.graph(), self.dir.structure,
+                               seed=self.recipe.train.seed, device=self.recipe.train.device, progress=progress,
+                               echo=self.echo)
+
+    # ------------------------------------------------------------ embeddings
+
+    @torch.no_grad()
+    def embed_entities(self, ids_or_texts: str | Sequence[str], *, batch_size: int = 256) -> np.ndarray:
+        """(n, dim) float32 tail-tower embeddings (unit vectors). An entity id of the run's graph gets its
+        evaluation-time embedding (the row of the entity table / index); any other string is embedded as a text,
+        tokenised as entity texts are (``data.max_tokens``)."""
+        items, _ = _as_list(ids_or_texts)
+        model, graph = self.model(), self.graph()
+        bank = model.bank
+        rows = []
+        for item in items:
+            if not isinstance(item, str):
+                raise KGCError(f"embed_entities: expected entity ids or texts (str), got {type(item).__name__}")
+            e = graph.entity_index.get(item)
+            rows.append(bank.entity_ids(e) if e is not None else None)
+        texts = [i for i, r in enumerate(rows) if r is None]
+        if texts:
+            ids = self.tokenizer()([items[i] for i in texts], add_special_tokens=False)["input_ids"]
+            for i, t in zip(texts, ids):
+                rows[i] = t
+        out = np.empty((len(items), model.tail_encoder.dim), dtype=np.float32)
+        for s in range(0, len(rows), batch_size):
+            batch = bank.special.pad([bank.special.wrap(r, bank.max_tokens) for r in rows[s: s + batch_size]])
+            batch = {k: v.to(model.device) for k, v in batch.items()}
+            out[s: s + batch_size] = model.tail_encoder.encode_unique(batch).float().cpu().numpy()
+        return out
+
+    @torch.no_grad()
+    def embed_queries(self, heads: str | Sequence[str], relations: str | Sequence[str], *, inverse: bool = False,
+                      batch_size: int = 256) -> np.ndarray:
+        """(n, dim) float32 query embeddings g(head | relation): heads by entity id or text (as ``kgc predict``
+        resolves them), relations by name or text; one relation string applies to every head."""
+        hs, _ = _as_list(heads)
+        rs, single = _as_list(relations)
+        if single:
+            rs = rs * len(hs)
+        if len(rs) != len(hs):
+            raise KGCError(f"embed_queries: {len(hs)} heads but {len(rs)} relations (give one relation, or one "
+                           "per head)")
+        model, graph = self.model(), self.graph()
+        h = [graph.find_entity(x) for x in hs]
+        r = [graph.find_relation(x) + (graph.num_relations if inverse else 0) for x in rs]
+        out = np.empty((len(hs), model.tail_encoder.dim), dtype=np.float32)
+        for s in range(0, len(h), batch_size):
+            out[s: s + batch_size] = model.encode_queries(h[s: s + batch_size], r[s: s + batch_size]).float().cpu().numpy()
+        return out
+
+    # ------------------------------------------------------------ kgc explain
+
+    def explain_inputs(self, *, head: str | None = None, relations: Sequence[str] = (), inverse: bool = False,
+                       sentence: str | None = None, conditions: Sequence[str] = ()) -> ExplainInputs:
+        """The head's text and the relations (default: every relation) for ``kgc explain``."""
+        if sentence is not None or conditions:
+            raise KGCError("--sentence/--condition are for C-STS runs; for link prediction give --head and --relation")
+        model, graph = self.model(), self.graph()
+        rels = [graph.find_relation(r) for r in relations] if relations else list(range(graph.num_relations))
+        rels = [r + graph.num_relations if inverse else r for r in rels]
+        ids, subject = None, ""
+        if head is not None:
+            h = graph.find_entity(head)
+            ids, subject = model.bank.entity_ids(h), f"{graph.entities[h]}, {graph.full_texts[h]}"
+        return ExplainInputs(model.conditioner, self.tokenizer(), ids, subject,
+                             [model.bank.relation_ids[r] for r in rels], [graph.relation_label(r) for r in rels],
+                             "give --head (an entity id or text): the router weighs the tokens of its text")

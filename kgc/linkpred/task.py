@@ -1,0 +1,181 @@
+"""The link-prediction task: training (every train triple in both directions, SimKGC's loss, dev MRR) and
+its hooks for the tools (recipe keys, run class, evaluation report, compare row).
+
+The loop itself (optimiser, schedule, checkpoints, resume, metrics, curves) is
+:func:`kgc.training.loop.train`, shared with C-STS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kgc.data.graph import load_graph
+from kgc.linkpred.loss import SimKGCLoss
+from kgc.linkpred.model import build_model
+from kgc.recipe import Recipe
+from kgc.training.common import autocast
+from kgc.training.task import Task
+
+
+def make_loss(recipe: Recipe) -> SimKGCLoss:
+    return SimKGCLoss(**{k: v for k, v in recipe.loss.model_dump().items()
+                         if k in SimKGCLoss.__init__.__kwdefaults__})
+
+
+def batch_loss(model, criterion: SimKGCLoss, batch: np.ndarray, train_keys: torch.Tensor, *, amp: str = "auto"):
+    """The SimKGC loss of one batch of (head, relation, tail) rows: both towers, then the objective."""
+    graph, device = model.bank.graph, model.device
+    heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
+    with autocast(device, amp):  # the encoders may run in bf16 on CUDA ...
+        query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
+        ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
+    tail_vec, head_vec = ents[: len(batch)], ents[len(batch):]  # (B, d) each
+    # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
+    as_t = lambda x: torch.as_tensor(x, device=device)  # noqa: E731
+    return criterion(query.float(), tail_vec.float(), head_vec.float(), heads=as_t(heads), rels=as_t(rels),
+                     tails=as_t(tails), train_keys=train_keys, num_entities=graph.num_entities,
+                     num_relations2=2 * graph.num_relations)
+
+
+KEYS = frozenset({
+    "data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
+    "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight", "loss.self_negative",
+    "loss.margin", "loss.temperature", "loss.learn_temperature", "loss.min_temperature", "loss.max_temperature",
+    "loss.mask_false_negatives", "loss.symmetric", "eval.rerank", "eval.max_score_bytes", "index", "structure"})
+RESULT_KEYS = [("MRR", "inverse_harmonic_mean_rank"), ("H@1", "hits_at_1"), ("H@3", "hits_at_3"),
+               ("H@10", "hits_at_10"), ("MR", "arithmetic_mean_rank")]
+
+
+def format_table(results: dict) -> str:
+    """Realistic-rank metrics by side (tail, head, both), as ``kgc evaluate`` prints them."""
+    lines = ["side   " + "".join(f"{name:>9}" for name, _ in RESULT_KEYS)]
+    for side in ("tail", "head", "both"):
+        vals = results[side]["realistic"]
+        lines.append(f"{side:<7}" + "".join(f"{vals[k]:>9.4f}" if k != "arithmetic_mean_rank" else f"{vals[k]:>9.2f}"
+                                            for _, k in RESULT_KEYS))
+    return "\n".join(lines)
+
+
+class LinkPredTask(Task):
+    name = "linkpred"
+    title = "link prediction"
+    unit = "triples"
+    metric = "dev_mrr"
+    recipe_keys = KEYS
+    splits = ("test", "dev")
+    compare_columns = ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "dev MRR",
+                       "trainable params", "total params", "train triples/s", "train seconds", "eval seconds",
+                       "query seconds", "cache bytes"]
+    compare_metric = "MRR"
+
+    @classmethod
+    def run_class(cls):
+        from kgc.linkpred.service import LinkPredRun
+
+        return LinkPredRun
+
+    @classmethod
+    def check_triples_welcome(cls) -> None:
+        pass
+
+    @classmethod
+    def with_triples(cls, recipe: Recipe, folder: Path, data, **parts) -> Recipe:
+        from kgc.data.from_pykeen import write_kgbert
+
+        counts = write_kgbert(folder, data, **parts)
+        where = str(folder.resolve())
+        recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"dataset": where, "path": where})})
+        if not counts["dev"]:  # nothing to validate on: the final weights are the model
+            recipe = recipe.model_copy(update={"eval": recipe.eval.model_copy(
+                update={"validate_every_epoch": False, "validate_every_steps": None})})
+        return recipe
+
+    @classmethod
+    def report(cls, run, evaluation, split: str) -> list[str]:
+        r = evaluation.results
+        k = r["kgc"]
+        lines = []
+        if k.get("inductive"):
+            info = k["inductive"]
+            lines.append(f"inductive {info['folder']} {split}: {len(evaluation.ranks)} queries over {info['entities']} "
+                         f"entities ({info['candidates']}), filtered, realistic ranks ({evaluation.seconds:.1f}s)")
+        else:
+            search = k["search"]
+            how = "" if search is None else (f", within the top {search['top_k']} of its {search['index']['type']} "
+                                             f"index (gold not retrieved for {search['gold_missed']:.1%})")
+            lines.append(f"{k['dataset']} {split}: {len(evaluation.ranks)} queries, filtered, realistic ranks{how} "
+                         f"({evaluation.seconds:.1f}s)")
+        fused = k.get("structure")
+        if fused:  # a run with a structural model: both components, then the fused result
+            for name, part in (("text only", "text"), (f"structure only ({fused['model']})", "structure")):
+                lines += [f"{name}:", format_table(k["components"][part])]
+            lines.append(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: "
+                         + ", ".join(f"{g['alpha']}: {g['dev_mrr']:.4f}" for g in fused["grid"]) + "):")
+        kind = "inductive" if k.get("inductive") else None
+        lines += [format_table(r), f"wrote {run.dir.results(split, kind)} and {run.dir.table('ranks', split, kind)}"]
+        return lines
+
+    @classmethod
+    def compare_row(cls, run, results: dict, summary: dict, seconds: float) -> dict:
+        both = results["both"]["realistic"]
+        return {"MRR": both["inverse_harmonic_mean_rank"], "H@1": both["hits_at_1"], "H@3": both["hits_at_3"],
+                "H@10": both["hits_at_10"], "train triples/s": summary["triples_per_s"],
+                "train seconds": round(seconds, 1), "dev MRR": summary.get("best_dev_mrr"),
+                "query seconds": results["kgc"].get("query_encoding_seconds")}
+
+    def __init__(self, recipe: Recipe) -> None:
+        super().__init__(recipe)
+        d = recipe.data
+        self.graph = load_graph(d.dataset, path=d.path, long_text=d.long_text)
+        self.examples = self.graph.both_directions("train")  # (2n, 3): every triple in both directions
+        self.b = min(recipe.train.batch_size, len(self.examples))
+        self.train_keys = torch.as_tensor(self.graph.train_keys)
+
+    def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
+        return build_model(self.recipe, self.graph, backbone_folder, pretrained=pretrained)
+
+    def make_loss(self) -> SimKGCLoss:
+        return make_loss(self.recipe)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, len(self.examples) // self.b)  # drop_last, as SimKGC
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        seed = self.recipe.train.seed + epoch
+        order = torch.randperm(len(self.examples), generator=torch.Generator().manual_seed(seed)).numpy()
+        return [self.examples[order[i * self.b: (i + 1) * self.b]] for i in range(self.steps_per_epoch)]
+
+    def to(self, device: torch.device) -> None:
+        self.train_keys = self.train_keys.to(device)
+
+    def batch_loss(self, model, criterion, batch):
+        return batch_loss(model, criterion, batch, self.train_keys, amp=self.recipe.train.amp)
+
+    def validate(self, model):
+        from kgc.linkpred.evaluate import evaluate
+
+        ev = evaluate(model, self.graph, "dev", batch_size=self.recipe.eval.batch_size,
+                      max_triples=self.recipe.eval.dev_queries, seed=self.recipe.train.seed, progress=False,
+                      max_score_bytes=self.recipe.eval.max_score_bytes)
+        mrr, h10 = ev.metric(), ev.metric(key="hits_at_10")
+        return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_seconds": round(ev.seconds, 2)},
+                f"dev MRR {mrr:.4f}  H@10 {h10:.4f}")
+
+    def loss_state(self, criterion):
+        return criterion.queue_state()
+
+    def load_loss_state(self, criterion, state, device):
+        criterion.load_queue_state(state or [], device)
+
+    def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
+        if self.recipe.structure is None:
+            return
+        from kgc.linkpred.structure import train_structure
+        from kgc.training.run import RunDir
+
+        train_structure(self.recipe.structure, self.graph, RunDir(run_dir).structure, seed=self.recipe.train.seed,
+                        device=self.recipe.train.device, progress=progress, echo=echo)

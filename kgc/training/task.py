@@ -1,0 +1,154 @@
+"""What a task is to the rest of kgc: one :class:`Task` subclass per task package, registered in
+``kgc.registry.TASKS``, answering everything that differs between tasks — so nothing outside a task's own
+package branches on its name.
+
+A task registers (class attributes and hooks of its Task subclass):
+
+* its **recipe keys** — the dotted keys only it reads (``recipe_keys``); the recipe refuses them under the
+  other tasks and leaves them out of a run's saved ``recipe.yaml``;
+* its **run class** (``run_class()``): what ``kgc.load`` returns for its run directories, with the task's verbs;
+* its **dataset check** (``check_dataset``), run on a freshly fetched folder before it is published;
+* its **training hooks** — data, model, objective, batches, validation (the abstract methods below), and
+  whether its batches can be split over processes (``distributed``);
+* its **evaluation** (through the run class), **result formatting** (``report``) and **compare row**
+  (``compare_columns``, ``compare_split``, ``compare_row``).
+
+Adding a task is one package that defines such a class and registers it in its ``__init__.py`` (and its name
+in :data:`kgc.registry.TASKS`' built-ins).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from kgc.errors import KGCError
+from kgc.recipe import Recipe
+from kgc.registry import TASKS
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from kgc.training.run import Run
+
+Echo = Callable[[str], None]
+
+
+class Task(ABC):
+    """One task's part of training, and its hooks for the tools above it.
+
+    The model ``build_model`` returns must offer ``encoders``, ``attach_layer_cache(recipe)``, ``layer_cache``
+    and ``save_cache()``; ``metric`` (higher is better) picks ``best.pt``."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]  # "link prediction", "C-STS"
+    unit: ClassVar[str]  # what a training example is: "triples", "pairs"
+    metric: ClassVar[str]  # the validation metric that selects best.pt, e.g. "dev_mrr"
+    recipe_keys: ClassVar[frozenset[str]] = frozenset()  # dotted keys (or whole sections) only this task reads
+    distributed: ClassVar[bool] = True  # whether a global batch may be split over torchrun processes
+    splits: ClassVar[tuple[str, ...]] = ("test",)  # what `kgc evaluate --split` takes; the first is the default
+    compare_columns: ClassVar[list[str]] = []
+    compare_metric: ClassVar[str] = ""  # the column `kgc compare` prints per recipe
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+
+    # ------------------------------------------------------------ registration-level hooks (no instance)
+
+    @classmethod
+    @abstractmethod
+    def run_class(cls) -> "type[Run]":
+        """The class ``kgc.load`` returns for this task's runs."""
+
+    @classmethod
+    def check_dataset(cls, folder: Path) -> None:
+        """Read a fetched dataset folder through (a bad file raises KGCError) before it is published."""
+
+    @classmethod
+    def check_triples_welcome(cls) -> None:
+        """``kgc.train(data=…)`` hands PyKEEN triples to the task; tasks that read none say so here."""
+        raise KGCError(f"data= takes PyKEEN triples, for link prediction; this recipe has task {cls.name}")
+
+    @classmethod
+    def with_triples(cls, recipe: Recipe, folder: Path, data: Any, **parts: Any) -> Recipe:
+        """Write PyKEEN ``data`` (and ``validation`` / ``testing`` / ``texts`` / ``relation_texts`` in ``parts``)
+        into ``folder`` and return the recipe pointed at it."""
+        raise NotImplementedError
+
+    @classmethod
+    def report(cls, run: "Run", evaluation: Any, split: str) -> list[str]:
+        """The lines ``kgc evaluate`` prints for an evaluation of ``split``."""
+        return [str(evaluation.results)]
+
+    @classmethod
+    def compare_split(cls, recipe: Recipe, state: dict, echo: Echo) -> tuple[str, list[dict]]:
+        """(the split ``kgc compare`` evaluates ``recipe`` on, rows to add before its own: baselines).
+        ``state`` persists over the recipes of one compare."""
+        return "test", []
+
+    @classmethod
+    def compare_row(cls, run: "Run", results: dict, summary: dict, seconds: float) -> dict:
+        """The recipe's row of ``kgc compare``'s table (keys: ``compare_columns``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ training hooks
+
+    @abstractmethod
+    def build_model(self, backbone_folder: Path, *, pretrained: bool = True) -> "tuple[nn.Module, Any]":
+        """(model, tokenizer); ``pretrained=False`` builds the architecture only."""
+
+    @abstractmethod
+    def make_loss(self) -> "nn.Module": ...
+
+    @property
+    @abstractmethod
+    def steps_per_epoch(self) -> int: ...
+
+    @abstractmethod
+    def epoch_batches(self, epoch: int) -> "list[np.ndarray]":
+        """The epoch's batches (``steps_per_epoch`` of them); a pure function of (seed, epoch)."""
+
+    @abstractmethod
+    def batch_loss(self, model: "nn.Module", criterion: "nn.Module", batch: "np.ndarray") -> "torch.Tensor": ...
+
+    def batch_size(self, batch: "np.ndarray") -> int:
+        """Training examples in a batch (for the throughput figure)."""
+        return len(batch)
+
+    @abstractmethod
+    def validate(self, model: "nn.Module") -> tuple[dict[str, float], str]:
+        """(metrics including ``self.metric`` and ``dev_seconds``, a one-line summary)."""
+
+    def to(self, device: "torch.device") -> None:
+        """Move task-side tensors (e.g. the false-negative keys) to the training device."""
+
+    def loss_state(self, criterion: "nn.Module") -> Any:
+        """Training state the objective carries besides its parameters (SimKGC's pre-batch queue)."""
+        return None
+
+    def load_loss_state(self, criterion: "nn.Module", state: Any, device: "torch.device") -> None:
+        pass
+
+    def after_training(self, run_dir: Path, *, progress: bool, echo: Echo) -> None:
+        """Work that follows the text model's training (main process only), e.g. a structural model beside it."""
+
+
+def task_class(name: str) -> type[Task]:
+    """The registered task ``name`` (an unknown name lists the registered ones)."""
+    return TASKS.lookup(name)
+
+
+def make_task(recipe: Recipe) -> Task:
+    """The recipe's task, ready to train (reads its data)."""
+    return task_class(recipe.task)(recipe)
+
+
+def open_run(path: str | Path, *, device: str = "auto", echo: Echo | None = print) -> "Run":
+    """The run directory at ``path`` as its task's run class (``kgc.load``)."""
+    from kgc.training.run import RunDir
+
+    folder = RunDir(path)  # a missing or foreign folder fails here, with the fix
+    return task_class(folder.recipe.task).run_class()(folder, device=device, echo=echo)
