@@ -143,7 +143,7 @@ def explain(run: "str | Path | Run", *, head: str | None = None, relations: Sequ
     Returns (a kgc.explain.Explanation, the heatmap PNG written to ``out``, default RUN/explain.png)."""
     from kgc.explain import explain as explain_inputs, plot
 
-    run = load(run, device="cpu", echo=None) if isinstance(run, (str, Path)) else run
+    run = load(run, echo=None) if isinstance(run, (str, Path)) else run
     inputs = run.explain_inputs(head=head, relations=relations, inverse=inverse, sentence=sentence,
                                 conditions=conditions)
     ex, title = explain_inputs(inputs)
@@ -193,6 +193,17 @@ def table(kind: str, result: Any, *extra: Any) -> str:
 
     return {"compare": markdown_table, "index": bench.index_table, "structure": bench.structure_table}[kind](
         result, *extra)
+
+
+def results(run: "str | Path | Run", split: str = "test") -> dict:
+    """A run's evaluation of ``split`` as written by ``kgc evaluate`` (results[.split].json)."""
+    from kgc.training.run import RunDir, read_json
+
+    folder = run.dir if not isinstance(run, (str, Path)) else RunDir(run)
+    f = folder.results(split)
+    if not f.is_file():
+        raise KGCError(f"{f}: not found; evaluate the run first (`kgc evaluate {folder.path}`)")
+    return read_json(f, f"Evaluate the run again: `kgc evaluate {folder.path}`.")
 
 
 def write_json(path: str | Path, obj: Any) -> None:

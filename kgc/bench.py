@@ -42,8 +42,7 @@ def bench_inference(*, dataset: str = "wn18rr", conditioners=("biencoder", "hada
     recipe = load_recipe(None, base)
     graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
     triples = graph.splits["test"][:limit]
-    r = graph.num_relations
-    queries = np.concatenate([triples, np.stack([triples[:, 2], triples[:, 1] + r, triples[:, 0]], 1)])
+    queries = np.concatenate([triples, graph.inverse_queries(triples)])
     folder = resolve_backbone(recipe.model.backbone)
     seed_everything(0)
     table, table_seconds, rows = None, 0.0, []

@@ -321,12 +321,7 @@ def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a str
     Hits@k beside kgc's structure-only and fused rows."""
     from kgc import api
 
-    results = None
-    if run is not None:
-        f = run / "results.json"
-        if not f.is_file():
-            raise KGCError(f"{f}: not found; evaluate the run first (`kgc evaluate {run}`)")
-        results = json.loads(f.read_text(encoding="utf-8"))
+    results = None if run is None else api.results(run)
     result = api.bench_structure(recipe, overrides=set_, seeds=_int_list("--seeds", seeds, minimum=0), progress=progress,
                        echo=_echo)
     _echo(api.table("structure", result, results))

@@ -37,6 +37,7 @@ def export_run(run: Any, out: str | Path, *, format: str = "sentence-transformer
                force: bool = False) -> dict[str, Any]:
     """Export ``run`` (a run directory, or a run ``kgc.load`` opened) into the folder ``out``; returns the
     ``kgc.json`` it wrote."""
+    from kgc.linkpred.service import LinkPredRun
     from kgc.training.task import open_run
 
     if format not in FORMATS:
@@ -52,7 +53,7 @@ def export_run(run: Any, out: str | Path, *, format: str = "sentence-transformer
                            "only an earlier export: choose a new or empty folder")
     if isinstance(run, (str, Path)):
         run = open_run(run, device="cpu", echo=None)
-    if run.recipe.task != "linkpred":
+    if not isinstance(run, LinkPredRun):  # the towers of a query and an entity: link prediction's
         raise KGCError(f"{run.path} is a {run.recipe.task} run; kgc export writes link-prediction towers "
                        "(a run trained with task: linkpred)")
     pooling = run.recipe.model.pooling
@@ -193,7 +194,7 @@ def _meta(run, model, graph, format, towers, cond, entity_exact: int, relation_e
     return {
         "kgc_version": _version(),
         "format": format,
-        "task": "linkpred",
+        "task": run.task,
         "run": str(run.path.resolve()),
         "weights": {"file": run.dir.weights_file().name, "sha256": run.dir.weights_fingerprint()},
         "dataset": recipe.data.dataset,

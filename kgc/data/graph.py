@@ -92,11 +92,23 @@ class KnowledgeGraph:
         base = self.relations[rel % self.num_relations]
         return base if rel < self.num_relations else f"inverse {base}"
 
+    def inverse_queries(self, triples: np.ndarray) -> np.ndarray:
+        """``(n, 3)`` head-prediction queries (t, r + R, h) of forward ``triples`` (h, r, t): relation ids ``R..2R-1``
+        are the inverses (text ``inverse <r>``), the one place that rule is written."""
+        return np.stack([triples[:, 2], triples[:, 1] + self.num_relations, triples[:, 0]], axis=1)
+
+    def relation_id(self, query: str, *, inverse: bool = False) -> int:
+        """The id of a forward relation found by label or text (:meth:`find_relation`), or of its inverse."""
+        return self.find_relation(query) + (self.num_relations if inverse else 0)
+
+    def relation_ids(self, *, inverse: bool = False) -> list[int]:
+        """Every forward relation's id, or every inverse's."""
+        return list(range(self.num_relations, 2 * self.num_relations) if inverse else range(self.num_relations))
+
     def both_directions(self, split: str) -> np.ndarray:
         """``(2n, 3)`` queries (head, relation, answer): forward triples, then (t, r + R, h)."""
         t = self.splits[split]
-        inv = np.stack([t[:, 2], t[:, 1] + self.num_relations, t[:, 0]], axis=1)
-        return np.concatenate([t, inv], axis=0)
+        return np.concatenate([t, self.inverse_queries(t)], axis=0)
 
     def hr_keys(self, heads: np.ndarray, rels: np.ndarray) -> np.ndarray:
         return heads.astype(np.int64) * (2 * self.num_relations) + rels.astype(np.int64)

@@ -51,8 +51,7 @@ def new_evaluator() -> "RankBasedEvaluator":
 
 def query_directions(graph: KnowledgeGraph, triples: np.ndarray) -> dict[str, np.ndarray]:
     """The two queries of each triple (h, r, t): tail prediction (h, r, ?) and head prediction (t, r + R, ?)."""
-    r = graph.num_relations
-    return {"tail": triples, "head": np.stack([triples[:, 2], triples[:, 1] + r, triples[:, 0]], axis=1)}
+    return {"tail": triples, "head": graph.inverse_queries(triples)}
 
 
 def n_hop_neighbours(graph: KnowledgeGraph, heads: np.ndarray, n_hop: int) -> dict[int, np.ndarray]:

@@ -284,7 +284,7 @@ class LinkPredRun(Run):
         index, graph, bank = self.searcher(progress=progress)
         start = time.perf_counter()
         h = graph.find_entity(head)
-        r = graph.find_relation(relation) + (graph.num_relations if inverse else 0)
+        r = graph.relation_id(relation, inverse=inverse)
         q = model.encode_queries([h], [r], bank=bank).float().cpu()  # (1, dim)
         exclude = set(known_answers(graph, h, r).tolist()) if filter_known else set()
         if has_structure(self.dir.structure):  # as `kgc evaluate`: fused with the structural model
@@ -412,7 +412,7 @@ class LinkPredRun(Run):
                            "per head)")
         model, graph = self.model(), self.graph()
         h = [graph.find_entity(x) for x in hs]
-        r = [graph.find_relation(x) + (graph.num_relations if inverse else 0) for x in rs]
+        r = [graph.relation_id(x, inverse=inverse) for x in rs]
         out = np.empty((len(hs), model.tail_encoder.dim), dtype=np.float32)
         for s in range(0, len(h), batch_size):
             out[s: s + batch_size] = model.encode_queries(h[s: s + batch_size], r[s: s + batch_size]).float().cpu().numpy()
@@ -426,8 +426,8 @@ class LinkPredRun(Run):
         if sentence is not None or conditions:
             raise KGCError("--sentence/--condition are for C-STS runs; for link prediction give --head and --relation")
         model, graph = self.model(), self.graph()
-        rels = [graph.find_relation(r) for r in relations] if relations else list(range(graph.num_relations))
-        rels = [r + graph.num_relations if inverse else r for r in rels]
+        rels = [graph.relation_id(r, inverse=inverse) for r in relations] if relations else \
+            graph.relation_ids(inverse=inverse)
         ids, subject = None, ""
         if head is not None:
             h = graph.find_entity(head)

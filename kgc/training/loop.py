@@ -141,12 +141,12 @@ class _Setup:
             model, tokenizer = task.build_model(resolve_backbone(recipe.model.backbone))
 
             def publish() -> None:
-                save_backbone_files(run_dir / "backbone", recipe, tokenizer)
+                save_backbone_files(RunDir.backbone_folder(run_dir), recipe, tokenizer)
                 write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
 
             _on_main(publish)
         else:
-            model, _ = task.build_model(run_dir / "backbone", pretrained=False)
+            model, _ = task.build_model(RunDir.backbone_folder(run_dir), pretrained=False)
             model.load_state_dict(ckpt["model"])
         self.recipe, self.task, self.model, self.ckpt = recipe, task, model, ckpt
         self.run = RunDir(run_dir)

@@ -66,7 +66,7 @@ class RunDir:
         self._weights_hash: tuple | None = None  # ((file, mtime, size), sha256): see weights_fingerprint
 
     recipe_file = property(lambda self: self.path / "recipe.yaml")
-    backbone = property(lambda self: self.path / "backbone")
+    backbone = property(lambda self: self.backbone_folder(self.path))
     best = property(lambda self: self.path / CHECKPOINTS[0])
     last = property(lambda self: self.path / CHECKPOINTS[1])
     metrics = property(lambda self: self.path / "metrics.jsonl")
@@ -85,6 +85,11 @@ class RunDir:
     def resumable(path: str | Path) -> bool:
         """A run directory with a checkpoint to resume from."""
         return (Path(path) / CHECKPOINTS[1]).is_file()
+
+    @staticmethod
+    def backbone_folder(path: str | Path) -> Path:
+        """Where a new run's backbone files go (written before its recipe.yaml)."""
+        return Path(path) / "backbone"
 
     @staticmethod
     def data_folder(path: str | Path) -> Path:
