@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 __all__ = ["Answers", "CSTSRun", "KGCError", "LinkPredRun", "Run", "api", "load", "resolve_recipe", "resume", "train",
            "__version__"]
 
-_LAZY = {"Run": "kgc.training.run", "LinkPredRun": "kgc.linkpred.service", "Answers": "kgc.linkpred.service",
+_LAZY = {"Run": "kgc.training.run", "LinkPredRun": "kgc.linkpred.service", "Answers": "kgc.linkpred.predict",
          "CSTSRun": "kgc.csts.service"}
 
 

@@ -66,7 +66,7 @@ def train(recipe: RecipeLike, out: str | Path | None = None, *, progress: bool =
 def _with_pykeen_data(rec: Recipe, out, data, **parts) -> tuple[Recipe, Path]:
     """Hand PyKEEN triples to the recipe's task (it writes them into the new run directory and points the recipe
     at them); a failure leaves nothing half-written."""
-    from kgc.training.loop import _prepare_new_run, default_run_dir
+    from kgc.training.loop import prepare_new_run, default_run_dir
     from kgc.training.run import RunDir
     from kgc.training.task import task_class
 
@@ -74,7 +74,7 @@ def _with_pykeen_data(rec: Recipe, out, data, **parts) -> tuple[Recipe, Path]:
     task.check_triples_welcome()
     run_dir = Path(out) if out is not None else default_run_dir(rec)
     fresh = not run_dir.exists()
-    run_dir = _prepare_new_run(rec, run_dir)
+    run_dir = prepare_new_run(rec, run_dir)
     folder = RunDir.data_folder(run_dir)
     try:
         rec = task.with_triples(rec, folder, data, **parts)

@@ -57,7 +57,9 @@ class ModelConfig(_Section):
     router_layers: Optional[int] = Field(None, ge=0, description="router: the condition enters at layer T - k "
                                          "(default 1); biencoder: CSR routing in the top k layers (default 0, off)")
     weighting: Literal["one_plus_w", "w_only"] = "one_plus_w"
-    scorer: Literal["query_key", "hidden", "heavy", "cls_attention"] = "query_key"
+    scorer: Literal["query_key", "paper", "hidden", "heavy", "cls_attention"] = Field(
+        "query_key", description="router: how the condition scores the sentence's tokens (paper: the CSR paper's "
+                                 "equation; kgc/conditioning/router.py describes each)")
     cross_attend: Literal["none", "top", "all"] = Field(
         "none", description="router: the sentence also attends to the condition's tokens in no layer, the "
                             "router layers, or every layer (the released code; nothing cacheable)")

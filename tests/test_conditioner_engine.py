@@ -136,3 +136,79 @@ def test_w_only_multiplies_the_context_by_w_alone(sharp, special):  # noqa: F811
         torch.testing.assert_close(r(SENTS, CONDS), ref, atol=1e-5, rtol=1e-5)
         one_plus = router(sharp, special)(SENTS, CONDS)
     assert (one_plus - ref).abs().max() > 1e-3  # the weighting really differs
+
+
+def test_hypernet_drops_out_the_condition_before_the_generators(tiny_bert, tokenizer):
+    """Hyper-CL's released code: Dropout(0.1) on h_c before the generators while training; none in eval mode."""
+    import torch
+
+    from kgc.conditioning.pooled import GENERATOR_DROPOUT, HyperNet
+    from kgc.data.texts import SpecialTokens
+    from kgc.encoding.backbone import TextEncoder, load_backbone
+
+    enc = TextEncoder(load_backbone(tiny_bert), "mean")
+    cond = HyperNet(encoder=enc, special=SpecialTokens.from_tokenizer(tokenizer), max_tokens=16, rank=2)
+    assert GENERATOR_DROPOUT == 0.1 and cond.gen_dropout.p == 0.1
+    ids = tokenizer(["a colour", "a shape"], add_special_tokens=False)["input_ids"]
+    seen = []
+    cond.gen1.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().clone()))
+    cond.eval()
+    with torch.no_grad():
+        cond.encode_conditions(ids)
+        hc = PooledReference(cond, ids)
+    torch.testing.assert_close(seen[-1], hc)  # eval: the generators read h_c as it is
+    cond.train()
+    cond.encoder.eval()  # the encoder's own dropout off: only the generators' input dropout acts
+    torch.manual_seed(0)
+    with torch.no_grad():
+        cond.encode_conditions(ids)
+    dropped = seen[-1]
+    zero = dropped == 0
+    assert zero.any() and not zero.all()  # some features dropped …
+    torch.testing.assert_close(dropped[~zero], hc[~zero] / 0.9)  # … the rest scaled by 1 / (1 - p)
+
+
+def PooledReference(cond, ids):
+    """h_c: the pooled, normalised condition embedding (what the generators read before any dropout)."""
+    from kgc.conditioning.pooled import PooledConditioner
+
+    return PooledConditioner.encode_conditions(cond, ids)
+
+
+def test_paper_scorer_is_the_csr_equation_in_every_router_layer(tiny_bert, special, tmp_path):  # noqa: F811
+    """``scorer: paper`` — the CSR paper's w_t = softmax(q^c · K_tᵀ / √d): q^c the condition's [CLS] query vector
+    in the last layer (full width, the last layer's query projection), K_t each router layer's own keys of the
+    states entering it, one softmax over the sentence's real tokens; recomputed here with plain torch ops on a
+    3-layer random BERT with k = 2 router layers."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(3)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "bert3")
+    enc = TextEncoder(sharpen_attention(load_backbone(tmp_path / "bert3"))).eval()
+    r = router(enc, special, scorer="paper", router_layers=2)
+    assert r.t == 1 and r.router_layers == 2
+    layers = enc.backbone.encoder.layer
+    entering = {}  # router layer -> the states entering it in the routed pass (layer 2's input was routed at 1)
+    hooks = [layers[i].register_forward_pre_hook(lambda m, args, i=i: entering.__setitem__(i, args[0].detach()))
+             for i in (1, 2)]
+    with torch.no_grad():
+        route = routed_w(r)
+        for h in hooks:
+            h.remove()
+        hc = states_at(enc, special, CONDS, 2)[0][:, 0]  # the condition's [CLS] entering the last layer
+        q = layers[2].attention.self.query(hc)  # (conditions, H): its query vector in the last layer
+        _, mask = states_at(enc, special, SENTS, 1)
+        plain_entering_1 = states_at(enc, special, SENTS, 1)[0]
+    torch.testing.assert_close(entering[1], plain_entering_1, atol=1e-6, rtol=1e-6)  # below t: unrouted
+    for layer in (1, 2):
+        keys = layers[layer].attention.self.key(entering[layer])  # (batch, len, H)
+        for i in range(len(SENTS)):
+            n = int(mask[i].sum())
+            ref = torch.softmax(keys[i, :n] @ q[i] / math.sqrt(keys.shape[-1]), 0)
+            torch.testing.assert_close(route.seen[layer][i, :n], ref, atol=1e-5, rtol=1e-5)
+            assert float(route.seen[layer][i, n:].abs().sum()) == 0.0
+    assert (route.seen[1] - route.seen[2]).abs().max() > 1e-3  # each layer its own w (query_key reuses layer t's)
+    reused = routed_w(router(enc, special, scorer="query_key", router_layers=2))
+    assert torch.equal(reused.seen[1], reused.seen[2])

@@ -30,6 +30,7 @@ CASES = {
     "router": ("router", {}),
     "router-2-w_only-hidden": ("router", {"router_layers": 2, "weighting": "w_only", "scorer": "hidden"}),
     "router-heavy": ("router", {"scorer": "heavy"}),
+    "router-2-paper-top": ("router", {"router_layers": 2, "scorer": "paper", "cross_attend": "top"}),
     "router-top": ("router", {"cross_attend": "top"}),
     "router-top-2-cls_attention": ("router", {"router_layers": 2, "cross_attend": "top", "scorer": "cls_attention"}),
     "router-all": ("router", {"cross_attend": "all"}),

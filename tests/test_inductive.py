@@ -140,6 +140,23 @@ def test_inductive_evaluation_errors_and_warnings(trained, split, tmp_path):
         read_inductive_folder(folder, known)
     with pytest.raises(KGCError, match="no such folder"):
         read_inductive_folder(tmp_path / "nowhere", known)
+    bad = kgc("evaluate", trained, "--entities-from", split, "--rerank", check=False)
+    assert bad.returncode == 2 and "unseen entities have none" in bad.stderr
+
+
+def test_inductive_evaluation_is_never_reranked(trained, split):
+    """SimKGC turns graph re-ranking off for inductive evaluation: with a run whose recipe re-ranks, the inductive
+    ranks are the plain cosine ranks (with an empty train graph the boost would only lift the head itself)."""
+    from kgc.linkpred.service import LinkPredRun
+
+    run = LinkPredRun(trained, device="cpu", echo=None)
+    plain = run.evaluation("test", entities_from=split).results
+    rr = run.recipe.eval.rerank.model_copy(update={"enabled": True, "n_hop": 1, "weight": 10.0})
+    run.recipe = run.recipe.model_copy(update={"eval": run.recipe.eval.model_copy(update={"rerank": rr})})
+    again = run.evaluation("test", entities_from=split).results
+    assert again["kgc"]["rerank"] is None
+    assert again["both"]["realistic"]["inverse_harmonic_mean_rank"] == plain["both"]["realistic"][
+        "inverse_harmonic_mean_rank"]
 
 
 @pytest.fixture(scope="module")

@@ -97,7 +97,29 @@ def test_temperature_is_learnable_and_clamped():
     assert crit.log_inv_t.grad is not None and crit.log_inv_t.grad.abs().item() > 0
     with torch.no_grad():
         crit.log_inv_t.fill_(math.log(1e6))  # τ = 1e-6, far below the floor
+    crit.clamp_()  # what the training loop does after every optimiser step
     assert crit.temperature == pytest.approx(0.01)
+
+
+def test_temperature_at_its_bound_keeps_its_gradient():
+    """Clamped after the step (as CLIP), not in the forward pass: at the floor the gradient still flows, so an
+    optimiser step can bring τ back up; the clamp then holds it within [min, max]."""
+    crit = SimKGCLoss(temperature=0.01, min_temperature=0.01, pre_batch=0).double()
+    assert crit.log_inv_t.item() == pytest.approx(math.log(100))
+    loss = run_loss(crit)
+    loss.backward()
+    grad = crit.log_inv_t.grad.item()
+    assert grad != 0  # with the clamp inside the forward pass this was exactly 0
+    opt = torch.optim.SGD([crit.log_inv_t], lr=1.0)
+    opt.step()
+    moved = crit.log_inv_t.item()
+    crit.clamp_()
+    if grad > 0:  # the step lowered 1/τ: τ rose above the floor and stays there
+        assert moved < math.log(100) and crit.log_inv_t.item() == pytest.approx(moved)
+    else:  # pushed below the floor: clamped back to it
+        assert crit.log_inv_t.item() == pytest.approx(math.log(100))
+    out = SimKGCLoss(temperature=5.0, max_temperature=1.0, pre_batch=0)  # a start outside the range is clamped
+    assert out.temperature == pytest.approx(1.0)
 
 
 def test_prebatch_queue_keeps_last_k_and_never_random():

@@ -10,7 +10,8 @@ once, then composes per query.
   ``lowrank`` W_c = W1 W2ᵀ with W1, W2 ∈ ℝ^{H×K} (``rank`` K, default H/12), ``residual``
   W_c = I + W1 W2ᵀ with the W2 generator initialised to zero (starts as the plain encoder), or
   ``full`` W_c ∈ ℝ^{H×H}. W_c is computed once per *distinct* condition and applied to the rows that
-  use it — a (batch, H, H) tensor is never built.
+  use it — a (batch, H, H) tensor is never built. While training, h_c passes Dropout(0.1) before the
+  generators, as in the authors' released code (evaluation is unaffected).
 
 Every output is L2-normalised.
 """
@@ -29,6 +30,9 @@ from kgc.errors import KGCError
 # the parts an exported query is composed from (kgc.json), the same for every conditioner here
 POOLED_PARTS = {"h_s": "query tower(head text), encoded exactly like an entity text (entities.tsv)",
                 "h_c": "query tower(relation text) (relations.tsv), a single sequence like an entity text"}
+
+
+GENERATOR_DROPOUT = 0.1  # Hyper-CL's released code: Dropout(0.1) on the condition embedding before the generators
 
 
 class PooledConditioner(Conditioner):
@@ -103,6 +107,7 @@ class HyperNet(PooledConditioner):
             raise KGCError(f"model.hypernet_form {hypernet_form!r}: choose lowrank, residual or full")
         self.form = hypernet_form
         self.rank = rank or max(1, h // 12)
+        self.gen_dropout = nn.Dropout(GENERATOR_DROPOUT)  # on h_c before the generators, as Hyper-CL's released code
         if self.form == "full":
             self.gen = nn.Linear(h, h * h)
         else:
@@ -135,7 +140,7 @@ class HyperNet(PooledConditioner):
 
     def encode_conditions(self, conditions: TokenLists):
         """W_c of each distinct condition: (conditions, H, H) full, or the factors (conditions, H, K) ×2."""
-        hc = super().encode_conditions(conditions)  # (conditions, H)
+        hc = self.gen_dropout(super().encode_conditions(conditions))  # (conditions, H); dropout while training
         n, h = hc.shape
         if self.form == "full":
             return self.gen(hc).view(n, h, h)

@@ -16,8 +16,13 @@ The authors' released code (``utils/sts/modeling_router.py``) does more, and ``c
 * ``all`` — that cross-attention in every layer, as the released code is written: nothing below is
   condition-free, so every query runs the whole encoder (results.json records the entry layer 0).
 
-Scorers: ``query_key`` (default, the paper), ``hidden`` (hidden-state dot product / √H), ``heavy`` (new
-trainable W_q, W_k initialised from the layer's own projections) — all read once at layer t — and
+Scorers: ``paper`` — the paper's Eq. exactly: q^c is the condition's [CLS] query vector in the *last* layer
+(that layer's query projection, the full hidden width H); in *each* router layer l, score_l = q^c · K_l^sᵀ / √H
+with K_l^s the sentence's keys of layer l (full width), one softmax over the sentence's real tokens → w_l.
+``query_key`` (the default) — q^c read at layer t with layer t's query projection, per-head scaled dot products
+with layer t's keys, per-head softmaxes averaged, one w for every router layer; ``hidden`` (hidden-state dot
+product / √H), ``heavy`` (new trainable W_q, W_k initialised from the layer's own projections) — both read once
+at layer t, like ``query_key`` — and
 ``cls_attention`` (the released code's ``router_type`` 3): in each router layer w is the sentence
 [CLS]'s row of that layer's attention probabilities on the sentence's tokens, head-averaged and
 renormalised over the sentence's tokens; it needs ``cross_attend`` top or all (otherwise w would not
@@ -40,6 +45,9 @@ from kgc.conditioning.routing import Route, RoutedAttention, explained
 from kgc.encoding.backbone import unique_rows
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
+
+
+SCORERS = ("query_key", "paper", "hidden", "heavy", "cls_attention")
 
 
 class RouterCondition(NamedTuple):
@@ -69,8 +77,8 @@ class Router(Conditioner):
                            "[CLS] vector would be read before any layer has seen the condition)")
         if weighting not in ("one_plus_w", "w_only"):
             raise KGCError(f"model.weighting {weighting!r}: choose one_plus_w or w_only")
-        if scorer not in ("query_key", "hidden", "heavy", "cls_attention"):
-            raise KGCError(f"model.scorer {scorer!r}: choose query_key, hidden, heavy or cls_attention")
+        if scorer not in SCORERS:
+            raise KGCError(f"model.scorer {scorer!r}: choose {', '.join(SCORERS)}")
         if cross_attend not in ("none", "top", "all"):
             raise KGCError(f"model.cross_attend {cross_attend!r}: choose none, top or all")
         if scorer == "cls_attention" and cross_attend == "none":
@@ -142,7 +150,11 @@ class Router(Conditioner):
         batch = self.single_batch(conditions)
         states = self.encoder.hidden_at(batch, self.t)  # (conditions, len, K, H)
         query = None
-        if self.scorer != "cls_attention":
+        if self.scorer == "paper":  # the [CLS] query vector in the last layer: the states entering it, projected
+            last = self.encoder.num_layers - 1
+            entering = self.encoder.advance(states, batch["attention_mask"], self.t, last) if last > self.t else states
+            query = self.encoder.backbone.encoder.layer[last].attention.self.query(entering[:, 0, -1])  # (conds, H)
+        elif self.scorer != "cls_attention":
             cls = states[:, 0, -1]  # (conditions, H)
             query = cls if self.scorer == "hidden" else \
                 self._projections()[0](cls).view(len(cls), self.heads, self.head_dim)
@@ -167,19 +179,30 @@ class Router(Conditioner):
         scores = scores.masked_fill(mask[:, None, :] == 0, float("-inf"))
         return scores.softmax(-1).mean(1)  # (batch, len)
 
+    def paper_weights(self, layer: int, hidden: torch.Tensor, mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """w_l (batch, len) of router layer ``layer``: softmax over the sentence's real tokens of q^c · K_lᵀ / √H,
+        K_l = layer l's key projection of ``hidden`` (batch, len, H), the states entering it; ``query`` (batch, H)."""
+        keys = self.encoder.backbone.encoder.layer[layer].attention.self.key(hidden)  # (batch, len, H)
+        scores = torch.einsum("bh,bnh->bn", query.to(keys.dtype), keys) / math.sqrt(keys.shape[-1])
+        return scores.masked_fill(mask == 0, float("-inf")).softmax(-1)  # (batch, len)
+
     def route(self, sentence_state, condition_state: RouterCondition, condition_index) -> tuple[torch.Tensor, Route]:
         """(batch, dim) embeddings and the :class:`Route` they were computed under (its ``seen`` holds w per layer)."""
         states, mask = sentence_state
         cond = RouterCondition(*(None if x is None else x[condition_index] for x in condition_state))
         total = self.encoder.num_layers
+        per_layer = None
         if self.scorer == "cls_attention":
             score, rows = None, torch.zeros_like(mask)
             rows[:, 0] = 1  # the sentence's [CLS]
+        elif self.scorer == "paper":  # each router layer scores its own input with its own keys
+            score, rows = None, None
+            per_layer = lambda layer, hidden: self.paper_weights(layer, hidden, mask, cond.query)  # noqa: E731
         else:  # w from the states entering layer t, read when the pass gets there (with ``all`` they saw the condition)
             score, rows = (lambda hidden: self.weights(hidden.unsqueeze(2), mask, cond.query)), None
         cross = frozenset(range(self.entry_layer, total)) if self.cross_attend != "none" else frozenset()
-        r = Route(mask=mask, scale_layers=frozenset(range(self.t, total)), score=score, score_rows=rows,
-                  score_cols=mask, weighting=self.weighting, cond_states=cond.tokens, cond_mask=cond.mask,
+        r = Route(mask=mask, scale_layers=frozenset(range(self.t, total)), score=score, score_layer=per_layer,
+                  score_rows=rows, score_cols=mask, weighting=self.weighting, cond_states=cond.tokens, cond_mask=cond.mask,
                   cross_layers=cross)
         with self.routing.route(r):
             return self.encoder.run_from(states, mask, self.entry_layer), r  # (batch, dim)

@@ -51,6 +51,7 @@ class Route:
     cond_mask: torch.Tensor | None = None  # (batch, m)
     weights: torch.Tensor | None = None  # (batch, len) a fixed w for every scaled layer
     score: Callable[[torch.Tensor], torch.Tensor] | None = None  # states entering the first scaled layer → w
+    score_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None  # (layer, states entering it) → its w
     score_rows: torch.Tensor | None = None  # (batch, len) query rows whose attention gives w
     score_cols: torch.Tensor | None = None  # (batch, len) keys w is spread over (the sentence's tokens)
     weighting: str = "one_plus_w"
@@ -141,10 +142,13 @@ class RoutedSelfAttention(nn.Module):
         context = F.dropout(probs, self.dropout.p, self.training) @ v  # (b, heads, n, dh)
         context = context.transpose(1, 2).reshape(b, n, -1)  # (b, n, H)
         if self.layer in r.scale_layers:
-            if r.weights is None and r.score is not None:  # the first scaled layer scores its input once
-                r.weights = r.score(hidden_states)
-            w = r.weights if r.weights is not None else weights_from_attention(probs[..., m:], r.score_rows,
-                                                                               r.score_cols)
+            if r.score_layer is not None:  # every scaled layer scores its own input (the CSR paper's w_t)
+                w = r.score_layer(self.layer, hidden_states)
+            else:
+                if r.weights is None and r.score is not None:  # the first scaled layer scores its input once
+                    r.weights = r.score(hidden_states)
+                w = r.weights if r.weights is not None else weights_from_attention(probs[..., m:], r.score_rows,
+                                                                                   r.score_cols)
             r.seen[self.layer] = w.detach()
             factor = (1 + w) if r.weighting == "one_plus_w" else w
             context = context * factor.unsqueeze(-1).to(context.dtype)

@@ -10,7 +10,7 @@ Logits for query i (row) against candidate tails (columns), all cosines of unit 
   the head is itself a known answer.
 
 Everything is scaled by the learnable ``1/τ`` (stored as ``log 1/τ``, clamped to
-``[1/max_temperature, 1/min_temperature]``). Loss = CE(rows) + CE(in-batch block transposed) — the
+``[1/max_temperature, 1/min_temperature]`` after each optimiser step, as CLIP does: :meth:`SimKGCLoss.clamp_`). Loss = CE(rows) + CE(in-batch block transposed) — the
 second term is SimKGC's symmetric tail → query direction.
 """
 
@@ -47,6 +47,7 @@ class SimKGCLoss(nn.Module):
         super().__init__()
         self.log_inv_t = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn_temperature)
         self.log_inv_t_range = (math.log(1.0 / max_temperature), math.log(1.0 / min_temperature))
+        self.clamp_()
         self.margin, self.in_batch, self.pre_batch = margin, in_batch, pre_batch
         self.pre_batch_weight, self.self_negative = pre_batch_weight, self_negative
         self.mask_false_negatives, self.symmetric = mask_false_negatives, symmetric
@@ -54,7 +55,14 @@ class SimKGCLoss(nn.Module):
 
     @property
     def inv_t(self) -> torch.Tensor:
-        return self.log_inv_t.clamp(*self.log_inv_t_range).exp()
+        return self.log_inv_t.exp()
+
+    @torch.no_grad()
+    def clamp_(self) -> None:
+        """Keep τ in [min_temperature, max_temperature]: called after every optimiser step, as CLIP clamps its
+        logit scale. (Clamping inside the forward pass instead, as this module once did, zeroes the gradient at
+        the bound, so a temperature pushed there could never move back.)"""
+        self.log_inv_t.clamp_(*self.log_inv_t_range)
 
     @property
     def temperature(self) -> float:

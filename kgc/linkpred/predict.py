@@ -4,11 +4,16 @@ score over every entity (:func:`kgc.linkpred.structure.predict_fused`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kgc.data.graph import KnowledgeGraph
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -17,6 +22,28 @@ class Prediction:
     entity: str
     text: str
     score: float
+
+
+PREDICTION_COLUMNS = ["rank", "entity", "text", "score"]
+
+
+@dataclass
+class Answers:
+    """:meth:`LinkPredRun.answer`: the query as it was resolved and its ranked answers (what ``kgc predict``
+    prints)."""
+    run: Path
+    head: str                # entity id (the text given was resolved to it)
+    relation: str            # relation label; ``inverse`` answers (?, relation, head)
+    head_text: str           # the head's full text
+    relation_text: str       # the relation's text, "inverse …" for the inverse direction
+    predictions: list        # Prediction: rank, entity, text, score
+    seconds: float           # answering, index loading excluded
+
+    def frame(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame([{c: getattr(p, c) for c in PREDICTION_COLUMNS} for p in self.predictions],
+                            columns=PREDICTION_COLUMNS)
 
 
 def known_answers(graph: KnowledgeGraph, head: int, relation: int) -> np.ndarray:

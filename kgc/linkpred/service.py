@@ -9,7 +9,6 @@ explicitly to whatever encodes with them. An operation that changes the index on
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -18,6 +17,7 @@ import torch
 
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_tsv
+from kgc.linkpred.predict import Answers
 from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir
 
 if TYPE_CHECKING:
@@ -26,28 +26,6 @@ if TYPE_CHECKING:
     from kgc.data.graph import KnowledgeGraph
     from kgc.linkpred.model import LinkPredictor
     from kgc.linkpred.ranking import Evaluation
-
-PREDICTION_COLUMNS = ["rank", "entity", "text", "score"]
-
-
-@dataclass
-class Answers:
-    """:meth:`LinkPredRun.answer`: the query as it was resolved and its ranked answers (what ``kgc predict``
-    prints)."""
-    run: Path
-    head: str                # entity id (the text given was resolved to it)
-    relation: str            # relation label; ``inverse`` answers (?, relation, head)
-    head_text: str           # the head's full text
-    relation_text: str       # the relation's text, "inverse …" for the inverse direction
-    predictions: list        # kgc.linkpred.predict.Prediction: rank, entity, text, score
-    seconds: float           # answering, index loading excluded
-
-    def frame(self) -> "pd.DataFrame":
-        import pandas as pd
-
-        return pd.DataFrame([{c: getattr(p, c) for c in PREDICTION_COLUMNS} for p in self.predictions],
-                            columns=PREDICTION_COLUMNS)
-
 
 def _as_list(x: Any) -> tuple[list, bool]:
     if isinstance(x, str):
@@ -203,10 +181,14 @@ class LinkPredRun(Run):
         if entities_from is not None:
             from kgc.linkpred.inductive import inductive_graph
 
+            if rerank:
+                raise KGCError("--rerank with --entities-from: graph re-ranking boosts the train-graph neighbours of "
+                               "the head, and unseen entities have none (SimKGC turns it off for inductive "
+                               "evaluation; with an empty graph it would boost only the head itself). Drop --rerank.")
             graph, info = inductive_graph(entities_from, self.graph(), split=split, candidates=candidates or "split",
                                           long_text=self.recipe.data.long_text, warn=self.echo)
-            ev = evaluate(self.model_for(graph), graph, split, batch_size=bs, rerank=rr, progress=progress,
-                          max_score_bytes=budget)
+            ev = evaluate(self.model_for(graph), graph, split, batch_size=bs, rerank=None, progress=progress,
+                          max_score_bytes=budget)  # never re-ranked, whatever eval.rerank says
             ev.results["kgc"]["inductive"] = info
             return self._write(ev, split, "inductive")
         graph = self.graph()

@@ -165,6 +165,9 @@ class LinkPredTask(Task):
         return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_seconds": round(ev.seconds, 2)},
                 f"dev MRR {mrr:.4f}  H@10 {h10:.4f}")
 
+    def after_step(self, criterion):
+        criterion.clamp_()  # τ back within [min_temperature, max_temperature]
+
     def loss_state(self, criterion):
         return criterion.queue_state()
 

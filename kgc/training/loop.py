@@ -49,7 +49,7 @@ def default_run_dir(recipe: Recipe) -> Path:
     return Path("runs") / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def _prepare_new_run(recipe: Recipe, out: Path | None) -> Path:
+def prepare_new_run(recipe: Recipe, out: Path | None) -> Path:
     run_dir = Path(out) if out else default_run_dir(recipe)
     if (run_dir / "recipe.yaml").exists():
         raise KGCError(f"{run_dir} already holds a run. Continue it with `kgc train --resume {run_dir}` "
@@ -133,7 +133,7 @@ class _Setup:
             self.say(f"resuming {run.path} from step {ckpt['step']}")
             run_dir = run.path
         else:
-            run_dir = _on_main(lambda: _prepare_new_run(recipe, out))
+            run_dir = _on_main(lambda: prepare_new_run(recipe, out))
             self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
                                                    if self.world > 1 else ""))
         seed_everything(tc.seed)
@@ -248,6 +248,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             torch.nn.utils.clip_grad_norm_(s.params, tc.grad_clip)
             s.scaler.step(s.optimizer)
             s.scaler.update()
+            task.after_step(criterion)
             s.scheduler.step()
             s.step += 1
             seen += task.batch_size(batch)  # the global batch

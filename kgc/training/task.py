@@ -122,6 +122,9 @@ class Task(ABC):
     def validate(self, model: "nn.Module") -> tuple[dict[str, float], str]:
         """(metrics including ``self.metric`` and ``dev_seconds``, a one-line summary)."""
 
+    def after_step(self, criterion: "nn.Module") -> None:
+        """After every optimiser step (e.g. keep a learnt temperature within its bounds)."""
+
     def to(self, device: "torch.device") -> None:
         """Move task-side tensors (e.g. the false-negative keys) to the training device."""
 
