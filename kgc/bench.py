@@ -30,6 +30,7 @@ from kgc.encoding.backbone import resolve_backbone
 from kgc.linkpred.model import QueryEngine, build_model
 from kgc.linkpred.task import batch_loss, make_loss
 from kgc.errors import KGCError
+from kgc.profiling import collect, section
 from kgc.recipe import load_recipe
 from kgc.training.common import make_optimizer, seed_everything
 
@@ -82,10 +83,13 @@ def _timed_steps(model, criterion, optimizer, batches, train_keys) -> float:
     """Seconds for full optimisation steps (forward, loss, backward, AdamW) over ``batches``."""
     start = time.perf_counter()
     for batch in batches:
-        loss = batch_loss(model, criterion, batch, train_keys)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        with section("step"):
+            loss = batch_loss(model, criterion, batch, train_keys)
+            optimizer.zero_grad(set_to_none=True)
+            with section("backward (both towers, loss)"):
+                loss.backward()
+            with section("optimiser (AdamW)"):
+                optimizer.step()
     return time.perf_counter() - start
 
 
@@ -110,14 +114,20 @@ def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5,
 
         warm = batches if model.layer_cache is not None else batches[:1]  # fill the cache / warm allocations
         warm_seconds = _timed_steps(model, criterion, optimizer, warm, train_keys)
-        seconds = _timed_steps(model, criterion, optimizer, batches, train_keys)
+        with collect() as parts:  # where a steady-state step's time goes (kgc.profiling sections)
+            seconds = _timed_steps(model, criterion, optimizer, batches, train_keys)
         rate = steps * batch_size / seconds
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         rows.append({"trainable_layers": layers, "triples_per_s": round(rate, 2), "seconds": round(seconds, 2),
                      "warmup_seconds": round(warm_seconds, 2), "trainable_params": trainable,
-                     "cache_layer": None if model.layer_cache is None else model.layer_cache.layer})
+                     "cache_layer": None if model.layer_cache is None else model.layer_cache.layer,
+                     "seconds_per_step": {k: round(v / steps, 4) for k, v in parts.items()}})
         echo(f"trainable_layers={layers}: {rate:.1f} triples/s over {steps} steps of {batch_size} "
              f"(warm-up {warm_seconds:.1f}s)")
+        step = parts.get("step", seconds) / steps
+        for name, total in sorted(parts.items(), key=lambda kv: -kv[1]):
+            if name != "step":
+                echo(f"    {name:<40} {total / steps:8.3f} s/step  {100 * total / steps / step:5.1f} %")
         model.save_cache()
     ratio = rows[1]["triples_per_s"] / rows[0]["triples_per_s"]
     echo(f"speed-up of trainable_layers={trainable_layers} over full fine-tuning: {ratio:.2f}x")

@@ -54,3 +54,12 @@ def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, 
     full, top = result["rows"]
     assert full["trainable_layers"] == "all" and full["cache_layer"] is None
     assert top["trainable_layers"] == 1 and top["cache_layer"] == 1 and top["trainable_params"] < full["trainable_params"]
+    # the per-step profile: every part of a step is timed, the parts fit inside the step, cache reads only with one
+    for row in (full, top):
+        parts = row["seconds_per_step"]
+        assert {"step", "query tower forward", "tail tower forward", "loss", "backward (both towers, loss)",
+                "optimiser (AdamW)"} <= set(parts)
+        own = sum(v for k, v in parts.items() if k not in ("step", "layer cache lookup (misses computed)"))
+        assert 0 < own <= parts["step"] * 1.001
+    assert "layer cache lookup (misses computed)" in top["seconds_per_step"]
+    assert "layer cache lookup (misses computed)" not in full["seconds_per_step"]

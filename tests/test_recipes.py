@@ -33,3 +33,22 @@ def test_recipe_validates(path, tmp_path):
     assert load_recipe(saved, saved=True).model_dump() == recipe.model_dump()
     short = load_recipe(path, ["train.max_steps=1"])  # what `kgc train RECIPE --set …` resolves
     assert short.train.max_steps == 1 and short.model_dump(exclude={"train"}) == recipe.model_dump(exclude={"train"})
+
+
+def test_profiling_sections_sum_only_while_collecting():
+    """kgc.profiling: sections are free outside collect(), summed (nested ones too) inside it."""
+    import time
+
+    from kgc.profiling import collect, section
+
+    with section("outside"):
+        pass
+    with collect() as parts:
+        for _ in range(2):
+            with section("outer"):
+                with section("inner"):
+                    time.sleep(0.01)
+    assert set(parts) == {"outer", "inner"} and parts["outer"] >= parts["inner"] > 0  # nested: a part of its parent
+    with collect() as again:
+        pass
+    assert dict(again) == {}

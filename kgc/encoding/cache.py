@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from kgc.fileio import write_json, write_npy
+from kgc.profiling import section
 
 
 def cache_home() -> Path:
@@ -104,6 +105,11 @@ class LayerCache:
     # ---------------------------------------------------------------- lookups
     def lookup(self, batch: dict[str, torch.Tensor], compute: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
         """(batch, len, depth, hidden) float32 states of the padded ``batch``; misses go through ``compute``."""
+        with section("layer cache lookup (misses computed)"):
+            return self._lookup(batch, compute)
+
+    def _lookup(self, batch: dict[str, torch.Tensor],
+                compute: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
         ids, mask, types = (batch[k].cpu() for k in ("input_ids", "attention_mask", "token_type_ids"))
         lengths = mask.sum(1).tolist()
         keys = [_key(ids[i, :n], types[i, :n]) for i, n in enumerate(lengths)]

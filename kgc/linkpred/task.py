@@ -15,6 +15,7 @@ import torch
 from kgc.data.graph import load_graph
 from kgc.linkpred.loss import SimKGCLoss
 from kgc.linkpred.model import build_model
+from kgc.profiling import section
 from kgc.recipe import Recipe
 from kgc.training.common import autocast
 from kgc.training.task import Task
@@ -30,14 +31,17 @@ def batch_loss(model, criterion: SimKGCLoss, batch: np.ndarray, train_keys: torc
     graph, device = model.bank.graph, model.device
     heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
     with autocast(device, amp):  # the encoders may run in bf16 on CUDA ...
-        query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
-        ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
+        with section("query tower forward"):
+            query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
+        with section("tail tower forward"):
+            ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
     tail_vec, head_vec = ents[: len(batch)], ents[len(batch):]  # (B, d) each
     # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
     as_t = lambda x: torch.as_tensor(x, device=device)  # noqa: E731
-    return criterion(query.float(), tail_vec.float(), head_vec.float(), heads=as_t(heads), rels=as_t(rels),
-                     tails=as_t(tails), train_keys=train_keys, num_entities=graph.num_entities,
-                     num_relations2=2 * graph.num_relations)
+    with section("loss"):
+        return criterion(query.float(), tail_vec.float(), head_vec.float(), heads=as_t(heads), rels=as_t(rels),
+                         tails=as_t(tails), train_keys=train_keys, num_entities=graph.num_entities,
+                         num_relations2=2 * graph.num_relations)
 
 
 KEYS = frozenset({
