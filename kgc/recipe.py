@@ -63,6 +63,8 @@ class ModelConfig(_Section):
     cross_attend: Literal["none", "top", "all"] = Field(
         "none", description="router: the sentence also attends to the condition's tokens in no layer, the "
                             "router layers, or every layer (the released code; nothing cacheable)")
+    renormalise: bool = Field(True, description="router, scorer cls_attention: w renormalised over the sentence's "
+                                                "tokens (false: the released code's raw [CLS] probabilities)")
     case_projection: Literal["linear", "mlp"] = Field("linear", description="case: W x, or W2 LeakyReLU(W1 x)")
     case_dim: Optional[int] = Field(None, ge=1, description="case: projection width k (default H)")
 

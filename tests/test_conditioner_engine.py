@@ -212,3 +212,21 @@ def test_paper_scorer_is_the_csr_equation_in_every_router_layer(tiny_bert, speci
     assert (route.seen[1] - route.seen[2]).abs().max() > 1e-3  # each layer its own w (query_key reuses layer t's)
     reused = routed_w(router(enc, special, scorer="query_key", router_layers=2))
     assert torch.equal(reused.seen[1], reused.seen[2])
+
+
+def test_cls_attention_without_renormalising_is_the_raw_cls_row(sharp, special):  # noqa: F811
+    """``scorer: cls_attention`` with ``renormalise: false`` (the released code): w is the head-averaged attention
+    of the sentence's [CLS] on its tokens, not renormalised — the mass on the condition's tokens (cross-attention)
+    is missing, so w sums to less than 1; with ``renormalise`` it is the same row divided by its sum."""
+    raw = routed_w(router(sharp, special, scorer="cls_attention", cross_attend="top", renormalise=False))
+    norm = routed_w(router(sharp, special, scorer="cls_attention", cross_attend="top"))
+    layer = max(raw.seen)
+    for i in range(len(SENTS)):
+        n = int(raw.mask[i].sum())
+        total = float(raw.seen[layer][i, :n].sum())
+        assert 0 < total < 1 - 1e-3  # some attention went to the condition's tokens
+        torch.testing.assert_close(norm.seen[layer][i, :n], raw.seen[layer][i, :n] / total, atol=1e-5, rtol=1e-5)
+    from kgc.errors import KGCError
+
+    with pytest.raises(KGCError, match="renormalise=false applies to model.scorer=cls_attention"):
+        router(sharp, special, renormalise=False)

@@ -31,6 +31,7 @@ CASES = {
     "router-2-w_only-hidden": ("router", {"router_layers": 2, "weighting": "w_only", "scorer": "hidden"}),
     "router-heavy": ("router", {"scorer": "heavy"}),
     "router-2-paper-top": ("router", {"router_layers": 2, "scorer": "paper", "cross_attend": "top"}),
+    "router-top-cls_attention-raw": ("router", {"cross_attend": "top", "scorer": "cls_attention", "renormalise": False}),
     "router-top": ("router", {"cross_attend": "top"}),
     "router-top-2-cls_attention": ("router", {"router_layers": 2, "cross_attend": "top", "scorer": "cls_attention"}),
     "router-all": ("router", {"cross_attend": "all"}),

@@ -120,7 +120,7 @@ def test_biencoder_router_with_zero_weights_is_the_plain_biencoder(encoder, spec
         assert float((w * (1 - cols)).abs().sum()) == 0.0  # the condition's own tokens get no weight
         assert (routed(SENTS, CONDS) - ref).abs().max() > 2e-4  # (1e-5 below, with w ≡ 0)
         monkeypatch.setattr("kgc.conditioning.routing.weights_from_attention",
-                            lambda probs, rows, cols: torch.zeros(cols.shape))
+                            lambda probs, rows, cols, renormalise=True: torch.zeros(cols.shape))
         torch.testing.assert_close(routed(SENTS, CONDS), ref, atol=1e-5, rtol=1e-5)
 
 

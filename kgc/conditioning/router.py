@@ -25,8 +25,9 @@ product / √H), ``heavy`` (new trainable W_q, W_k initialised from the layer's 
 at layer t, like ``query_key`` — and
 ``cls_attention`` (the released code's ``router_type`` 3): in each router layer w is the sentence
 [CLS]'s row of that layer's attention probabilities on the sentence's tokens, head-averaged and
-renormalised over the sentence's tokens; it needs ``cross_attend`` top or all (otherwise w would not
-depend on the condition). ``weighting``: ``one_plus_w`` (default) or ``w_only``.
+renormalised over the sentence's tokens (``renormalise: false``: not renormalised, as the released code —
+the mass the [CLS] row puts on the condition's tokens is then missing from w); it needs ``cross_attend`` top
+or all (otherwise w would not depend on the condition). ``weighting``: ``one_plus_w`` (default) or ``w_only``.
 
 Works with BERT-family encoders (BERT, RoBERTa, MiniLM); anything else fails with a clear message.
 """
@@ -62,11 +63,11 @@ class RouterCondition(NamedTuple):
 class Router(Conditioner):
     name = "router"
     enters_at = "layer"
-    options = ("router_layers", "weighting", "scorer", "cross_attend")
+    options = ("router_layers", "weighting", "scorer", "cross_attend", "renormalise")
     explains = "CSR's token weights (router)"
 
     def __init__(self, *, router_layers: int | None = 1, weighting: str = "one_plus_w", scorer: str = "query_key",
-                 cross_attend: str = "none", **kwargs) -> None:
+                 cross_attend: str = "none", renormalise: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
         router_layers = 1 if router_layers is None else router_layers
         backbone = self.encoder.backbone
@@ -84,6 +85,10 @@ class Router(Conditioner):
         if scorer == "cls_attention" and cross_attend == "none":
             raise KGCError("model.scorer=cls_attention reads the sentence [CLS]'s own attention, which sees the "
                            "condition only through cross-attention: set model.cross_attend=top (or all)")
+        if not renormalise and scorer != "cls_attention":
+            raise KGCError("model.renormalise=false applies to model.scorer=cls_attention (w read off the [CLS] "
+                           "row's attention); the other scorers' w is a softmax over the sentence's tokens already")
+        self.renormalise = renormalise
         self.t, self.weighting, self.scorer, self.cross_attend = total - router_layers, weighting, scorer, cross_attend
         attn = backbone.encoder.layer[self.t].attention.self
         self.heads, self.head_dim = attn.num_attention_heads, attn.attention_head_size
@@ -105,7 +110,7 @@ class Router(Conditioner):
         cross = options.get("cross_attend", "none")
         return (f"{cls.name} (k={options.get('router_layers') or 1}, {options.get('scorer', 'query_key')}, "
                 f"{options.get('weighting', 'one_plus_w')}" + (f", cross-attends {cross}" if cross != "none" else "")
-                + ")")
+                + ("" if options.get("renormalise", True) else ", w not renormalised") + ")")
 
     def export_spec(self) -> dict[str, Any]:
         return {"reproducible_outside_kgc": False,
@@ -114,7 +119,7 @@ class Router(Conditioner):
                          "conditioner.safetensors); the exported encoder holds the weights but a stock transformer "
                          "does not route. Use kgc for queries.",
                 "options": {"router_layers": self.router_layers, "weighting": self.weighting, "scorer": self.scorer,
-                            "cross_attend": self.cross_attend}}
+                            "cross_attend": self.cross_attend, "renormalise": self.renormalise}}
 
     @property
     def explain_kind(self) -> str | None:
@@ -202,7 +207,7 @@ class Router(Conditioner):
             score, rows = (lambda hidden: self.weights(hidden.unsqueeze(2), mask, cond.query)), None
         cross = frozenset(range(self.entry_layer, total)) if self.cross_attend != "none" else frozenset()
         r = Route(mask=mask, scale_layers=frozenset(range(self.t, total)), score=score, score_layer=per_layer,
-                  score_rows=rows, score_cols=mask, weighting=self.weighting, cond_states=cond.tokens, cond_mask=cond.mask,
+                  score_rows=rows, score_cols=mask, weighting=self.weighting, renormalise=self.renormalise, cond_states=cond.tokens, cond_mask=cond.mask,
                   cross_layers=cross)
         with self.routing.route(r):
             return self.encoder.run_from(states, mask, self.entry_layer), r  # (batch, dim)

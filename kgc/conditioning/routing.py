@@ -55,18 +55,21 @@ class Route:
     score_rows: torch.Tensor | None = None  # (batch, len) query rows whose attention gives w
     score_cols: torch.Tensor | None = None  # (batch, len) keys w is spread over (the sentence's tokens)
     weighting: str = "one_plus_w"
+    renormalise: bool = True  # w read off attention (score_rows/cols) sums to 1 over the sentence's tokens
     order: torch.Tensor | None = None  # batch row → row of this route where the pass ran distinct rows only
     seen: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → the w it used (detached), for explain
 
 
-def weights_from_attention(probs: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+def weights_from_attention(probs: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, *,
+                           renormalise: bool = True) -> torch.Tensor:
     """w (batch, len) from attention probabilities ``probs`` (batch, heads, len, len) over the sequence's keys:
-    head-averaged, averaged over the query ``rows``, restricted to the key ``cols`` and renormalised there."""
+    head-averaged, averaged over the query ``rows``, restricted to the key ``cols`` and (``renormalise``)
+    renormalised there; without it, the raw probabilities (the rest of the mass went to other keys)."""
     a = probs.mean(1)  # (batch, len, len)
     r = rows.to(a.dtype)
     r = r / r.sum(1, keepdim=True).clamp_min(1)
     w = torch.einsum("bq,bqk->bk", r, a) * cols.to(a.dtype)  # (batch, len)
-    return w / w.sum(1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    return w / w.sum(1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny) if renormalise else w
 
 
 def explained(route: Route, rows: torch.Tensor, width: int, token_ids: Sequence[int]) -> Explained:
@@ -148,7 +151,8 @@ class RoutedSelfAttention(nn.Module):
                 if r.weights is None and r.score is not None:  # the first scaled layer scores its input once
                     r.weights = r.score(hidden_states)
                 w = r.weights if r.weights is not None else weights_from_attention(probs[..., m:], r.score_rows,
-                                                                                   r.score_cols)
+                                                                                   r.score_cols,
+                                                                                   renormalise=r.renormalise)
             r.seen[self.layer] = w.detach()
             factor = (1 + w) if r.weighting == "one_plus_w" else w
             context = context * factor.unsqueeze(-1).to(context.dtype)
