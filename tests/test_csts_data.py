@@ -216,3 +216,20 @@ def test_batches_keep_each_sentence_pair_whole(tmp_path, monkeypatch):
             assert len(split.contrast_pairs(batch)[0]) == len(pairs)
     assert [b.tolist() for b in task.epoch_batches(1)] == [b.tolist() for b in CSTSTask(recipe).epoch_batches(1)]
     assert [b.tolist() for b in task.epoch_batches(0)] != [b.tolist() for b in task.epoch_batches(1)]
+
+
+def test_compare_row_says_when_validation_also_selected_best_pt():
+    """The official C-STS test labels are hidden: `kgc compare` reports validation, the split best.pt was picked
+    on when the run validated — the table says so."""
+    from types import SimpleNamespace
+
+    from kgc.csts.task import CSTSTask
+
+    run = SimpleNamespace(recipe=SimpleNamespace(data=SimpleNamespace(dataset="csts")))
+    results = {"split": "validation", "spearman": 0.4, "pearson": 0.4, "pair_accuracy": 0.6}
+    picked = CSTSTask.compare_row(run, results, {"best_dev_spearman": 0.41, "pairs_per_s": 10}, 1.0)
+    assert picked["data"] == "csts validation (best.pt selected on it)"
+    final = CSTSTask.compare_row(run, results, {"best_dev_spearman": None, "pairs_per_s": 10}, 1.0)
+    assert final["data"] == "csts validation"
+    test = CSTSTask.compare_row(run, {**results, "split": "test"}, {"best_dev_spearman": 0.41, "pairs_per_s": 10}, 1.0)
+    assert test["data"] == "csts test"
