@@ -87,6 +87,9 @@ class LossConfig(_Section):
     max_temperature: float = Field(1.0, gt=0)
     mask_false_negatives: bool = True
     symmetric: bool = Field(True, description="add SimKGC's tail -> query cross-entropy term")
+    table_negatives: Optional[int] = Field(
+        None, ge=1, description="every N steps embed every entity with the tail tower (no gradient) and score each "
+                                "query against that whole table as extra negatives (ANCE-style; unset: off)")
     # task csts
     mse_weight: float = Field(1.0, ge=0, description="csts: weight of MSE(cos, (label - 1) / 4)")
     contrastive: bool = Field(True, description="csts: Hyper-CL's c_high vs c_low term per sentence pair")

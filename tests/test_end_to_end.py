@@ -283,3 +283,48 @@ def test_every_conditioner_through_the_cli(model, encoder, tiny_bert, tmp_path, 
     top = torch.topk(s, 3)
     assert [p["entity"] for p in preds] == [graph.entities[i] for i in top.indices.tolist()]
     np.testing.assert_allclose([p["score"] for p in preds], top.values.numpy(), atol=1e-4)
+
+
+def test_entity_table_refresh_is_a_fresh_encode(tiny_bert, tmp_path, data_home, monkeypatch):
+    """loss.table_negatives N: at steps 0, N, 2N … the loss's table is every entity's tail-tower embedding as a
+    fresh evaluation-time encode gives it (eval mode, no gradient); in between it is kept; training mode is back."""
+    from kgc.linkpred.task import LinkPredTask
+    from kgc.recipe import load_recipe
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=4), ["loss.table_negatives=2"])
+    task = LinkPredTask(recipe)
+    model, _ = task.build_model(tiny_bert)
+    model.attach_layer_cache(recipe)
+    criterion = task.make_loss()
+    model.train()
+    task.before_step(model, criterion, 0)
+    first = criterion.table
+    assert model.training and first.shape == (task.graph.num_entities, model.tail_encoder.dim)
+    model.eval()
+    torch.testing.assert_close(first, model.entity_table(recipe.eval.batch_size), rtol=0, atol=0)
+    model.train()
+    with torch.no_grad():
+        next(model.tail_encoder.parameters()).add_(0.05)  # the tail tower moves, as training moves it
+    task.before_step(model, criterion, 1)
+    assert criterion.table is first  # not a refresh step: kept
+    task.before_step(model, criterion, 2)
+    model.eval()
+    torch.testing.assert_close(criterion.table, model.entity_table(recipe.eval.batch_size), rtol=0, atol=0)
+    assert not torch.equal(criterion.table, first)
+
+
+def test_resume_with_the_entity_table_reproduces_the_run(tiny_bert, tmp_path, data_home, monkeypatch):
+    """A run with table negatives resumed from a checkpoint between two refreshes (the table comes from the
+    checkpoint) ends bit-identical to the uninterrupted run."""
+    import yaml
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=5, checkpoint_every=1)
+    tree = yaml.safe_load(path.read_text())
+    tree["loss"]["table_negatives"] = 2
+    tree["eval"]["validate_every_steps"] = None
+    path.write_text(yaml.safe_dump(tree))
+    from kgc.recipe import load_recipe
+
+    assert_resume_reproduces(load_recipe(path), tmp_path, monkeypatch, at_step=3, steps=5)

@@ -249,3 +249,45 @@ def test_fixed_temperature(tau):
     opt = torch.optim.SGD(list(fixed.parameters()) + [queries[0]], lr=1.0)
     opt.step()
     assert fixed.temperature == pytest.approx(tau, rel=1e-6)
+
+
+# the entity table (loss.table_negatives): every entity's tail-tower vector, no gradient
+TABLE = unit([1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.6, 0.6, 0.2], [0.9, 0.2, 0.1], [0.1, -0.3, 0.9], [0.4, 0.1, 0.8])
+
+
+def test_entity_table_negatives_match_hand_computation():
+    """The table block, by hand: for query i every entity e scores cos(q_i, t_e) / τ, except the gold, the other
+    known train answers of (h_i, r_i) and the batch's own tails (3, 4: in the in-batch block with gradients)."""
+    known = set(TRAIN)
+    tau, gamma = 0.05, 0.02
+    crit = SimKGCLoss(temperature=tau, margin=gamma, pre_batch=0, self_negative=True, symmetric=False,
+                      table_negatives=10).double()
+    crit.set_table(TABLE)
+    _, rows = reference(gamma, tau, 0.5, symmetric=False)
+    rows = [r[:3] + r[5:] for r in rows]  # no pre-batch block here: in-batch, then self-negative
+    table_rows = []
+    for i in range(3):
+        block = []
+        for e in range(E):
+            masked = e == TAILS[i] or (HEADS[i], RELS[i], e) in known or e in TAILS
+            block.append(-1e4 if masked else cos(Q[i], TABLE[e]) / tau)
+        table_rows.append(block)
+    assert table_rows[0][5] == -1e4 and table_rows[1][1] == -1e4  # known answers (0,0,5), (1,0,1) masked
+    assert table_rows[2][0] != -1e4 and table_rows[2][3] == table_rows[0][4] == -1e4  # batch tails masked
+
+    def ce(logits, gold):
+        m = max(logits)
+        return -logits[gold] + m + math.log(sum(math.exp(x - m) for x in logits))
+
+    # row layout: in-batch (3), table (E), self-negative (1)
+    expected = sum(ce(rows[i][:3] + table_rows[i] + rows[i][3:], i) for i in range(3)) / 3
+    got = run_loss(crit)
+    assert got.item() == pytest.approx(expected, rel=1e-6)
+    assert crit.table.requires_grad is False  # no gradient reaches the table
+    state = crit.training_state()  # it travels in checkpoints
+    other = SimKGCLoss(table_negatives=10).double()
+    other.load_training_state(state, torch.device("cpu"))
+    torch.testing.assert_close(other.table, TABLE)
+    legacy = SimKGCLoss()  # a checkpoint from before the table: a bare queue list
+    legacy.load_training_state([], torch.device("cpu"))
+    assert legacy.table is None and legacy.queue == []

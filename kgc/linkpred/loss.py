@@ -7,7 +7,11 @@ Logits for query i (row) against candidate tails (columns), all cosines of unit 
 * pre-batch block ``(B, K)``: tails of the previous k batches (a queue, filled as training goes, never
   random warm-up vectors), weighted by ``pre_batch_weight`` and false-negative masked the same way;
 * self-negative column ``(B, 1)``: ``cos(q_i, e_{h_i})``, the head's own entity embedding, masked where
-  the head is itself a known answer.
+  the head is itself a known answer;
+* entity-table block ``(B, E)`` (``table_negatives``, off by default): ``cos(q_i, t_e)`` against a table of
+  every entity's tail-tower embedding, refreshed every N steps without gradient (ANCE-style; the task refreshes
+  it, :meth:`SimKGCLoss.set_table`), the gold and other known answers masked as false negatives and the batch's
+  own tails masked too (they are in the in-batch block, with their gradients).
 
 Everything is scaled by the learnable ``1/τ`` (stored as ``log 1/τ``, clamped to
 ``[1/max_temperature, 1/min_temperature]`` after each optimiser step, as CLIP does: :meth:`SimKGCLoss.clamp_`). Loss = CE(rows) + CE(in-batch block transposed) — the
@@ -43,7 +47,8 @@ class SimKGCLoss(nn.Module):
     def __init__(self, *, temperature: float = 0.05, learn_temperature: bool = True, margin: float = 0.02,
                  in_batch: bool = True, pre_batch: int = 0, pre_batch_weight: float = 0.5,
                  self_negative: bool = True, mask_false_negatives: bool = True, symmetric: bool = True,
-                 min_temperature: float = 0.01, max_temperature: float = 1.0) -> None:
+                 min_temperature: float = 0.01, max_temperature: float = 1.0,
+                 table_negatives: int | None = None) -> None:
         super().__init__()
         self.log_inv_t = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn_temperature)
         self.log_inv_t_range = (math.log(1.0 / max_temperature), math.log(1.0 / min_temperature))
@@ -52,6 +57,8 @@ class SimKGCLoss(nn.Module):
         self.pre_batch_weight, self.self_negative = pre_batch_weight, self_negative
         self.mask_false_negatives, self.symmetric = mask_false_negatives, symmetric
         self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tail vectors (B, d), tail ids (B,))
+        self.table_negatives = table_negatives  # refresh interval in steps (the task refreshes); None: no table
+        self.table: torch.Tensor | None = None  # (E, d) every entity's tail-tower embedding, no gradient
 
     @property
     def inv_t(self) -> torch.Tensor:
@@ -97,6 +104,12 @@ class SimKGCLoss(nn.Module):
             if self.mask_false_negatives:
                 pre = pre.masked_fill(~false_negative_mask(hr, tails, old_ids, train_keys, num_entities), MASKED)
             blocks.append(pre)
+        if self.table is not None:
+            tab = (query @ self.table.to(query.dtype).t()) * inv_t  # (b, E): no gradient reaches the table
+            entities = torch.arange(self.table.size(0), device=query.device)
+            keep = false_negative_mask(hr, tails, entities, train_keys, num_entities)  # gold and known answers out
+            keep[:, tails_all] = False  # the batch's tails score in the in-batch block, with their gradients
+            blocks.append(tab.masked_fill(~keep, MASKED))
         if self.self_negative and head is not None:
             self_logit = (query * head).sum(-1) * inv_t  # (b,)
             head_is_answer = torch.isin(hr * num_entities + heads, train_keys)  # (b,)
@@ -129,9 +142,24 @@ class SimKGCLoss(nn.Module):
                 keep = torch.ones_like(positive)
         return logits.masked_fill(~keep, MASKED)
 
-    # the queue is training state: it travels in checkpoints so a resumed run sees the same negatives
+    @torch.no_grad()
+    def set_table(self, table: torch.Tensor | None) -> None:
+        """The entity table (E, d), unit rows, detached (or None)."""
+        self.table = None if table is None else table.detach()
+
+    # the queue and the table are training state: they travel in checkpoints so a resumed run sees the same
+    # negatives
     def queue_state(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(v.cpu().numpy(), i.cpu().numpy()) for v, i in self.queue]
 
     def load_queue_state(self, state: list, device: torch.device) -> None:
         self.queue = [(torch.as_tensor(v, device=device), torch.as_tensor(i, device=device)) for v, i in state]
+
+    def training_state(self) -> dict:
+        return {"queue": self.queue_state(), "table": None if self.table is None else self.table.cpu().numpy()}
+
+    def load_training_state(self, state: dict | list | None, device: torch.device) -> None:
+        """``state`` from :meth:`training_state` (a bare queue list: a checkpoint from before the table)."""
+        state = state if isinstance(state, dict) else {"queue": state or [], "table": None}
+        self.load_queue_state(state["queue"], device)
+        self.set_table(None if state["table"] is None else torch.as_tensor(state["table"], device=device))

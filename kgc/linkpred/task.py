@@ -48,7 +48,7 @@ KEYS = frozenset({
     "data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
     "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight", "loss.self_negative",
     "loss.margin", "loss.temperature", "loss.learn_temperature", "loss.min_temperature", "loss.max_temperature",
-    "loss.mask_false_negatives", "loss.symmetric", "eval.rerank", "eval.max_score_bytes", "index", "structure"})
+    "loss.mask_false_negatives", "loss.symmetric", "loss.table_negatives", "eval.rerank", "eval.max_score_bytes", "index", "structure"})
 RESULT_KEYS = [("MRR", "inverse_harmonic_mean_rank"), ("H@1", "hits_at_1"), ("H@3", "hits_at_3"),
                ("H@10", "hits_at_10"), ("MR", "arithmetic_mean_rank")]
 
@@ -172,11 +172,21 @@ class LinkPredTask(Task):
     def after_step(self, criterion):
         criterion.clamp_()  # τ back within [min_temperature, max_temperature]
 
+    def before_step(self, model, criterion, step: int) -> None:
+        """``loss.table_negatives`` N: every N steps (from step 0) every entity's tail-tower embedding, in eval mode
+        and without gradient (evaluation-time texts), becomes the loss's table of negatives."""
+        every = self.recipe.loss.table_negatives
+        if every and step % every == 0:
+            was = model.training
+            model.eval()
+            criterion.set_table(model.entity_table(self.recipe.eval.batch_size).to(self.train_keys.device))
+            model.train(was)
+
     def loss_state(self, criterion):
-        return criterion.queue_state()
+        return criterion.training_state() if criterion.table_negatives else criterion.queue_state()
 
     def load_loss_state(self, criterion, state, device):
-        criterion.load_queue_state(state or [], device)
+        criterion.load_training_state(state, device)
 
     def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
         if self.recipe.structure is None:

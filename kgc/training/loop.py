@@ -241,6 +241,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 continue  # done before the resume
             if s.step >= s.total:
                 break
+            task.before_step(model, criterion, s.step)
             loss = s.step_module(dist.shard(batch, s.rank, s.world) if s.world > 1 else batch)
             s.optimizer.zero_grad(set_to_none=True)
             s.scaler.scale(loss).backward()

@@ -122,6 +122,9 @@ class Task(ABC):
     def validate(self, model: "nn.Module") -> tuple[dict[str, float], str]:
         """(metrics including ``self.metric`` and ``dev_seconds``, a one-line summary)."""
 
+    def before_step(self, model: "nn.Module", criterion: "nn.Module", step: int) -> None:
+        """Before optimiser step ``step`` + 1 (``step`` done so far; a resumed run calls it with the same counts)."""
+
     def after_step(self, criterion: "nn.Module") -> None:
         """After every optimiser step (e.g. keep a learnt temperature within its bounds)."""
 
