@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 
 from kgc.errors import KGCError
 from kgc.recipe import Recipe, resolve_recipe
+from kgc.training.run import silent as _silent
 
 if TYPE_CHECKING:
     from kgc.training.run import Run
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 RecipeLike = Union[str, Path, Recipe, Mapping[str, Any]]
 Echo = Callable[[str], None]
 DEVICE = "auto"  # every entry point's default: the GPU when there is one
-
-
-def _silent(msg: str) -> None:
-    pass
 
 
 def train(recipe: RecipeLike, out: str | Path | None = None, *, progress: bool = True,

@@ -8,14 +8,7 @@ import numpy as np
 
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_tsv
-from kgc.training.run import ExplainInputs, Run
-
-
-def _as_list(x: Any) -> tuple[list, bool]:
-    """(items, was a single string)."""
-    if isinstance(x, str):
-        return [x], True
-    return list(x), False
+from kgc.training.run import ExplainInputs, Run, as_list
 
 
 class CSTSRun(Run):
@@ -69,7 +62,7 @@ class CSTSRun(Run):
         from kgc.csts.predict import similarities
 
         model, tokenizer = self.model()
-        given = [_as_list(x) for x in (s1, s2, condition)]
+        given = [as_list(x) for x in (s1, s2, condition)]
         n = max(len(c) for c, _ in given)
         cols = [c * n if single else c for c, single in given]
         if any(len(c) != n for c in cols):

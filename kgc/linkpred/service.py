@@ -18,7 +18,7 @@ import torch
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_tsv
 from kgc.linkpred.predict import Answers
-from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir
+from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir, as_list
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,12 +26,6 @@ if TYPE_CHECKING:
     from kgc.data.graph import KnowledgeGraph
     from kgc.linkpred.model import LinkPredictor
     from kgc.linkpred.ranking import Evaluation
-
-def _as_list(x: Any) -> tuple[list, bool]:
-    if isinstance(x, str):
-        return [x], True
-    return list(x), False
-
 
 def find_latest_run(root: str | Path = "runs") -> Path:
     """The link-prediction run under ``root`` (searched recursively) whose weights were written last.
@@ -45,15 +39,15 @@ def find_latest_run(root: str | Path = "runs") -> Path:
     if root.is_dir():
         for recipe in root.rglob("recipe.yaml"):
             folder = recipe.parent
-            times = [(folder / w).stat().st_mtime for w in CHECKPOINTS if (folder / w).is_file()]
-            if not times:
+            mtime = RunDir.weights_mtime(folder)
+            if mtime is None:
                 continue
             try:
                 tree = yaml.safe_load(recipe.read_text(encoding="utf-8")) or {}
             except (OSError, UnicodeDecodeError, yaml.YAMLError):
                 continue
             if isinstance(tree, dict) and tree.get("task", LinkPredRun.task) == LinkPredRun.task:
-                found.append(((folder / CHECKPOINTS[0]).is_file(), max(times), str(folder), folder))
+                found.append(((folder / CHECKPOINTS[0]).is_file(), mtime, str(folder), folder))
     if not found:
         raise KGCError(f"no trained link-prediction run under {root.resolve()} (a folder with recipe.yaml and "
                        "best.pt or checkpoints/last.pt). Train one with `kgc train RECIPE` (e.g. "
@@ -359,7 +353,7 @@ class LinkPredRun(Run):
         """(n, dim) float32 tail-tower embeddings (unit vectors). An entity id of the run's graph gets its
         evaluation-time embedding (the row of the entity table / index); any other string is embedded as a text,
         tokenised as entity texts are (``data.max_tokens``)."""
-        items, _ = _as_list(ids_or_texts)
+        items, _ = as_list(ids_or_texts)
         model, graph = self.model(), self.graph()
         bank = model.bank
         rows = []
@@ -385,8 +379,8 @@ class LinkPredRun(Run):
                       batch_size: int = 256) -> np.ndarray:
         """(n, dim) float32 query embeddings g(head | relation): heads by entity id or text (as ``kgc predict``
         resolves them), relations by name or text; one relation string applies to every head."""
-        hs, _ = _as_list(heads)
-        rs, single = _as_list(relations)
+        hs, _ = as_list(heads)
+        rs, single = as_list(relations)
         if single:
             rs = rs * len(hs)
         if len(rs) != len(hs):

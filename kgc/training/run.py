@@ -29,8 +29,8 @@ Echo = Callable[[str], None]
 CHECKPOINTS = ("best.pt", "checkpoints/last.pt")  # weights, in the order a trained model is read from
 
 
-def _silent(msg: str) -> None:
-    pass
+def silent(msg: str) -> None:
+    """An ``echo`` that says nothing."""
 
 
 def read_json(path: Path, fix: str) -> Any:
@@ -53,6 +53,13 @@ def load_checkpoint(path: Path, fix: str | None = None) -> dict[str, Any]:
     if not isinstance(state, dict) or "model" not in state:
         raise KGCError(f"{path}: not a kgc checkpoint (no model weights in it). {fix or 'Delete it.'}")
     return state
+
+
+def as_list(x: Any) -> tuple[list, bool]:
+    """(items, was a single string): the runs' verbs take one string or a sequence of them."""
+    if isinstance(x, str):
+        return [x], True
+    return list(x), False
 
 
 class RunDir:
@@ -138,8 +145,11 @@ class RunDir:
             self._weights_hash = (key, sha256_file(f))
         return self._weights_hash[1]
 
-    def weights_mtime(self) -> float | None:
-        times = [f.stat().st_mtime for f in (self.best, self.last) if f.is_file()]
+    @staticmethod
+    def weights_mtime(path: str | Path) -> float | None:
+        """When the newest weights file of the run folder ``path`` was written (None: it has none yet); a static
+        method, so a search over many folders need not parse their recipes."""
+        times = [(Path(path) / w).stat().st_mtime for w in CHECKPOINTS if (Path(path) / w).is_file()]
         return max(times) if times else None
 
 
@@ -161,7 +171,7 @@ class Run:
             raise KGCError(f"{self.path} is a {self.recipe.task} run, not {self.task}; open it with kgc.load "
                            f"(`kgc evaluate {self.path}` works for every task)")
         self.device = pick_device(device)
-        self.echo: Echo = echo or _silent
+        self.echo: Echo = echo or silent
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, task={self.task!r})"
