@@ -142,12 +142,15 @@ def test_router_with_s2sent_keeps_the_lower_blocks_per_sentence(tokenizer, speci
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head", ["paper", "legacy"])
 @pytest.mark.parametrize("projection", ["linear", "mlp"])
-def test_case_subtracts_the_unconditional_condition_then_projects(tokenizer, special, projection):
+def test_case_subtracts_the_unconditional_condition_then_projects(tokenizer, special, projection, head):
+    """e(s | c) = P(f(c; s) − f(c; ∅)), P by hand: the paper's heads (eqs. 3–5: linear W e; mlp ReLU(W2 ReLU(W1 e)),
+    no biases) or the legacy ones (mlp W2 LeakyReLU(W1 e + b1) + b2); dropout is off in eval mode."""
     enc = TextEncoder(backbone3(tokenizer)).eval()
     torch.manual_seed(0)
     case = build_conditioner("case", encoder=enc, special=special, max_tokens=24, case_projection=projection,
-                             case_dim=12).eval()
+                             case_dim=12, case_head=head).eval()
     cls, sep = special.single[0][0], special.single[1][0]
     with torch.no_grad():
         refs = []
@@ -161,6 +164,10 @@ def test_case_subtracts_the_unconditional_condition_then_projects(tokenizer, spe
             diff = given - alone
             if projection == "linear":
                 proj = case.proj.weight @ diff
+            elif head == "paper":
+                l1, l2 = case.proj[0], case.proj[3]
+                assert l1.bias is None and l2.bias is None
+                proj = F.relu(l2.weight @ F.relu(l1.weight @ diff))
             else:
                 l1, l2 = case.proj[0], case.proj[3]
                 proj = l2.weight @ F.leaky_relu(l1.weight @ diff + l1.bias) + l2.bias
@@ -168,6 +175,41 @@ def test_case_subtracts_the_unconditional_condition_then_projects(tokenizer, spe
         torch.testing.assert_close(case(SENTS, CONDS), torch.stack(refs), atol=1e-5, rtol=1e-5)
         tokens, alone = case.encode_conditions([[3000], [3001, 3002]])
         assert alone.shape == (2, enc.dim) and tokens == [[3000], [3001, 3002]]
+
+
+def test_case_paper_heads_drop_out_as_the_paper_says(tokenizer, special):
+    """Training mode: Dropout(0.2) after the linear head; Dropout(0.15) after each ReLU of the MLP (the paper's §4);
+    the legacy linear head had none, and a legacy checkpoint's keys are what the legacy head loads."""
+    enc = TextEncoder(backbone3(tokenizer))
+    rates = lambda m: [x.p for x in m.modules() if isinstance(x, torch.nn.Dropout) and x.p > 0]  # noqa: E731
+    lin = build_conditioner("case", encoder=enc, special=special, max_tokens=24, case_head="paper")
+    mlp = build_conditioner("case", encoder=enc, special=special, max_tokens=24, case_projection="mlp")
+    old = build_conditioner("case", encoder=enc, special=special, max_tokens=24, case_projection="mlp",
+                            case_head="legacy")
+    assert rates(lin.proj_dropout) == [0.2] and rates(mlp.proj) == [0.15, 0.15] and rates(old.proj) == [0.1]
+    assert rates(build_conditioner("case", encoder=enc, special=special, max_tokens=24,
+                                   case_head="legacy").proj_dropout) == []
+    lin.train()
+    torch.manual_seed(1)
+    out = lin(SENTS, CONDS)  # dropout bites in training: some coordinates are exactly zero before normalising
+    assert (out == 0).any() and torch.allclose(out.norm(dim=-1), torch.ones(len(SENTS)))
+    keys = lambda m: sorted(k for k in m.state_dict() if k.startswith("proj"))  # noqa: E731
+    assert keys(old) == ["proj.0.bias", "proj.0.weight", "proj.3.bias", "proj.3.weight"]
+    assert keys(mlp) == ["proj.0.weight", "proj.3.weight"]  # an old checkpoint cannot load silently into the new head
+
+
+def test_a_saved_case_recipe_from_before_case_head_reads_as_legacy(tmp_path):
+    import yaml
+
+    from kgc.recipe import load_recipe
+
+    tree = {"name": "old", "model": {"conditioner": "case", "case_projection": "mlp"}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(tree))
+    assert load_recipe(tmp_path / "recipe.yaml", saved=True).model.case_head == "legacy"
+    assert load_recipe(tmp_path / "recipe.yaml").model.case_head == "paper"  # a recipe written today
+    tree["model"]["case_head"] = "paper"
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(tree))
+    assert load_recipe(tmp_path / "recipe.yaml", saved=True).model.case_head == "paper"
 
 
 def test_case_refuses_cls_pooling_and_a_width_the_entities_lack(tokenizer, special, tmp_path):

@@ -6,9 +6,13 @@ sentence, remove what the condition says on its own, then a learnt projection.
 * f(c ; s): ``[CLS] condition [SEP] sentence [SEP]`` through the encoder, pooled over the condition's
   tokens only (the sentence is context, not content) — the condition enters at the input (t = 0);
 * f(c ; ∅): ``[CLS] condition [SEP]`` pooled the same way;
-* both are the toolkit's unit-length embeddings; P is ``case_projection`` ``linear`` (W x, H → k) or
-  ``mlp`` (W2 · dropout(LeakyReLU(W1 x)), H → H → k), ``case_dim`` k (default H); the output is
-  L2-normalised like every embedding here. With ``encoder.trainable_layers: 0`` only P trains (the
+* both are the toolkit's unit-length embeddings; P is ``case_projection`` ``linear`` or ``mlp``, ``case_dim``
+  k (default H), with ``case_head: paper`` (the default) the paper's equations (3)–(5) and dropout rates:
+  linear z = Dropout₀.₂(W e) (W: k × H); mlp h = Dropout₀.₁₅(ReLU(W1 e)), z = Dropout₀.₁₅(ReLU(W2 h))
+  (W1: H × H, W2: k × H; the paper writes no biases, the released code's Linear has none). ``legacy``: the heads
+  kgc had before (linear W e; mlp W2 Dropout₀.₁(LeakyReLU(W1 e)) with biases), kept so older runs load as
+  they were trained (their saved recipes lack the key and read as legacy). The output is L2-normalised like
+  every embedding here (with the paper's MLP it lies in the positive orthant: ReLU comes last). With ``encoder.trainable_layers: 0`` only P trains (the
   paper's setting: a frozen encoder and a small supervised projection, minutes).
 
 What CASE can cache: f(c ; ∅), once per distinct condition (``encode_conditions``). What it cannot:
@@ -38,19 +42,27 @@ from kgc.errors import KGCError
 class Case(Conditioner):
     name = "case"
     enters_at = "input"
-    options = ("case_projection", "case_dim")
+    options = ("case_projection", "case_dim", "case_head")
 
-    def __init__(self, *, case_projection: str = "linear", case_dim: int | None = None, **kwargs) -> None:
+    def __init__(self, *, case_projection: str = "linear", case_dim: int | None = None, case_head: str = "paper",
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         if self.encoder.pooling == "cls":
             raise KGCError("model.conditioner=case pools the condition's own tokens: use model.pooling mean or s2sent")
         h = self.encoder.dim
-        self.case_projection = case_projection
+        self.case_projection, self.case_head = case_projection, case_head
         self.case_dim: int = case_dim or h  # the projection's width, the embeddings' width
-        if case_projection == "linear":
-            self.proj = nn.Linear(h, self.case_dim, bias=False)
+        k, paper = self.case_dim, case_head == "paper"
+        if case_head not in ("paper", "legacy"):
+            raise KGCError(f"model.case_head {case_head!r}: choose paper or legacy")
+        if case_projection == "linear":  # the dropout after W has no weights: the state-dict keys are the same
+            self.proj = nn.Linear(h, k, bias=False)
+            self.proj_dropout = nn.Dropout(0.2 if paper else 0.0)
         elif case_projection == "mlp":
-            self.proj = nn.Sequential(nn.Linear(h, h), nn.LeakyReLU(), nn.Dropout(0.1), nn.Linear(h, self.case_dim))
+            self.proj = (nn.Sequential(nn.Linear(h, h, bias=False), nn.ReLU(), nn.Dropout(0.15),
+                                       nn.Linear(h, k, bias=False), nn.ReLU(), nn.Dropout(0.15)) if paper else
+                         nn.Sequential(nn.Linear(h, h), nn.LeakyReLU(), nn.Dropout(0.1), nn.Linear(h, k)))
+            self.proj_dropout = nn.Identity()
         else:
             raise KGCError(f"model.case_projection {case_projection!r}: choose linear or mlp")
 
@@ -60,7 +72,8 @@ class Case(Conditioner):
 
     @classmethod
     def describe(cls, options: dict[str, Any]) -> str:
-        return f"{cls.name} ({options.get('case_projection', 'linear')}, k={options.get('case_dim') or 'H'})"
+        legacy = ", legacy head" if options.get("case_head") == "legacy" else ""
+        return f"{cls.name} ({options.get('case_projection', 'linear')}, k={options.get('case_dim') or 'H'}{legacy})"
 
     def export_spec(self) -> dict[str, Any]:
         return {"reproducible_outside_kgc": True,
@@ -69,9 +82,11 @@ class Case(Conditioner):
                 "query": "f(c; s) = pool over the relation's tokens of query tower(tokenizer(relation, head) pair, "
                          "longest_first to max_tokens); f(c; none) = pool over the relation's tokens of "
                          "[CLS] relation [SEP]; both L2-normalised; q = normalize(P(f(c; s) - f(c; none))) with P(x) = "
-                         "proj.weight @ x (case_projection linear) or proj.3(leaky_relu(proj.0(x), 0.01)) (mlp; "
-                         "dropout off)",
-                "options": {"case_projection": self.case_projection, "case_dim": self.case_dim}}
+                         + ("proj.weight @ x" if self.case_projection == "linear" else
+                            "relu(proj.3.weight @ relu(proj.0.weight @ x))" if self.case_head == "paper" else
+                            "proj.3(leaky_relu(proj.0(x), 0.01))") + " (dropout off)",
+                "options": {"case_projection": self.case_projection, "case_dim": self.case_dim,
+                            "case_head": self.case_head}}
 
     def _pooled(self, seqs: list[tuple[list[int], list[int]]], spans: list[tuple[int, int]]) -> torch.Tensor:
         """(batch, H) unit vectors of the padded sequences, pooled over each one's condition span."""
@@ -101,4 +116,4 @@ class Case(Conditioner):
             seqs.append(self.special.wrap_pair(cond, sent, self.max_tokens))
             spans.append((start, start + len(cond)))
         given = self._pooled(seqs, spans)  # f(c ; s): (batch, H)
-        return F.normalize(self.proj(given - alone[condition_index]), dim=-1)  # (batch, case_dim)
+        return F.normalize(self.proj_dropout(self.proj(given - alone[condition_index])), dim=-1)  # (batch, case_dim)
