@@ -65,7 +65,10 @@ class ModelConfig(_Section):
                             "router layers, or every layer (the released code; nothing cacheable)")
     renormalise: bool = Field(True, description="router, scorer cls_attention: w renormalised over the sentence's "
                                                 "tokens (false: the released code's raw [CLS] probabilities)")
-    case_projection: Literal["linear", "mlp"] = Field("linear", description="case: W x, or W2 LeakyReLU(W1 x)")
+    case_projection: Literal["linear", "mlp"] = Field("linear", description="case: W x, or a two-layer MLP")
+    case_head: Literal["paper", "legacy"] = Field(
+        "paper", description="case: the paper's heads (linear: Dropout(0.2) on W x; mlp: ReLU, Dropout(0.15), twice, "
+                             "no biases) or legacy (kgc before 2026-11-24: linear W x; mlp W2 Dropout(0.1)(LeakyReLU(W1 x)))")
     case_dim: Optional[int] = Field(None, ge=1, description="case: projection width k (default H)")
 
 
@@ -90,6 +93,10 @@ class LossConfig(_Section):
     table_negatives: Optional[int] = Field(
         None, ge=1, description="every N steps embed every entity with the tail tower (no gradient) and score each "
                                 "query against that whole table as extra negatives (ANCE-style; unset: off)")
+    table_tails: bool = Field(
+        False, description="with table_negatives: read the batch's tails and heads from that table too, so only the "
+                           "query tower runs and trains between refreshes (a full softmax over every entity; "
+                           "without shared_towers the tail tower stays as loaded and its table is computed once)")
     # task csts
     mse_weight: float = Field(1.0, ge=0, description="csts: weight of MSE(cos, (label - 1) / 4)")
     contrastive: bool = Field(True, description="csts: Hyper-CL's c_high vs c_low term per sentence pair")
@@ -100,6 +107,8 @@ class LossConfig(_Section):
 class TrainConfig(_Section):
     epochs: int = Field(50, ge=1)
     max_steps: Optional[int] = Field(None, ge=1, description="stop after this many optimiser steps")
+    max_minutes: Optional[float] = Field(None, gt=0, description="stop once training has taken this many minutes of "
+                                         "wall time (validation excluded; the schedule still spans the steps)")
     batch_size: int = Field(1024, ge=2)
     lr: float = Field(5e-5, gt=0)
     conditioner_lr: Optional[float] = Field(None, gt=0, description="peak lr of the parameters a conditioner adds "
@@ -233,6 +242,13 @@ class Recipe(_Section):
         return self
 
     @model_validator(mode="after")
+    def _table_tails_need_a_table(self) -> "Recipe":
+        if self.loss.table_tails and not self.loss.table_negatives:
+            raise ValueError("loss.table_tails reads the tails from the entity table: set loss.table_negatives=N "
+                             "too (N: steps between refreshes of the table)")
+        return self
+
+    @model_validator(mode="after")
     def _options_of_this_conditioner(self) -> "Recipe":
         if self.model.conditioner not in CONDITIONERS:
             return self  # an unknown name fails when the model is built, with the list of registered ones
@@ -319,7 +335,8 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
 
     ``saved``: the ``recipe.yaml`` of a run directory. Runs written before ``model.cross_attend`` existed list
     ``router_layers: 1`` whatever their conditioner (only the router read it then); the bi-encoder reads it
-    now (CSR inside the bi-encoder), so in those files it is dropped unless the run is a router run.
+    now (CSR inside the bi-encoder), so in those files it is dropped unless the run is a router run. CASE runs
+    written before ``model.case_head`` existed trained the legacy heads, and keep them.
     """
     path = Path(path)
     if not path.is_file():
@@ -334,6 +351,8 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
     model = tree.get("model")
     if saved and isinstance(model, dict) and "cross_attend" not in model and model.get("conditioner") != "router":
         model.pop("router_layers", None)
+    if saved and isinstance(model, dict) and model.get("conditioner") == "case" and "case_head" not in model:
+        model["case_head"] = "legacy"  # a CASE run from before the paper's heads: its weights are the old heads'
     return tree
 
 

@@ -328,3 +328,141 @@ def test_resume_with_the_entity_table_reproduces_the_run(tiny_bert, tmp_path, da
     from kgc.recipe import load_recipe
 
     assert_resume_reproduces(load_recipe(path), tmp_path, monkeypatch, at_step=3, steps=5)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_table_tails_trains_the_query_tower_from_the_table(tiny_bert, tmp_path, data_home, monkeypatch, shared):
+    """loss.table_tails: the step runs no tail tower (its tails and heads are table rows). Separate towers: the tail
+    tower does not train (no trainable parameter, weights unchanged after training), its table is computed once
+    (later refresh steps keep it) and validation ranks against that same table; shared towers: refreshed every N
+    steps as with table_negatives alone, and the shared encoder trains through the queries."""
+    from kgc.linkpred.task import LinkPredTask
+    from kgc.recipe import load_recipe
+    from kgc.training.loop import train
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=4),
+                         ["loss.table_negatives=2", "loss.table_tails=true", f"model.shared_towers={str(shared).lower()}",
+                          "encoder.trainable_layers=all"])
+    task = LinkPredTask(recipe)
+    model, _ = task.build_model(tiny_bert)
+    model.attach_layer_cache(recipe)
+    criterion = task.make_loss()
+    assert any(p.requires_grad for p in model.tail_encoder.parameters()) == shared
+    tail_before = {k: v.clone() for k, v in model.tail_encoder.state_dict().items()}
+    model.train()
+    task.before_step(model, criterion, 0)
+    first = criterion.table
+    calls = []
+    monkeypatch.setattr(type(model), "encode_entities",
+                        lambda self, *a, **k: calls.append(1) or pytest.fail("the tail tower ran in a step"))
+    loss = task.batch_loss(model, criterion, task.examples[:4])
+    loss.backward()
+    monkeypatch.undo()
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    assert not calls and torch.isfinite(loss)
+    with torch.no_grad():
+        for p in model.query_encoder.parameters():
+            p.add_(0.05)  # a training step moves the query tower (and, shared, the tail tower with it)
+    task.before_step(model, criterion, 2)
+    assert (criterion.table is first) == (not shared)
+    if not shared:
+        assert task.fixed_table is not None and torch.equal(task.fixed_table, first.cpu())
+    run = train(recipe, out=tmp_path / "run", progress=False, echo=lambda *_: None)
+    if not shared:
+        from kgc.training.run import RunDir
+
+        state = RunDir(run).model_state()
+        for k, v in tail_before.items():
+            torch.testing.assert_close(state[f"tail_encoder.{k}"], v, rtol=0, atol=0)
+
+
+KILL_MID_REFRESH = """
+import os, signal, sys
+from pathlib import Path
+import kgc.linkpred.model as m
+from kgc.recipe import load_recipe
+from kgc.training.loop import train
+
+real, calls = m.LinkPredictor.entity_table, []
+
+
+def dying(self, *args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:  # the second refresh (step 2): half the entities encoded, then the process is killed
+        list(self.bank.length_batches(8))[:2]
+        self.encode_entities(list(range(8)))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, *args, **kwargs)
+
+
+m.LinkPredictor.entity_table = dying
+train(load_recipe(sys.argv[1]), out=Path(sys.argv[2]), progress=False, echo=lambda *_: None)
+"""
+
+
+def test_sigkill_mid_refresh_then_resume_reproduces_the_run(tiny_bert, tmp_path, data_home):
+    """A process killed (SIGKILL: no cleanup, no handler) while it refreshes the entity table leaves its last
+    checkpoint intact; `kgc train --resume` refreshes again at that step and ends bit-identical to a run that was
+    never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    from kgc.recipe import load_recipe
+    from kgc.training.loop import train
+
+    env = {**os.environ, "KGC_CACHE_HOME": str(tmp_path / "cache")}
+    path = write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=4, checkpoint_every=1)
+    tree = yaml.safe_load(path.read_text())
+    tree["loss"]["table_negatives"] = 2
+    tree["eval"]["validate_every_steps"] = None
+    path.write_text(yaml.safe_dump(tree))
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_MID_REFRESH)
+    killed = subprocess.run([sys.executable, str(script), str(path), str(tmp_path / "killed")], env=env,
+                            capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    ckpt = torch.load(tmp_path / "killed" / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["step"] == 2  # the checkpoint written before the refresh at step 2 began
+    os.environ["KGC_CACHE_HOME"] = env["KGC_CACHE_HOME"]
+    try:
+        train(resume=tmp_path / "killed", progress=False, echo=lambda *_: None)
+        train(load_recipe(path), out=tmp_path / "full", progress=False, echo=lambda *_: None)
+    finally:
+        del os.environ["KGC_CACHE_HOME"]
+    a = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "checkpoints" / "last.pt", weights_only=False)
+    assert a["step"] == b["step"] == 4
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    torch.testing.assert_close(torch.as_tensor(a["loss_extra"]["table"]), torch.as_tensor(b["loss_extra"]["table"]),
+                               rtol=0, atol=0)
+
+
+def test_max_minutes_stops_training_and_the_curves_read_time_and_triples(tiny_bert, tmp_path, data_home, monkeypatch):
+    """train.max_minutes: once the training clock (validation excluded) passes the budget the run stops after that
+    step, validates and finishes as at its last step; every record carries the training seconds and the triples
+    seen so far, and a resumed run carries both on."""
+    from kgc.recipe import load_recipe
+    from kgc.training.loop import train
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    said = []
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=50), ["train.max_minutes=0.00001"])
+    run = train(recipe, out=tmp_path / "run", progress=False, echo=said.append)
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["steps"] == 1 and any("train.max_minutes=1e-05 reached after 1 steps" in m for m in said)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["seen"] for r in records] == [64, 64] and "dev_mrr" in records[-1]  # one step of 64, then validation
+    assert 0 < records[0]["train_seconds"] <= summary["train_seconds_without_validation"] + 0.05  # records: 0.1 s
+    assert summary["train_seconds_without_validation"] <= summary["train_seconds"]
+    full = train(load_recipe(write_recipe(tmp_path / "r2.yaml", tiny_bert, max_steps=4)), out=tmp_path / "full",
+                 progress=False, echo=lambda *_: None)
+    records = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    assert [r["seen"] for r in records if "loss" in r] == [64, 128, 192, 256]
+    seconds = [r["train_seconds"] for r in records if "loss" in r]
+    assert seconds == sorted(seconds)

@@ -291,3 +291,57 @@ def test_entity_table_negatives_match_hand_computation():
     legacy = SimKGCLoss()  # a checkpoint from before the table: a bare queue list
     legacy.load_training_state([], torch.device("cpu"))
     assert legacy.table is None and legacy.queue == []
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_table_tails_is_one_softmax_over_every_entity(symmetric):
+    """loss.table_tails, by hand: the batch's tails are rows of the table (no tail tower), so row i is the in-batch
+    block against TABLE[tails] (margin on the gold, same-tail and known answers masked) followed by the table block
+    (gold, known answers and the batch's tails masked) — every entity exactly once, the head's own row included as
+    the self-negative (no separate column). The symmetric term reads the in-batch block column-wise. Gradients
+    reach the queries only."""
+    known = set(TRAIN)
+    tau, gamma = 0.05, 0.02
+    crit = SimKGCLoss(temperature=tau, margin=gamma, pre_batch=0, self_negative=True, symmetric=symmetric,
+                      table_negatives=10, table_tails=True).double()
+    crit.set_table(TABLE)
+    rows, block = [], [[0.0] * 3 for _ in range(3)]
+    for i in range(3):
+        row = []
+        for j in range(3):
+            if i == j:
+                v = (cos(Q[i], TABLE[TAILS[j]]) - gamma) / tau
+            elif TAILS[j] == TAILS[i] or (HEADS[i], RELS[i], TAILS[j]) in known:
+                v = -1e4
+            else:
+                v = cos(Q[i], TABLE[TAILS[j]]) / tau
+            block[i][j] = v
+            row.append(v)
+        for e in range(E):
+            masked = e == TAILS[i] or (HEADS[i], RELS[i], e) in known or e in TAILS
+            row.append(-1e4 if masked else cos(Q[i], TABLE[e]) / tau)
+        rows.append(row)
+    # every entity once per row: 3 batch columns + the 6 table columns less the 2 distinct batch tails
+    assert all(sum(v != -1e4 for v in row[3:]) + 2 <= E for row in rows)
+    assert rows[0][3 + 0] != -1e4 and rows[2][3 + 2] == -1e4  # head 0 is a negative of its own query; head 2 an answer
+
+    def ce(logits, gold):
+        m = max(logits)
+        return -logits[gold] + m + math.log(sum(math.exp(x - m) for x in logits))
+
+    expected = sum(ce(rows[i], i) for i in range(3)) / 3
+    if symmetric:
+        expected += sum(ce([block[i][j] for i in range(3)], j) for j in range(3)) / 3
+    q = Q.clone().requires_grad_(True)
+    got = crit(q, None, None, heads=torch.tensor(HEADS), rels=torch.tensor(RELS), tails=torch.tensor(TAILS),
+               train_keys=TRAIN_KEYS, num_entities=E, num_relations2=R2)
+    assert got.item() == pytest.approx(expected, rel=1e-6)
+    got.backward()
+    assert q.grad is not None and q.grad.abs().sum() > 0 and crit.table.grad is None
+
+
+def test_table_tails_needs_the_table():
+    crit = SimKGCLoss(table_negatives=10, table_tails=True).double()
+    with pytest.raises(RuntimeError, match="entity table must be set"):
+        crit(Q, None, None, heads=torch.tensor(HEADS), rels=torch.tensor(RELS), tails=torch.tensor(TAILS),
+             train_keys=TRAIN_KEYS, num_entities=E, num_relations2=R2)

@@ -11,7 +11,11 @@ Logits for query i (row) against candidate tails (columns), all cosines of unit 
 * entity-table block ``(B, E)`` (``table_negatives``, off by default): ``cos(q_i, t_e)`` against a table of
   every entity's tail-tower embedding, refreshed every N steps without gradient (ANCE-style; the task refreshes
   it, :meth:`SimKGCLoss.set_table`), the gold and other known answers masked as false negatives and the batch's
-  own tails masked too (they are in the in-batch block, with their gradients).
+  own tails masked too (they are in the in-batch block, with their gradients);
+* ``table_tails`` (with the table): the batch's tails are read from that table too, so no tail tower runs between
+  refreshes: the in-batch block and the table block together are one softmax over every entity (the gold with its
+  margin, known answers masked), and the head's self-negative is its own row of the table (no separate column,
+  which would count it twice). Only the queries carry gradients.
 
 Everything is scaled by the learnable ``1/τ`` (stored as ``log 1/τ``, clamped to
 ``[1/max_temperature, 1/min_temperature]`` after each optimiser step, as CLIP does: :meth:`SimKGCLoss.clamp_`). Loss = CE(rows) + CE(in-batch block transposed) — the
@@ -48,7 +52,7 @@ class SimKGCLoss(nn.Module):
                  in_batch: bool = True, pre_batch: int = 0, pre_batch_weight: float = 0.5,
                  self_negative: bool = True, mask_false_negatives: bool = True, symmetric: bool = True,
                  min_temperature: float = 0.01, max_temperature: float = 1.0,
-                 table_negatives: int | None = None) -> None:
+                 table_negatives: int | None = None, table_tails: bool = False) -> None:
         super().__init__()
         self.log_inv_t = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn_temperature)
         self.log_inv_t_range = (math.log(1.0 / max_temperature), math.log(1.0 / min_temperature))
@@ -59,6 +63,7 @@ class SimKGCLoss(nn.Module):
         self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tail vectors (B, d), tail ids (B,))
         self.table_negatives = table_negatives  # refresh interval in steps (the task refreshes); None: no table
         self.table: torch.Tensor | None = None  # (E, d) every entity's tail-tower embedding, no gradient
+        self.table_tails = table_tails  # the batch's tails come from the table (no tail tower in the step)
 
     @property
     def inv_t(self) -> torch.Tensor:
@@ -75,7 +80,7 @@ class SimKGCLoss(nn.Module):
     def temperature(self) -> float:
         return float(1.0 / self.inv_t.detach())
 
-    def forward(self, query: torch.Tensor, tail: torch.Tensor, head: torch.Tensor | None, *,
+    def forward(self, query: torch.Tensor, tail: torch.Tensor | None, head: torch.Tensor | None, *,
                 heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, train_keys: torch.Tensor,
                 num_entities: int, num_relations2: int) -> torch.Tensor:
         """query, tail, head: (B, d) unit vectors; heads, rels, tails: (B,) ids; returns the scalar loss.
@@ -84,9 +89,15 @@ class SimKGCLoss(nn.Module):
         from every rank with gradients, so row i is scored against the global batch's tails (and column j
         against its queries), and the loss is the mean over this rank's rows — its average over ranks, which
         DDP's gradient averaging takes, is the single-process loss of the global batch.
+
+        With ``table_tails`` pass ``tail=None, head=None``: both come from the table.
         """
         from kgc.training import distributed as dist
 
+        if self.table_tails:
+            if self.table is None:
+                raise RuntimeError("loss.table_tails: the entity table must be set before the first step")
+            tail, head = self.table[tails].to(query.dtype), None  # (b, d), no gradient; the head is a table row
         b = query.size(0)
         inv_t = self.inv_t
         hr = heads * num_relations2 + rels  # (b,)

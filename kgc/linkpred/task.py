@@ -33,13 +33,16 @@ def batch_loss(model, criterion: SimKGCLoss, batch: np.ndarray, train_keys: torc
     with autocast(device, amp):  # the encoders may run in bf16 on CUDA ...
         with section("query tower forward"):
             query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
-        with section("tail tower forward"):
-            ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
-    tail_vec, head_vec = ents[: len(batch)], ents[len(batch):]  # (B, d) each
+        if criterion.table_tails:  # tails and heads are rows of the loss's entity table: no tail tower here
+            tail_vec = head_vec = None
+        else:
+            with section("tail tower forward"):
+                ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
+            tail_vec, head_vec = ents[: len(batch)].float(), ents[len(batch):].float()  # (B, d) each
     # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
     as_t = lambda x: torch.as_tensor(x, device=device)  # noqa: E731
     with section("loss"):
-        return criterion(query.float(), tail_vec.float(), head_vec.float(), heads=as_t(heads), rels=as_t(rels),
+        return criterion(query.float(), tail_vec, head_vec, heads=as_t(heads), rels=as_t(rels),
                          tails=as_t(tails), train_keys=train_keys, num_entities=graph.num_entities,
                          num_relations2=2 * graph.num_relations)
 
@@ -48,7 +51,8 @@ KEYS = frozenset({
     "data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
     "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight", "loss.self_negative",
     "loss.margin", "loss.temperature", "loss.learn_temperature", "loss.min_temperature", "loss.max_temperature",
-    "loss.mask_false_negatives", "loss.symmetric", "loss.table_negatives", "eval.rerank", "eval.max_score_bytes", "index", "structure"})
+    "loss.mask_false_negatives", "loss.symmetric", "loss.table_negatives", "loss.table_tails",
+    "eval.rerank", "eval.max_score_bytes", "index", "structure"})
 RESULT_KEYS = [("MRR", "inverse_harmonic_mean_rank"), ("H@1", "hits_at_1"), ("H@3", "hits_at_3"),
                ("H@10", "hits_at_10"), ("MR", "arithmetic_mean_rank")]
 
@@ -137,9 +141,14 @@ class LinkPredTask(Task):
         self.examples = self.graph.both_directions("train")  # (2n, 3): every triple in both directions
         self.b = min(recipe.train.batch_size, len(self.examples))
         self.train_keys = torch.as_tensor(self.graph.train_keys)
+        self.fixed_table: torch.Tensor | None = None  # the loss's table when the tail tower does not train
 
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
-        return build_model(self.recipe, self.graph, backbone_folder, pretrained=pretrained)
+        model, tokenizer = build_model(self.recipe, self.graph, backbone_folder, pretrained=pretrained)
+        if self.recipe.loss.table_tails and not self.recipe.model.shared_towers:
+            for p in model.tail_encoder.parameters():  # nothing reaches it: its table is computed once
+                p.requires_grad_(False)
+        return model, tokenizer
 
     def make_loss(self) -> SimKGCLoss:
         return make_loss(self.recipe)
@@ -164,6 +173,7 @@ class LinkPredTask(Task):
 
         ev = evaluate(model, self.graph, "dev", batch_size=self.recipe.eval.batch_size,
                       max_triples=self.recipe.eval.dev_queries, seed=self.recipe.train.seed, progress=False,
+                      entity_table=self.fixed_table,  # a tail tower that does not train: its table, not a re-encode
                       max_score_bytes=self.recipe.eval.max_score_bytes)
         mrr, h10 = ev.metric(), ev.metric(key="hits_at_10")
         return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_seconds": round(ev.seconds, 2)},
@@ -174,13 +184,17 @@ class LinkPredTask(Task):
 
     def before_step(self, model, criterion, step: int) -> None:
         """``loss.table_negatives`` N: every N steps (from step 0) every entity's tail-tower embedding, in eval mode
-        and without gradient (evaluation-time texts), becomes the loss's table of negatives."""
+        and without gradient (evaluation-time texts), becomes the loss's table of negatives (a tail tower that does
+        not train, ``loss.table_tails`` without shared towers, gives the same table every time: it is computed once,
+        and a resumed run reads it from the checkpoint)."""
         every = self.recipe.loss.table_negatives
-        if every and step % every == 0:
+        frozen = not any(p.requires_grad for p in model.tail_encoder.parameters())
+        if every and step % every == 0 and not (frozen and criterion.table is not None):  # a frozen tower: once
             was = model.training
             model.eval()
             criterion.set_table(model.entity_table(self.recipe.eval.batch_size).to(self.train_keys.device))
             model.train(was)
+        self.fixed_table = criterion.table.cpu() if frozen and criterion.table is not None else None
 
     def loss_state(self, criterion):
         return criterion.training_state() if criterion.table_negatives else criterion.queue_state()

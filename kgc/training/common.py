@@ -119,8 +119,10 @@ class MetricsLog:
 METRIC_TITLES = {"dev_mrr": "dev MRR (filtered)", "dev_spearman": "dev Spearman"}
 
 
-def plot_curves(records: list[dict[str, Any]], path: Path, metric: str = "dev_mrr") -> None:
-    """curves.png: loss, temperature (where the objective learns one) and the validation metric against steps."""
+def plot_curves(records: list[dict[str, Any]], path: Path, metric: str = "dev_mrr", *, unit: str = "examples") -> None:
+    """curves.png: loss, temperature (where the objective learns one) and the validation metric against steps
+    (against ``unit`` seen where the records carry ``seen``), and the validation metric against minutes of training
+    (validation excluded) where they carry ``train_seconds``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,15 +130,23 @@ def plot_curves(records: list[dict[str, Any]], path: Path, metric: str = "dev_mr
 
     train = [r for r in records if "loss" in r]
     val = [r for r in records if metric in r]
-    panels = [(train, "loss", "training loss")]
+    title = METRIC_TITLES.get(metric, metric)
+    panels = [(train, "loss", "training loss", "step", lambda r: r["step"])]
     if any("tau" in r for r in train):
-        panels.append((train, "tau", "temperature τ"))
-    panels.append((val, metric, METRIC_TITLES.get(metric, metric)))
+        panels.append((train, "tau", "temperature τ", "step", lambda r: r["step"]))
+    if val and all("seen" in r for r in val):
+        panels.append((val, metric, title, f"{unit} seen", lambda r: r["seen"]))
+    else:
+        panels.append((val, metric, title, "step", lambda r: r["step"]))
+    timed = [r for r in val if "train_seconds" in r]
+    if timed:
+        panels.append((timed, metric, f"{title} by time", "training minutes (validation excluded)",
+                       lambda r: r["train_seconds"] / 60))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6))
-    for ax, (rows, key, title) in zip(axes, panels):
-        ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o" if key == metric else None)
-        ax.set_title(title)
-        ax.set_xlabel("step")
+    for ax, (rows, key, name, xlabel, x) in zip(axes, panels):
+        ax.plot([x(r) for r in rows], [r[key] for r in rows], marker="o" if key == metric else None)
+        ax.set_title(name)
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))

@@ -178,6 +178,9 @@ class _Setup:
         self.params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
         self.metrics = MetricsLog(self.run.metrics) if dist.is_main() else _NoLog()
         self.step, self.validated, self.best = 0, 0, float("-inf")
+        self.clock = 0.0  # seconds of training so far (validation excluded), across resumes
+        self.seen = 0  # training examples (the task's unit) seen so far, across resumes
+        self.clock_start = time.perf_counter()
         ckpt = self.ckpt
         if ckpt is not None:
             criterion.load_state_dict(ckpt["loss"])
@@ -187,9 +190,14 @@ class _Setup:
             ranks = ckpt.get("rng_ranks")
             set_rng_state(ranks[self.rank] if ranks and len(ranks) == self.world else ckpt["rng"])
             self.step, self.validated, self.best = ckpt["step"], ckpt["validated_epochs"], ckpt["best_metric"]
+            self.clock, self.seen = ckpt.get("train_seconds", 0.0), ckpt.get("seen", 0)
             self.metrics.truncate_after(self.step)
         elif self.world > 1:
             torch.manual_seed(tc.seed + self.rank)  # the weights are rank 0's; dropout masks differ per rank
+
+    def seconds(self) -> float:
+        """Training wall time so far: this process's since setup (validation excluded) plus earlier runs'."""
+        return self.clock + time.perf_counter() - self.clock_start
 
     def checkpoint(self) -> None:
         rngs = dist.gather_objects(rng_state())  # every rank's generators: a resumed group replays them
@@ -201,15 +209,18 @@ class _Setup:
                 "loss_extra": self.task.loss_state(self.criterion), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "rng": rngs[0],
                 "rng_ranks": rngs if self.world > 1 else None, "world_size": self.world, "step": self.step,
-                "validated_epochs": self.validated, "best_metric": self.best, "total_steps": self.total})
+                "validated_epochs": self.validated, "best_metric": self.best, "total_steps": self.total,
+                "train_seconds": self.seconds(), "seen": self.seen})
 
         _on_main(write)
 
     def validate(self, epoch: int) -> None:
         """Rank 0 validates (and keeps best.pt) while the others wait; an error there stops every rank."""
+        start, at = time.perf_counter(), round(self.seconds(), 1)
+
         def run() -> None:
             values, summary = self.task.validate(self.model)
-            self.metrics.write(step=self.step, epoch=epoch + 1, **values)
+            self.metrics.write(step=self.step, epoch=epoch + 1, train_seconds=at, seen=self.seen, **values)
             value = values[self.task.metric]
             improved = value > self.best
             if improved:
@@ -220,6 +231,7 @@ class _Setup:
                      f"[{values['dev_seconds']:.1f}s]")
 
         _on_main(run)
+        self.clock_start += time.perf_counter() - start  # validation is not training time
         self.model.train()
         self.criterion.train()
 
@@ -235,6 +247,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     bar = tqdm(total=s.total, initial=s.step, desc="train", disable=not progress or not dist.is_main(),
                dynamic_ncols=True)
     seen, t_start = 0, time.perf_counter()
+    s.clock_start, clock0 = t_start, s.clock  # the training clock starts with the first step
     for epoch in range(s.step // s.steps_per_epoch if s.step < s.total else tc.epochs, tc.epochs):
         for i, batch in enumerate(task.epoch_batches(epoch)):
             if epoch * s.steps_per_epoch + i < s.step:
@@ -253,14 +266,16 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             s.scheduler.step()
             s.step += 1
             seen += task.batch_size(batch)  # the global batch
-            rate = seen / (time.perf_counter() - t_start)
+            s.seen += task.batch_size(batch)
+            rate = seen / (s.seconds() - clock0)  # validation excluded
             tau = getattr(criterion, "temperature", None)
             loss_value = dist.mean(loss)  # the global batch's loss
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
                             **{rate_key: f"{rate:.1f}"})
             if s.step % tc.log_every == 0 or s.step == s.total:
-                s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5),
+                s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5), train_seconds=round(s.seconds(), 1),
+                                seen=s.seen,
                                 **({"tau": tau} if tau is not None else {}), lr=s.scheduler.get_last_lr()[0],
                                 **{rate_key: round(rate, 2)})
             every = recipe.eval.validate_every_steps
@@ -269,6 +284,10 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 s.checkpoint()  # right after: a resume never repeats or skips a validation
             elif s.step % tc.checkpoint_every == 0:
                 s.checkpoint()
+            if tc.max_minutes and s.seconds() >= 60 * tc.max_minutes and s.step < s.total:
+                s.say(f"train.max_minutes={tc.max_minutes:g} reached after {s.step} steps")
+                s.total = s.step  # stop here: the end of the epoch's work (validation, checkpoint), then finish
+                break
         if s.validated <= epoch:
             if recipe.eval.validate_every_epoch:
                 s.validate(epoch)
@@ -279,6 +298,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     bar.close()
     if not dist.is_main():
         return s.run.path
+    s.clock, s.clock_start = s.seconds(), time.perf_counter()  # frozen here: finishing is not training
     _finish(s, time.perf_counter() - t_start, progress=progress, echo=echo)
     return s.run.path
 
@@ -290,7 +310,7 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         save_checkpoint(run.best, {"model": model.state_dict(), "step": s.step, task.metric: None})
     model.save_cache()
     records = s.metrics.read()
-    plot_curves(records, run.curves, metric=task.metric)
+    plot_curves(records, run.curves, metric=task.metric, unit=task.unit)
     rate_key = f"{task.unit}_per_s"
     rates = [r[rate_key] for r in records if rate_key in r]
     trainable, total_params = count_parameters(model, s.criterion)
@@ -301,6 +321,6 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         "pooling_params": pooling_parameters(model.encoders), "conditioner": s.recipe.model.conditioner,
         "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
                                                    "misses": cache.misses, "folder": str(cache.folder)},
-        "train_seconds": round(seconds, 2), "device": str(s.device), "processes": s.world, "finished": True})
+        "train_seconds": round(seconds, 2), "train_seconds_without_validation": round(s.clock, 2), "device": str(s.device), "processes": s.world, "finished": True})
     echo(f"finished {s.step} steps; run directory: {run.path}")
     task.after_training(run.path, progress=progress, echo=echo)
