@@ -132,6 +132,30 @@ def compare(recipes: Sequence[str | Path], overrides: Sequence[str] = (), out: s
                        progress=progress)
 
 
+def curves(runs: Sequence[str | Path], out: str | Path, *, echo: Echo | None = print) -> dict:
+    """Plot the validation curves of several runs of one task in one PNG (by examples seen and by training minutes,
+    validation excluded; runs still training included). Returns ``{"png", "runs", "last"}``: each run's last
+    validation record."""
+    from kgc.training.common import MetricsLog, plot_runs
+    from kgc.training.run import RunDir
+    from kgc.training.task import task_class
+
+    dirs = [RunDir(r) for r in runs]
+    tasks = {d.recipe.task for d in dirs}
+    if len(tasks) > 1:
+        raise KGCError(f"kgc curves compares runs of one task; these mix {', '.join(sorted(tasks))}")
+    task = task_class(tasks.pop())
+    names = [d.path.name for d in dirs]
+    if len(set(names)) < len(names):  # same folder names under different parents: tell them apart
+        names = [str(d.path) for d in dirs]
+    records = {n: MetricsLog(d.metrics).read() for n, d in zip(names, dirs)}
+    empty = plot_runs(records, Path(out), metric=task.metric, unit=task.unit)
+    for name in empty:
+        (echo or _silent)(f"{name}: no validation records yet (eval.validate_every_steps sets how often)")
+    last = {n: next((r for r in reversed(rs) if task.metric in r), None) for n, rs in records.items()}
+    return {"png": str(out), "runs": names, "metric": task.metric, "last": last}
+
+
 def explain(run: "str | Path | Run", *, head: str | None = None, relations: Sequence[str] = (),
             inverse: bool = False, sentence: str | None = None, conditions: Sequence[str] = (),
             out: str | Path | None = None):

@@ -271,6 +271,21 @@ def compare(recipes: List[Path] = typer.Argument(..., help="recipes of one task,
     _echo(f"wrote {out / 'compare.md'}")
 
 
+@app.command()
+def curves(runs: List[Path] = typer.Argument(..., help="run directories of one task (finished or still training)"),
+           out: Path = typer.Option(Path("curves.png"), "--out", help="the PNG to write")) -> None:
+    """Validation curves of several runs in one figure: by examples seen and by minutes of training."""
+    import kgc
+
+    result = kgc.api.curves(runs, out, echo=_echo)
+    for name, rec in result["last"].items():
+        if rec is not None:
+            minutes = f", {rec['train_seconds'] / 60:.1f} min" if "train_seconds" in rec else ""
+            seen = f", {rec['seen']:,} seen" if "seen" in rec else ""
+            _echo(f"{name}: {result['metric']} {rec[result['metric']]:.4f} at step {rec['step']}{seen}{minutes}")
+    _echo(f"wrote {out}")
+
+
 @bench_app.command("inference")
 def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
                     conditioner: List[str] = typer.Option(["biencoder", "hadamard", "hypernet", "router"],

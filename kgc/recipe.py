@@ -83,6 +83,8 @@ class LossConfig(_Section):
     pre_batch: int = Field(0, ge=0, description="number of previous batches whose tails are negatives")
     pre_batch_weight: float = 0.5
     self_negative: bool = True
+    self_negative_weight: float = Field(1.0, gt=0, description="the head's self-negative counts as w negatives "
+                                                                 "(its logit + log w; 1: SimKGC)")
     margin: float = Field(0.02, description="additive margin γ subtracted from the positive cosine")
     temperature: float = Field(0.05, gt=0)
     learn_temperature: bool = True

@@ -466,3 +466,15 @@ def test_max_minutes_stops_training_and_the_curves_read_time_and_triples(tiny_be
     assert [r["seen"] for r in records if "loss" in r] == [64, 128, 192, 256]
     seconds = [r["train_seconds"] for r in records if "loss" in r]
     assert seconds == sorted(seconds)
+
+
+def test_kgc_curves_compares_runs_by_triples_and_minutes(trained, tmp_path):
+    """`kgc curves RUN RUN` writes one PNG and prints each run's last validation record, read from metrics.jsonl
+    (the same folder name twice is told apart by its path)."""
+    copy = tmp_path / "again" / trained.name
+    shutil.copytree(trained, copy)
+    out = kgc("curves", trained, copy, "--out", tmp_path / "c.png")
+    last = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines() if "dev_mrr" in line][-1]
+    line = f"{trained}: dev_mrr {last['dev_mrr']:.4f} at step {last['step']}, {last['seen']:,} seen"
+    assert line in out.stdout and f"wrote {tmp_path / 'c.png'}" in out.stdout
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"

@@ -345,3 +345,38 @@ def test_table_tails_needs_the_table():
     with pytest.raises(RuntimeError, match="entity table must be set"):
         crit(Q, None, None, heads=torch.tensor(HEADS), rels=torch.tensor(RELS), tails=torch.tensor(TAILS),
              train_keys=TRAIN_KEYS, num_entities=E, num_relations2=R2)
+
+
+@pytest.mark.parametrize("table_tails", [False, True])
+def test_self_negative_weight_adds_log_w_to_the_heads_logit(table_tails):
+    """loss.self_negative_weight w: the head's logit (the self-negative column; with table_tails its own row of
+    the table) gets + log w, as if the head were w negatives; w = 1 is SimKGC's loss exactly."""
+    w = 4.0
+    kwargs = dict(temperature=0.05, margin=0.02, pre_batch=0, symmetric=False)
+    if table_tails:
+        kwargs.update(table_negatives=10, table_tails=True)
+    plain, weighted = (SimKGCLoss(**kwargs, self_negative_weight=x).double() for x in (1.0, w))
+    for crit in (plain, weighted):
+        crit.set_table(TABLE) if table_tails else None
+    seen, real_ce = {}, F.cross_entropy
+
+    def capture(crit, name):
+        def ce(logits, target, **_):
+            seen[name] = logits.detach().clone()
+            return real_ce(logits, target)
+        return ce
+
+    args = (Q, None, None) if table_tails else (Q, T, H)
+    for name, crit in (("plain", plain), ("weighted", weighted)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(F, "cross_entropy", capture(crit, name))
+            crit(*args, heads=torch.tensor(HEADS), rels=torch.tensor(RELS), tails=torch.tensor(TAILS),
+                 train_keys=TRAIN_KEYS, num_entities=E, num_relations2=R2)
+    diff = seen["weighted"] - seen["plain"]
+    expected = torch.zeros_like(diff)
+    for i, h in enumerate(HEADS):
+        col = 3 + h if table_tails else diff.size(1) - 1  # the head's table row, or the self-negative column
+        if seen["plain"][i, col] != -1e4:  # a masked head (a known answer: row 2) stays masked
+            expected[i, col] = math.log(w)
+    assert seen["plain"][2, (3 + 2) if table_tails else -1] == -1e4
+    torch.testing.assert_close(diff, expected)

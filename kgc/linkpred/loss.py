@@ -12,6 +12,8 @@ Logits for query i (row) against candidate tails (columns), all cosines of unit 
   every entity's tail-tower embedding, refreshed every N steps without gradient (ANCE-style; the task refreshes
   it, :meth:`SimKGCLoss.set_table`), the gold and other known answers masked as false negatives and the batch's
   own tails masked too (they are in the in-batch block, with their gradients);
+* ``self_negative_weight`` w (default 1): the head's self-negative logit gets ``+ log w`` — the head counted as
+  w negatives, a harder push away from the head's own text early in training (evaluation is unchanged);
 * ``table_tails`` (with the table): the batch's tails are read from that table too, so no tail tower runs between
   refreshes: the in-batch block and the table block together are one softmax over every entity (the gold with its
   margin, known answers masked), and the head's self-negative is its own row of the table (no separate column,
@@ -52,7 +54,8 @@ class SimKGCLoss(nn.Module):
                  in_batch: bool = True, pre_batch: int = 0, pre_batch_weight: float = 0.5,
                  self_negative: bool = True, mask_false_negatives: bool = True, symmetric: bool = True,
                  min_temperature: float = 0.01, max_temperature: float = 1.0,
-                 table_negatives: int | None = None, table_tails: bool = False) -> None:
+                 table_negatives: int | None = None, table_tails: bool = False,
+                 self_negative_weight: float = 1.0) -> None:
         super().__init__()
         self.log_inv_t = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn_temperature)
         self.log_inv_t_range = (math.log(1.0 / max_temperature), math.log(1.0 / min_temperature))
@@ -64,6 +67,7 @@ class SimKGCLoss(nn.Module):
         self.table_negatives = table_negatives  # refresh interval in steps (the task refreshes); None: no table
         self.table: torch.Tensor | None = None  # (E, d) every entity's tail-tower embedding, no gradient
         self.table_tails = table_tails  # the batch's tails come from the table (no tail tower in the step)
+        self.log_self_weight = math.log(self_negative_weight)  # the head counts as w negatives: its logit + log w
 
     @property
     def inv_t(self) -> torch.Tensor:
@@ -120,9 +124,12 @@ class SimKGCLoss(nn.Module):
             entities = torch.arange(self.table.size(0), device=query.device)
             keep = false_negative_mask(hr, tails, entities, train_keys, num_entities)  # gold and known answers out
             keep[:, tails_all] = False  # the batch's tails score in the in-batch block, with their gradients
+            if self.table_tails and self.self_negative and self.log_self_weight:  # the head's own row, weighted
+                tab = tab.index_put((torch.arange(b, device=query.device), heads),
+                                    tab[torch.arange(b, device=query.device), heads] + self.log_self_weight)
             blocks.append(tab.masked_fill(~keep, MASKED))
         if self.self_negative and head is not None:
-            self_logit = (query * head).sum(-1) * inv_t  # (b,)
+            self_logit = (query * head).sum(-1) * inv_t + self.log_self_weight  # (b,)
             head_is_answer = torch.isin(hr * num_entities + heads, train_keys)  # (b,)
             blocks.append(self_logit.masked_fill(head_is_answer, MASKED).unsqueeze(1))
         all_logits = torch.cat(blocks, dim=1)  # (b, B + K + 1)

@@ -50,6 +50,7 @@ def batch_loss(model, criterion: SimKGCLoss, batch: np.ndarray, train_keys: torc
 KEYS = frozenset({
     "data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
     "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight", "loss.self_negative",
+    "loss.self_negative_weight",
     "loss.margin", "loss.temperature", "loss.learn_temperature", "loss.min_temperature", "loss.max_temperature",
     "loss.mask_false_negatives", "loss.symmetric", "loss.table_negatives", "loss.table_tails",
     "eval.rerank", "eval.max_score_bytes", "index", "structure"})
@@ -176,7 +177,8 @@ class LinkPredTask(Task):
                       entity_table=self.fixed_table,  # a tail tower that does not train: its table, not a re-encode
                       max_score_bytes=self.recipe.eval.max_score_bytes)
         mrr, h10 = ev.metric(), ev.metric(key="hits_at_10")
-        return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_seconds": round(ev.seconds, 2)},
+        return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_head_above_gold": ev.results["kgc"]["head_above_gold"],
+                 "dev_seconds": round(ev.seconds, 2)},
                 f"dev MRR {mrr:.4f}  H@10 {h10:.4f}")
 
     def after_step(self, criterion):

@@ -151,3 +151,36 @@ def plot_curves(records: list[dict[str, Any]], path: Path, metric: str = "dev_mr
     fig.tight_layout()
     write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
+
+
+def plot_runs(runs: dict[str, list[dict[str, Any]]], path: Path, metric: str = "dev_mrr", *,
+              unit: str = "examples") -> list[str]:
+    """One figure comparing runs (name → metrics records): the validation metric against ``unit`` seen and
+    against minutes of training (validation excluded). Returns the names of runs without validation records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title = METRIC_TITLES.get(metric, metric)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    empty = []
+    for name, records in runs.items():
+        val = [r for r in records if metric in r]
+        if not val:
+            empty.append(name)
+            continue
+        seen = [r for r in val if "seen" in r]
+        timed = [r for r in val if "train_seconds" in r]
+        axes[0].plot([r["seen"] for r in seen], [r[metric] for r in seen], marker="o", ms=3, label=name)
+        axes[1].plot([r["train_seconds"] / 60 for r in timed], [r[metric] for r in timed], marker="o", ms=3,
+                     label=name)
+    for ax, xlabel in zip(axes, (f"{unit} seen", "training minutes (validation excluded)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+    return empty
