@@ -92,9 +92,10 @@ def smoke(tiny_bert, tmp_path_factory, data_home):
                 "export": pool.submit(kgc_process, "export", p["run"], p["export"]),
                 "explain": pool.submit(kgc_process, "explain", p["run"], "--head", "e_dog", "--relation",
                                        "_hypernym", "--out", p["png"], "--json"),
+                "curves": pool.submit(kgc_process, "curves", p["run"], "--out", tmp / "curves.png"),
             }
         else:  # test_train reports why; the commands that need the run cannot start
-            done |= dict.fromkeys(("evaluate", "index", "predict", "structure", "export", "explain"))
+            done |= dict.fromkeys(("evaluate", "index", "predict", "structure", "export", "explain", "curves"))
         done |= {name: f.result() for name, f in (first | second).items()}
     return done, p
 
@@ -160,6 +161,12 @@ def test_explain(smoke):
     assert ex["tokens"][0] == "[CLS]" and ex["tokens"][-1] == "[SEP]"
     for row in ex["weights"].values():  # the router's weights over the head's tokens: a distribution
         assert len(row) == len(ex["tokens"]) and sum(row) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_curves(smoke):
+    proc = finished(smoke, "curves")
+    assert f"wrote {smoke[1]['tmp'] / 'curves.png'}" in proc.stdout and "dev_mrr" in proc.stdout
+    assert (smoke[1]["tmp"] / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_similarity(smoke):

@@ -57,7 +57,7 @@ def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, 
     # the per-step profile: every part of a step is timed, the parts fit inside the step, cache reads only with one
     for row in (full, top):
         parts = row["seconds_per_step"]
-        assert {"step", "query tower forward", "tail tower forward", "loss", "backward (both towers, loss)",
+        assert {"step", "query tower forward", "tail tower forward", "loss", "backward (trained towers, loss)",
                 "optimiser (AdamW)"} <= set(parts)
         own = sum(v for k, v in parts.items() if k not in ("step", "layer cache lookup (misses computed)"))
         assert 0 < own <= parts["step"] * 1.001
