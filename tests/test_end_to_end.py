@@ -458,7 +458,7 @@ def test_max_minutes_stops_training_and_the_curves_read_time_and_triples(tiny_be
     assert summary["steps"] == 1 and any("train.max_minutes=1e-05 reached after 1 steps" in m for m in said)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["seen"] for r in records] == [64, 64] and "dev_mrr" in records[-1]  # one step of 64, then validation
-    assert 0 < records[0]["train_seconds"] <= summary["train_seconds_without_validation"] + 0.05  # records: 0.1 s
+    assert 0 < records[0]["train_seconds"] <= summary["train_seconds_without_validation"] + 0.01  # records: ms
     assert summary["train_seconds_without_validation"] <= summary["train_seconds"]
     full = train(load_recipe(write_recipe(tmp_path / "r2.yaml", tiny_bert, max_steps=4)), out=tmp_path / "full",
                  progress=False, echo=lambda *_: None)

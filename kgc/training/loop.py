@@ -216,7 +216,7 @@ class _Setup:
 
     def validate(self, epoch: int) -> None:
         """Rank 0 validates (and keeps best.pt) while the others wait; an error there stops every rank."""
-        start, at = time.perf_counter(), round(self.seconds(), 1)
+        start, at = time.perf_counter(), round(self.seconds(), 3)
 
         def run() -> None:
             values, summary = self.task.validate(self.model)
@@ -274,7 +274,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
                             **{rate_key: f"{rate:.1f}"})
             if s.step % tc.log_every == 0 or s.step == s.total:
-                s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5), train_seconds=round(s.seconds(), 1),
+                s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5), train_seconds=round(s.seconds(), 3),
                                 seen=s.seen,
                                 **({"tau": tau} if tau is not None else {}), lr=s.scheduler.get_last_lr()[0],
                                 **{rate_key: round(rate, 2)})
