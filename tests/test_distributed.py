@@ -114,3 +114,15 @@ def test_global_batch_must_split_evenly(monkeypatch):
     dist.check_batch(9)
     with pytest.raises(KGCError, match=r"train.batch_size=8 is the global batch .* 3 processes.*batch_size=6"):
         dist.check_batch(8)
+
+
+def test_two_processes_stop_together_at_the_time_budget(still_bert, tmp_path, monkeypatch):
+    """train.max_minutes under torchrun: the budget check is all-reduced, so the ranks stop at the same step and
+    neither waits at a collective the other never reaches (here both clocks pass a tiny budget at step 1; the
+    reduction is what keeps them together when their clocks differ); the run finishes once, after that step."""
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    r = recipe(tmp_path / "r.yaml", still_bert, write_toy(tmp_path / "TOY"), max_steps=20)
+    res = kgc("train", r, "--out", tmp_path / "two", "--nproc", "2", "--no-progress", "--set",
+              "train.max_minutes=0.00001")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "reached after 1 steps" in res.stdout and res.stdout.count("finished 1 steps") == 1

@@ -274,8 +274,8 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
                             **{rate_key: f"{rate:.1f}"})
             if s.step % tc.log_every == 0 or s.step == s.total:
-                s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5), train_seconds=round(s.seconds(), 3),
-                                seen=s.seen,
+                s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5),
+                                train_seconds=round(s.seconds(), 3), seen=s.seen,
                                 **({"tau": tau} if tau is not None else {}), lr=s.scheduler.get_last_lr()[0],
                                 **{rate_key: round(rate, 2)})
             every = recipe.eval.validate_every_steps
@@ -284,7 +284,10 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 s.checkpoint()  # right after: a resume never repeats or skips a validation
             elif s.step % tc.checkpoint_every == 0:
                 s.checkpoint()
-            if tc.max_minutes and s.seconds() >= 60 * tc.max_minutes and s.step < s.total:
+            over = tc.max_minutes and s.step < s.total and s.seconds() >= 60 * tc.max_minutes
+            if tc.max_minutes and s.world > 1:  # every rank stops at the same step (any rank's clock decides)
+                over = dist.mean(torch.tensor(float(bool(over)), device=loss.device)) > 0
+            if over:
                 s.say(f"train.max_minutes={tc.max_minutes:g} reached after {s.step} steps")
                 s.total = s.step  # stop here: the end of the epoch's work (validation, checkpoint), then finish
                 break
@@ -321,6 +324,7 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         "pooling_params": pooling_parameters(model.encoders), "conditioner": s.recipe.model.conditioner,
         "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
                                                    "misses": cache.misses, "folder": str(cache.folder)},
-        "train_seconds": round(seconds, 2), "train_seconds_without_validation": round(s.clock, 2), "device": str(s.device), "processes": s.world, "finished": True})
+        "train_seconds": round(seconds, 2), "train_seconds_without_validation": round(s.clock, 2),
+        "device": str(s.device), "processes": s.world, "finished": True})
     echo(f"finished {s.step} steps; run directory: {run.path}")
     task.after_training(run.path, progress=progress, echo=echo)
