@@ -101,16 +101,15 @@ def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5,
                                            *(overrides or [])])
         if graph is None:  # both modes read the same data section
             graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
+        task = LinkPredTask(recipe, graph=graph)  # its model (a tail tower that does not train is frozen), objective
         seed_everything(recipe.train.seed)
-        examples = graph.both_directions("train")
         rng = np.random.default_rng(recipe.train.seed)
-        batches = [examples[rng.choice(len(examples), batch_size, replace=False)] for _ in range(steps)]
-        task = LinkPredTask(recipe)  # its model (a tail tower that does not train is frozen) and objective
+        batches = [task.examples[rng.choice(len(task.examples), batch_size, replace=False)] for _ in range(steps)]
         model, _ = task.build_model(resolve_backbone(recipe.model.backbone))
         model.attach_layer_cache(recipe)
         criterion = task.make_loss()
         optimizer = make_optimizer([model, criterion], recipe.train.lr, recipe.train.weight_decay)
-        train_keys = torch.as_tensor(graph.train_keys)
+        train_keys = task.train_keys
         model.train()
         start = time.perf_counter()
         task.before_step(model, criterion, 0)  # loss.table_negatives: the entity table, as training's first step

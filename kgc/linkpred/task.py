@@ -135,10 +135,11 @@ class LinkPredTask(Task):
                 "train seconds": round(seconds, 1), "dev MRR": summary.get("best_dev_mrr"),
                 "query seconds": results["kgc"].get("query_encoding_seconds")}
 
-    def __init__(self, recipe: Recipe) -> None:
+    def __init__(self, recipe: Recipe, *, graph=None) -> None:
+        """``graph``: the recipe's data already read (``kgc bench train`` builds one task per mode over it)."""
         super().__init__(recipe)
         d = recipe.data
-        self.graph = load_graph(d.dataset, path=d.path, long_text=d.long_text)
+        self.graph = graph if graph is not None else load_graph(d.dataset, path=d.path, long_text=d.long_text)
         self.examples = self.graph.both_directions("train")  # (2n, 3): every triple in both directions
         self.b = min(recipe.train.batch_size, len(self.examples))
         self.train_keys = torch.as_tensor(self.graph.train_keys)
@@ -196,7 +197,7 @@ class LinkPredTask(Task):
             model.eval()
             criterion.set_table(model.entity_table(self.recipe.eval.batch_size).to(self.train_keys.device))
             model.train(was)
-        self.fixed_table = criterion.table.cpu() if frozen and criterion.table is not None else None
+        self.fixed_table = criterion.table if frozen else None  # the same tensor, no copy: read by validate
 
     def loss_state(self, criterion):
         return criterion.training_state() if criterion.table_negatives else criterion.queue_state()

@@ -246,8 +246,8 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     criterion.train()
     bar = tqdm(total=s.total, initial=s.step, desc="train", disable=not progress or not dist.is_main(),
                dynamic_ncols=True)
-    seen, t_start = 0, time.perf_counter()
-    s.clock_start, clock0 = t_start, s.clock  # the training clock starts with the first step
+    t_start = time.perf_counter()
+    s.clock_start, clock0, seen0 = t_start, s.clock, s.seen  # the training clock starts with the first step
     for epoch in range(s.step // s.steps_per_epoch if s.step < s.total else tc.epochs, tc.epochs):
         for i, batch in enumerate(task.epoch_batches(epoch)):
             if epoch * s.steps_per_epoch + i < s.step:
@@ -265,9 +265,8 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             task.after_step(criterion)
             s.scheduler.step()
             s.step += 1
-            seen += task.batch_size(batch)  # the global batch
-            s.seen += task.batch_size(batch)
-            rate = seen / (s.seconds() - clock0)  # validation excluded
+            s.seen += task.batch_size(batch)  # the global batch
+            rate = (s.seen - seen0) / (s.seconds() - clock0)  # this process's, validation excluded
             tau = getattr(criterion, "temperature", None)
             loss_value = dist.mean(loss)  # the global batch's loss
             bar.update(1)
