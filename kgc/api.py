@@ -244,6 +244,42 @@ def datasets() -> list[dict[str, str]]:
     return list_datasets()
 
 
+def check_data(dataset: str | Path | None = None, recipe: RecipeLike | None = None,
+               overrides: Mapping[str, Any] | Sequence[str] | None = None) -> Any:
+    """``kgc data check``: read a link-prediction dataset (a catalog name or a folder; default: the recipe's data)
+    as training would, with the recipe's data settings (defaults without one), and return its
+    :class:`kgc.data.check.DataReport` — counts, errors, warnings and the fallbacks taken. An unreadable file raises
+    KGCError (file, line, fix), as ``kgc train`` would."""
+    from kgc.data.catalog import find_dataset
+    from kgc.data.check import check_graph
+    from kgc.data.graph import read_graph
+    from kgc.data.texts import SpecialTokens
+    from kgc.encoding.backbone import load_tokenizer, resolve_backbone
+
+    rec = resolve_recipe(recipe if recipe is not None else {}, overrides)
+    if rec.task != "linkpred":
+        raise KGCError(f"kgc data check reads link-prediction datasets; this recipe has task {rec.task}")
+    d = rec.data
+    if dataset is not None:
+        folder, _ = find_dataset(str(dataset))
+    else:
+        folder, _ = find_dataset(d.dataset, d.path)
+    graph = read_graph(folder, long_text=d.long_text)
+    tokenizer = load_tokenizer(resolve_backbone(rec.model.backbone))
+    extra = SpecialTokens.from_tokenizer(tokenizer).n_single
+    lengths = [len(ids) + extra for ids in tokenizer(graph.full_texts, add_special_tokens=False)["input_ids"]]
+    return check_graph(graph, token_lengths=lengths, max_tokens=d.max_tokens,
+                       allow_unseen_relations=d.allow_unseen_relations)
+
+
+def recipe_keys(task: str | None = None) -> list[dict[str, str]]:
+    """Every recipe key with its type, default and description (``kgc recipe keys``); ``task``: only the keys that
+    task reads."""
+    from kgc.recipe import key_reference
+
+    return key_reference(task)
+
+
 def fetch_dataset(name: str, dest: str | Path | None = None, **options: Any) -> Path:
     """Download a catalog dataset from its public home, checked (``kgc data fetch``)."""
     from kgc.data.catalog import fetch_dataset as fetch

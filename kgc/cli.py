@@ -17,12 +17,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "and conditional sentence similarity (C-STS) on the same conditioning core.")
 data_app = typer.Typer(no_args_is_help=True, help="Find and fetch datasets.")
 app.add_typer(data_app, name="data")
+recipe_app = typer.Typer(no_args_is_help=True, help="What a recipe may say.")
+app.add_typer(recipe_app, name="recipe")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks behind the performance claims (ratios in one process).")
 app.add_typer(bench_app, name="bench")
 
 
 def _echo(msg: str) -> None:
-    typer.echo(msg, err=False)
+    """A line on stdout; "warning: …" lines in yellow, "error: …" in red (where the terminal shows colour)."""
+    colour = {"warning:": typer.colors.YELLOW, "error:": typer.colors.RED}.get(msg.split(" ", 1)[0])
+    typer.secho(msg, fg=colour, err=False)
 
 
 @app.command()
@@ -183,11 +187,14 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
 @app.command()
 def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory (default: the newest run "
                                                                   "under ./runs); its index is built if missing"),
-            head: str = typer.Option(..., "--head", help="entity id or text (an added entity too)"),
+            head: str = typer.Option(..., "--head", help="entity id, name or text (an added entity too), or any free "
+                                                         "text, embedded on the fly"),
             relation: str = typer.Option(..., "--relation", help="relation name or text"),
             top_k: int = typer.Option(10, "--top-k"),
             inverse: bool = typer.Option(False, "--inverse", help="ask (?, relation, head) instead"),
             filter_known: bool = typer.Option(False, "--filter-known", help="drop answers already in the graph"),
+            include_head: bool = typer.Option(False, "--include-head", help="keep the head itself among the answers "
+                                                                            "(left out by default)"),
             as_json: bool = typer.Option(False, "--json"),
             progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar if the index is "
                                                                                   "built first")) -> None:
@@ -195,7 +202,8 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
     import kgc
 
     run = kgc.load(run_dir, echo=lambda m: typer.echo(m, err=True))
-    a = run.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known, progress=progress)
+    a = run.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known, include_head=include_head,
+                   progress=progress)
     if as_json:
         _echo(json.dumps({"run": str(a.run), "head": a.head, "relation": a.relation, "seconds": a.seconds,
                           "predictions": [p.__dict__ for p in a.predictions]}, indent=2))
@@ -399,6 +407,41 @@ def data_list() -> None:
     width = max(len(row["name"]) for row in rows)
     for row in rows:
         _echo(f"{row['name']:<{width}} {row['where']:<28} {row['folder']}")
+
+
+@data_app.command("check")
+def data_check(path: Optional[str] = typer.Argument(None, help="a dataset folder or catalog name (default: the "
+                                                                "recipe's data)"),
+               recipe: Optional[Path] = typer.Option(None, "--recipe", help="read the data with this recipe's "
+                                                                            "settings (data.*, the backbone's tokenizer)"),
+               set_: List[str] = typer.Option([], "--set", help="override a recipe key, e.g. --set data.long_text=true")
+               ) -> None:
+    """Check a link-prediction dataset as `kgc train` reads it: counts, unseen entities and relations, empty or
+    shared texts, texts cut at data.max_tokens, the files found and the fallbacks taken. Exit 2 on an error."""
+    from kgc import api
+
+    if path is None and recipe is None:
+        raise KGCError("give a dataset folder or name (`kgc data check data/examples/capitals`), or --recipe RECIPE")
+    report = api.check_data(path, str(recipe) if recipe is not None else None, set_)
+    for _level, line in report.lines():
+        _echo(line)
+    if report.errors:
+        raise KGCError(f"{report.folder}: {len(report.errors)} error(s) above; `kgc train` stops on them too")
+
+
+@recipe_app.command("keys")
+def recipe_keys(task: Optional[str] = typer.Option(None, "--task", help="only the keys this task reads "
+                                                                         "(linkpred, csts)"),
+                grep: Optional[str] = typer.Argument(None, help="only keys containing this text, e.g. train.")) -> None:
+    """Every recipe key with its type, default and what it does (from the recipe schema)."""
+    from kgc import api
+
+    rows = [r for r in api.recipe_keys(task) if grep is None or grep in r["key"]]
+    if not rows:
+        raise KGCError(f"no recipe key contains {grep!r}; `kgc recipe keys` lists them all")
+    width = max(len(r["key"]) for r in rows)
+    for r in rows:
+        _echo(f"{r['key']:<{width}}  {r['type']:<18} default {r['default']:<10}  {r['description']}".rstrip())
 
 
 @data_app.command("fetch")

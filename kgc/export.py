@@ -73,8 +73,8 @@ def _load(run):
     from kgc.linkpred.model import build_model
 
     graph = run.graph()
-    model, tokenizer = build_model(run.recipe, graph, run.dir.backbone, pretrained=False)
-    model.load_state_dict(run.dir.model_state())
+    model, tokenizer = build_model(run.recipe, graph, run.dir.backbone, pretrained=run.dir.pretrained)
+    run.dir.load_weights(model)
     return model.eval(), graph, tokenizer
 
 

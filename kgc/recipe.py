@@ -19,44 +19,58 @@ DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SynthConfig(_Section):
     """The generated conditional-similarity set (``data.dataset: synth-csts``); deterministic from the seed."""
-    seed: int = 0
+    seed: int = Field(0, description="synth-csts: the generator's seed")
     train_pairs: int = Field(2000, ge=1, description="sentence pairs in csts_train.csv (two rows each)")
-    validation_pairs: int = Field(300, ge=1)
-    test_pairs: int = Field(500, ge=1)
+    validation_pairs: int = Field(300, ge=1, description="sentence pairs in csts_validation.csv")
+    test_pairs: int = Field(500, ge=1, description="sentence pairs in csts_test.csv")
 
 
 class DataConfig(_Section):
     dataset: str = Field("umls", description="catalog name (wn18rr, fb15k237, umls, nations, kinships; "
                                              "csts, synth-csts for task csts) or a folder")
-    path: Optional[str] = Field(None, description="explicit folder; wins over the catalog lookup")
+    path: Optional[str] = Field(None, description="explicit folder; wins over the catalog lookup (the run's dataset "
+                                                  "name is then the folder's name)")
     long_text: bool = Field(False, description="use entity2textlong.txt where the dataset has it")
     neighbor_text: bool = Field(True, description="append train-graph neighbour names to short descriptions")
-    max_neighbors: int = Field(10, ge=0)
+    max_neighbors: int = Field(10, ge=0, description="at most this many neighbour names appended")
     short_description_words: int = Field(20, ge=0, description="descriptions below this many words get neighbours")
-    max_tokens: int = Field(50, ge=8)
+    max_tokens: int = Field(50, ge=8, description="texts are cut to this many tokens, special tokens included")
+    allow_unseen_relations: bool = Field(False, description="accept relations that occur in dev/test but in no "
+                                                            "train triple (ranked from their text alone)")
     synth: SynthConfig = SynthConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_of_the_folder(cls, data: Any) -> Any:
+        """With ``path``, the dataset is the folder there: its name is what the run records (not the default)."""
+        if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"].strip():
+            data = {**data, "dataset": Path(data["path"].rstrip("/\\")).expanduser().name or data["path"]}
+        return data
 
 
 class ModelConfig(_Section):
     backbone: str = Field(DEFAULT_BACKBONE, description="Hugging Face id or local folder")
     conditioner: str = Field("biencoder", description="how the relation conditions the head (registry name)")
     shared_towers: bool = Field(False, description="one encoder for query and tail towers (SimKGC: separate)")
-    pooling: Literal["mean", "cls", "s2sent"] = "mean"
+    pooling: Literal["mean", "cls", "s2sent"] = Field("mean", description="token states to one vector: mean, [CLS], "
+                                                  "or S²Sent (the last blocks fused, kgc/encoding/pooling.py)")
     s2sent_blocks: int = Field(3, ge=1, description="s2sent: the last n blocks fused")
     s2sent_frequencies: int = Field(4, ge=1, description="s2sent: the lowest m 2-D DCT frequencies (m = 1: average)")
     s2sent_reduction: int = Field(12, ge=1, description="s2sent: excitation W1 maps D to D/r")
     # conditioner options (each conditioner reads the ones it declares)
     rank: Optional[int] = Field(None, ge=1, description="hypernet: rank K of W1 W2ᵀ (default H/12)")
-    hypernet_form: Literal["lowrank", "residual", "full"] = "lowrank"
+    hypernet_form: Literal["lowrank", "residual", "full"] = Field(
+        "lowrank", description="hypernet: W_c = W1 W2ᵀ (Hyper-CL), I + W1 W2ᵀ (residual), or a full H×H matrix")
     dropout: float = Field(0.1, ge=0, lt=1, description="concat: dropout on [h_s ; h_c]")
     router_layers: Optional[int] = Field(None, ge=0, description="router: the condition enters at layer T - k "
                                          "(default 1); biencoder: CSR routing in the top k layers (default 0, off)")
-    weighting: Literal["one_plus_w", "w_only"] = "one_plus_w"
+    weighting: Literal["one_plus_w", "w_only"] = Field(
+        "one_plus_w", description="router: values scaled by (1 + w) (CSR) or by w alone")
     scorer: Literal["query_key", "paper", "hidden", "heavy", "cls_attention"] = Field(
         "query_key", description="router: how the condition scores the sentence's tokens (paper: the CSR paper's "
                                  "equation; kgc/conditioning/router.py describes each)")
@@ -79,18 +93,18 @@ class EncoderConfig(_Section):
 
 
 class LossConfig(_Section):
-    in_batch: bool = True
+    in_batch: bool = Field(True, description="the batch's other tails are negatives")
     pre_batch: int = Field(0, ge=0, description="number of previous batches whose tails are negatives")
-    pre_batch_weight: float = 0.5
-    self_negative: bool = True
+    pre_batch_weight: float = Field(0.5, description="logit weight of pre-batch negatives (log w added)")
+    self_negative: bool = Field(True, description="the head itself is a negative (SimKGC)")
     self_negative_weight: float = Field(1.0, gt=0, description="the head's self-negative counts as w negatives "
                                                                  "(its logit + log w; 1: SimKGC)")
     margin: float = Field(0.02, description="additive margin γ subtracted from the positive cosine")
-    temperature: float = Field(0.05, gt=0)
-    learn_temperature: bool = True
-    min_temperature: float = Field(0.01, gt=0)
-    max_temperature: float = Field(1.0, gt=0)
-    mask_false_negatives: bool = True
+    temperature: float = Field(0.05, gt=0, description="τ: logits are cosines / τ (the starting value when learnt)")
+    learn_temperature: bool = Field(True, description="τ is a parameter (log 1/τ learnt, clamped after each step)")
+    min_temperature: float = Field(0.01, gt=0, description="the learnt τ stays at or above this")
+    max_temperature: float = Field(1.0, gt=0, description="the learnt τ stays at or below this")
+    mask_false_negatives: bool = Field(True, description="negatives that are known answers (train) are masked")
     symmetric: bool = Field(True, description="add SimKGC's tail -> query cross-entropy term")
     table_negatives: Optional[int] = Field(
         None, ge=1, description="every N steps embed every entity with the tail tower (no gradient) and score each "
@@ -102,40 +116,51 @@ class LossConfig(_Section):
     # task csts
     mse_weight: float = Field(1.0, ge=0, description="csts: weight of MSE(cos, (label - 1) / 4)")
     contrastive: bool = Field(True, description="csts: Hyper-CL's c_high vs c_low term per sentence pair")
-    contrastive_weight: float = Field(1.0, ge=0)
+    contrastive_weight: float = Field(1.0, ge=0, description="csts: weight of the contrastive term")
     contrastive_temperature: float = Field(1.9, gt=0, description="csts: τ of the contrastive term (Hyper-CL: 1.5-1.9)")
 
 
 class TrainConfig(_Section):
-    epochs: int = Field(50, ge=1)
+    epochs: int = Field(50, ge=1, description="passes over the training data (the schedule spans them)")
     max_steps: Optional[int] = Field(None, ge=1, description="stop after this many optimiser steps")
     max_minutes: Optional[float] = Field(None, gt=0, description="stop once training has taken this many minutes of "
                                          "wall time (validation excluded; the schedule still spans the steps)")
-    batch_size: int = Field(1024, ge=2)
-    lr: float = Field(5e-5, gt=0)
+    batch_size: int = Field(1024, ge=2, description="training examples per step (the global batch under torchrun)")
+    lr: float = Field(5e-5, gt=0, description="AdamW's peak learning rate (linear warm-up, then linear decay)")
     conditioner_lr: Optional[float] = Field(None, gt=0, description="peak lr of the parameters a conditioner adds "
                                             "(Hyper-CL's generators, CSR's heavy W_q/W_k, projections); default lr")
-    weight_decay: float = 1e-4
-    warmup_steps: int = Field(400, ge=0)
-    grad_clip: float = Field(10.0, gt=0)
-    seed: int = 2022
+    weight_decay: float = Field(1e-4, description="AdamW's weight decay (not on biases, LayerNorms, τ)")
+    warmup_steps: int = Field(400, ge=0, description="steps of linear warm-up")
+    grad_clip: float = Field(10.0, gt=0, description="gradients clipped to this global norm")
+    seed: int = Field(2022, description="seeds weights, batches and dropout: a run is reproducible")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
-    num_threads: Optional[int] = Field(None, ge=1)
+    num_threads: Union[int, Literal["auto"], None] = Field(
+        None, description="CPU threads for torch: a number; auto: the cores not already busy (os.getloadavg), so "
+                          "two runs on one machine do not oversubscribe it; unset: torch's default (every core)")
+    keep: Literal["best", "all"] = Field(
+        "best", description="after training, keep best.pt only (best: checkpoints/ is deleted) or also "
+                            "checkpoints/last.pt with the optimiser state, to train further (all)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
-    log_every: int = Field(10, ge=1)
+    log_every: int = Field(10, ge=1, description="steps between rows of metrics.jsonl")
+
+    @model_validator(mode="after")
+    def _threads_positive(self) -> "TrainConfig":
+        if isinstance(self.num_threads, int) and self.num_threads < 1:
+            raise ValueError(f"train.num_threads={self.num_threads}: give a count of at least 1, or auto")
+        return self
 
 
 class RerankConfig(_Section):
-    enabled: bool = False
-    n_hop: int = Field(2, ge=1)
-    weight: float = 0.05
+    enabled: bool = Field(False, description="SimKGC's graph re-ranking at evaluation")
+    n_hop: int = Field(2, ge=1, description="entities within n hops of the head on the train graph get the bonus")
+    weight: float = Field(0.05, description="the bonus added to their cosine")
 
 
 class EvalConfig(_Section):
-    batch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1, description="queries (and entity texts) encoded per batch at evaluation")
     dev_queries: Optional[int] = Field(None, ge=1, description="validate on a fixed sample of dev triples")
-    validate_every_epoch: bool = True
+    validate_every_epoch: bool = Field(True, description="validate on dev after each epoch (best.pt: the best)")
     validate_every_steps: Optional[int] = Field(None, ge=1, description="also validate every N steps")
     rerank: RerankConfig = RerankConfig()
     max_score_bytes: int = Field(256 * 2**20, ge=4096, description="largest dense (queries × entities) float32 "
@@ -165,8 +190,8 @@ class StructureConfig(_Section):
     evaluation and ``kgc predict`` fuse α·z(text cosine) + (1 − α)·z(structural score), α chosen on dev."""
     model: str = Field("RotatE", description="a PyKEEN model name (RotatE, TransE, ComplEx, DistMult, ...)")
     dim: int = Field(200, ge=1, description="embedding_dim")
-    epochs: int = Field(100, ge=1)
-    batch_size: int = Field(256, ge=1)
+    epochs: int = Field(100, ge=1, description="the structural model's training epochs")
+    batch_size: int = Field(256, ge=1, description="its training batch")
     lr: float = Field(1e-3, gt=0, description="Adam's learning rate")
     loss: Optional[str] = Field(None, description="a PyKEEN loss name (e.g. NSSALoss); default: the model's own")
     loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {margin: 9, adversarial_temperature: 1}")
@@ -216,7 +241,7 @@ def _explicit_keys(section: BaseModel, prefix: str = "") -> set[str]:
 
 
 class Recipe(_Section):
-    name: str = "run"
+    name: str = Field("run", description="the run's name: runs/<name>-<time> by default (a recipe file: its stem)")
     task: str = Field("linkpred", description="a registered task: linkpred (link prediction) or csts "
                                                "(conditional STS)")
     data: DataConfig = DataConfig()
@@ -293,6 +318,49 @@ def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     return keys
 
 
+def _type_name(annotation: Any) -> str:
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin is Union or str(origin) == "types.UnionType":
+        return " | ".join(_type_name(a) for a in args if a is not type(None)) + (
+            " (optional)" if type(None) in args else "")
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def key_reference(task: str | None = None) -> list[dict[str, str]]:
+    """``{key, type, default, description}`` for every dotted recipe key, from the schema (``kgc recipe keys``);
+    ``task``: leave out the keys only other tasks read."""
+    def walk(model: type[BaseModel], prefix: str) -> list[dict[str, str]]:
+        rows = []
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]
+            section = args[0] if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel) \
+                else ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            if section is not None:
+                rows.extend(walk(section, f"{prefix}{name}."))
+                continue
+            default = f.get_default(call_default_factory=True)
+            rows.append({"key": f"{prefix}{name}", "type": _type_name(ann),
+                         "default": "unset" if default is None else yaml.safe_dump(default, default_flow_style=True)
+                         .strip().removesuffix("...").strip(),
+                         "description": f.description or ""})
+        return rows
+
+    rows = walk(Recipe, "")
+    if task is not None:
+        if task not in TASKS:
+            raise KGCError(f"task {task!r}: unknown. Registered tasks: {', '.join(TASKS)}")
+        others = {k for name in TASKS if name != task for k in TASKS[name].recipe_keys} - set(TASKS[task].recipe_keys)
+        rows = [r for r in rows if not _owned(r["key"], frozenset(others))]
+    return rows
+
+
 def _set_dotted(tree: dict, key: str, value: Any) -> None:
     parts = key.split(".")
     node = tree
@@ -341,11 +409,16 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
     written before ``model.case_head`` existed trained the legacy heads, and keep them.
     """
     path = Path(path)
+    if path.is_dir():
+        raise KGCError(f"{path}: a folder, not a recipe. Give a YAML file, e.g. recipes/umls_biencoder.yaml")
     if not path.is_file():
         raise KGCError(f"{path}: recipe not found. Recipes live in recipes/*.yaml")
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise KGCError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
+                       "Save the recipe as UTF-8.") from None
+    except yaml.YAMLError as exc:
         raise KGCError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(tree, dict):
         raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval)")

@@ -112,7 +112,8 @@ def test_train(smoke):
     proc, p = finished(smoke, "train"), smoke[1]
     assert f"run directory: {p['run']}" in proc.stdout and "finished 2 steps" in proc.stdout
     assert json.loads((p["run"] / "train_summary.json").read_text())["steps"] == 2
-    assert (p["run"] / "best.pt").is_file() and (p["run"] / "checkpoints" / "last.pt").is_file()
+    assert (p["run"] / "best.pt").is_file() and not (p["run"] / "checkpoints").exists()  # train.keep: best
+    assert f"next: kgc evaluate {p['run']}" in proc.stdout and "triples" in proc.stdout  # the data summary
 
 
 def test_evaluate(smoke):

@@ -35,7 +35,7 @@ def still_bert(tmp_path_factory, tokenizer) -> Path:
 
 def recipe(path: Path, backbone: Path, data: Path, **train) -> Path:
     t = {"epochs": 40, "batch_size": 8, "lr": 1e-3, "warmup_steps": 1, "log_every": 1, "checkpoint_every": 1,
-         "num_threads": 1, **train}
+         "num_threads": 1, "keep": "all", **train}
     path.write_text(f"name: ddp\ndata: {{dataset: {data}, max_tokens: 24}}\n"
                     f"model: {{backbone: {backbone}, conditioner: biencoder}}\n"
                     "loss: {pre_batch: 1, self_negative: true, mask_false_negatives: true, symmetric: true}\n"

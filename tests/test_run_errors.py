@@ -56,6 +56,7 @@ def test_corrupt_best_pt(copy, damage):
 
 
 def test_corrupt_last_pt_on_resume(copy):
+    (copy / "checkpoints").mkdir(exist_ok=True)  # a finished run keeps best.pt only (train.keep: best)
     (copy / "checkpoints" / "last.pt").write_bytes(b"\x00" * 100)
     res = kgc("train", "--resume", copy, check=False)
     assert res.returncode == 2 and "checkpoints/last.pt: unreadable checkpoint" in res.stderr and "Delete it" in res.stderr

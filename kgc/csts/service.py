@@ -28,8 +28,8 @@ class CSTSRun(Run):
         if not hasattr(self, "_model"):
             from kgc.csts.model import build_model
 
-            model, tokenizer = build_model(self.recipe, self.dir.backbone, pretrained=False)
-            model.load_state_dict(self.dir.model_state())
+            model, tokenizer = build_model(self.recipe, self.dir.backbone, pretrained=self.dir.pretrained)
+            self.dir.load_weights(model)
             model.attach_layer_cache(self.recipe)
             self._model = (model.to(self.device).eval(), tokenizer)
         return self._model

@@ -99,6 +99,12 @@ class CSTSTask(Task):
         self.per_batch = max(1, recipe.train.batch_size // 2)
         self.texts: Texts | None = None
 
+    def data_summary(self, model) -> list[tuple[str, str]]:
+        """Rows per split, distinct sentences and conditions (printed when training starts)."""
+        rows = ", ".join(f"{name} {len(split):,}" for name, split in self.data.splits.items())
+        return [("", f"data: {self.data.source}: rows {rows}; {len(self.data.sentences):,} sentences, "
+                     f"{len(self.data.conditions):,} conditions")]
+
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
         model, tokenizer = build_model(self.recipe, backbone_folder, pretrained=pretrained)
         self.texts = Texts(self.data, tokenizer)  # every sentence and condition tokenised once

@@ -126,7 +126,7 @@ def _pykeen_folder(entry: CatalogEntry) -> Path | None:
 
 
 def _looks_like_dataset(folder: Path, task: str = "linkpred") -> bool:
-    return folder.is_dir() and any((folder / f).is_file() for f in PROBES[task])
+    return folder.is_dir() and any((folder / f).exists() for f in PROBES[task])  # a folder there: the reader says so
 
 
 def _candidates(entry: CatalogEntry, home: Path) -> list[Path]:

@@ -67,6 +67,8 @@ class KnowledgeGraph:
     relation_texts: list[str]  # forward relation texts
     splits: dict[str, np.ndarray]
     source: str = ""
+    layout: str = ""  # "KG-BERT" or "PyKEEN label TSV" (read_graph)
+    notes: list[str] = field(default_factory=list)  # the fallbacks read_graph took, for kgc data check / train
     entity_index: dict[str, int] = field(init=False)
     relation_index: dict[str, int] = field(init=False)
 
@@ -137,8 +139,16 @@ class KnowledgeGraph:
             nbrs[tl].add(int(h))
         return [sorted(s, key=lambda i: self.entities[i]) for s in nbrs]
 
-    def find_entity(self, query: str) -> int:
-        """Resolve an entity by id, then exact name/text, then case-insensitive; clear error otherwise."""
+    def unseen_in_train(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(entity ids, forward relation ids) that occur in ``split`` but in no train triple, sorted."""
+        train, other = self.splits["train"], self.splits[split]
+        ents = np.setdiff1d(np.unique(other[:, [0, 2]]), np.unique(train[:, [0, 2]]))
+        rels = np.setdiff1d(np.unique(other[:, 1]), np.unique(train[:, 1]))
+        return ents, rels
+
+    def lookup_entity(self, query: str) -> int | None:
+        """An entity by id, then exact name/text, then case-insensitive; None when nothing matches (several matches
+        are an error listing them)."""
         if query in self.entity_index:
             return self.entity_index[query]
         for match in (lambda s: s == query, lambda s: s.lower() == query.lower()):
@@ -150,7 +160,18 @@ class KnowledgeGraph:
                 listing = "; ".join(f"{self.entities[i]} ({self.full_texts[i][:60]})" for i in hits[:10])
                 raise KGCError(f"entity {query!r} is ambiguous ({len(hits)} matches): {listing}. "
                                "Pass the entity id instead.")
-        raise KGCError(f"unknown entity {query!r}. Closest: {', '.join(self._closest(query, self.names))}")
+        return None
+
+    def find_entity(self, query: str) -> int:
+        """Resolve an entity by id, then exact name/text, then case-insensitive; clear error otherwise."""
+        found = self.lookup_entity(query)
+        if found is None:
+            raise KGCError(f"unknown entity {query!r}. Closest: {', '.join(self.closest_entities(query))}")
+        return found
+
+    def closest_entities(self, query: str, n: int = 5) -> list[str]:
+        """Names close to ``query`` (difflib), quoted, for messages."""
+        return self._closest(query, self.names, n)
 
     def find_relation(self, query: str) -> int:
         """Resolve a forward relation by label or text (exact, then case-insensitive, ``_`` optional)."""
@@ -180,31 +201,104 @@ class KnowledgeGraph:
 # ---------------------------------------------------------------- readers
 
 
+def _bad_utf8(path: Path) -> KGCError:
+    """The first line of ``path`` that is not UTF-8, as one KGCError with the line, the byte and the fix."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return KGCError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                f"{exc.start + 1}). Save the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 "
+                                f"{path.name} > {path.stem}.utf8{path.suffix}` and rename it back.")
+    return KGCError(f"{path}: not UTF-8 text. Save it as UTF-8.")  # pragma: no cover - decode failed above
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of each non-blank line of a UTF-8 text file (a byte-order mark is skipped), streamed.
+
+    Anything that is not such a file — a folder, an unreadable or binary file, bytes that are not UTF-8 — ends in
+    one KGCError naming the file (and the line) and the fix."""
+    path = Path(path)
+    if path.is_dir():
+        raise KGCError(f"{path}: a folder where a text file belongs. Put the {path.name} file there instead "
+                       "(README, \"Your own graph\").")
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if "\x00" in line:
+                    raise KGCError(f"{path}:{lineno}: a NUL byte: this is a binary file, not tab-separated UTF-8 "
+                                   "text. Point the dataset at its text files (README, \"Your own graph\").")
+                line = line.rstrip("\n").rstrip("\r")
+                if line.strip():
+                    yield lineno, line
+    except UnicodeDecodeError:
+        raise _bad_utf8(path) from None
+    except OSError as exc:
+        raise KGCError(f"{path}: cannot be read ({exc.strerror or exc}). Check that it exists and is readable.") from None
+
+
 def _iter_rows(path: Path, width: int) -> Iterator[tuple[int, list[str]]]:
     """``(line number, fields)`` of each non-blank line, streamed (Wikidata5M: 20M triples, 4.6M texts)."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if width == 2 and len(parts) > 2:  # a text may itself contain tabs: keep them
-                parts = [parts[0], " ".join(parts[1:])]
-            if len(parts) != width:
-                what = "head<TAB>relation<TAB>tail" if width == 3 else "id<TAB>text"
-                raise KGCError(f"{path}:{lineno}: expected {width} tab-separated fields ({what}), "
-                               f"got {len(parts)}: {line[:80]!r}. Fix or delete that line.")
-            yield lineno, [p.strip() for p in parts]
+    for lineno, line in _lines(path):
+        parts = line.split("\t")
+        if width == 2 and len(parts) > 2:  # a text may itself contain tabs: keep them
+            parts = [parts[0], " ".join(parts[1:])]
+        if len(parts) != width:
+            what = "head<TAB>relation<TAB>tail" if width == 3 else "id<TAB>text"
+            raise KGCError(f"{path}:{lineno}: expected {width} tab-separated fields ({what}), "
+                           f"got {len(parts)}: {line[:80]!r}. Fix or delete that line.")
+        yield lineno, [p.strip() for p in parts]
 
 
 def _read_texts(path: Path) -> dict[str, str]:
-    """id → text, read in one pass straight into the dict (no intermediate list of rows)."""
+    """id → text, read in one pass straight into the dict (no intermediate list of rows); an empty file or an
+    empty id is an error."""
     out: dict[str, str] = {}
     for lineno, (key, text) in _iter_rows(path, 2):
+        if not key:
+            raise KGCError(f"{path}:{lineno}: empty id. Every line is id<TAB>text.")
         if key in out:
             raise KGCError(f"{path}:{lineno}: id {key!r} appears twice. Keep one line per id.")
         out[key] = text
+    if not out:
+        raise KGCError(f"{path}: empty (no id<TAB>text lines). Fill it, or delete the file.")
     return out
+
+
+ENTITY_FORMS = "id<TAB>name<TAB>description (or KG-BERT's id<TAB>name, description)"
+
+
+def _read_entity_texts(path: Path, *, names_only: bool) -> tuple[dict[str, tuple[str, str]], int]:
+    """id → (name, description) from ``entity2text.txt``, and how many lines had two fields.
+
+    Each line is ``id<TAB>name<TAB>description`` (the layout ``kgc index --add`` reads; further tabs belong to the
+    description) or KG-BERT's ``id<TAB>text``, whose text is ``name, description`` split at the first ``", "``
+    — unless ``names_only`` (a folder with ``entity2textlong.txt``: the text is the name). An empty name is an
+    error naming the line."""
+    out: dict[str, tuple[str, str]] = {}
+    two = 0
+    for lineno, line in _lines(path):
+        parts = [p.strip() for p in line.split("\t")]
+        if len(parts) < 2:
+            raise KGCError(f"{path}:{lineno}: expected {ENTITY_FORMS}, got one field: {line[:80]!r}. Separate the "
+                           "fields with tabs.")
+        key = parts[0]
+        if len(parts) == 2:
+            two += 1
+            name, _, desc = (parts[1], "", "") if names_only else parts[1].partition(", ")
+        else:
+            name, desc = parts[1], " ".join(p for p in parts[2:] if p)
+        if not key or not name.strip():
+            what = "id" if not key else f"name for {key!r}"
+            raise KGCError(f"{path}:{lineno}: empty {what} in {line[:80]!r}. Every entity needs an id and a name "
+                           f"({ENTITY_FORMS}).")
+        if key in out:
+            raise KGCError(f"{path}:{lineno}: id {key!r} appears twice. Keep one line per id.")
+        out[key] = (name.strip(), desc.strip())
+    if not out:
+        raise KGCError(f"{path}: empty (no entities). Give one per line: {ENTITY_FORMS}.")
+    return out, two
 
 
 def _read_triples(path: Path, entities: dict[str, int], relations: dict[str, int], *, grow: bool,
@@ -216,6 +310,9 @@ def _read_triples(path: Path, entities: dict[str, int], relations: dict[str, int
     """
     ids = array("q")
     for lineno, (h, r, t) in _iter_rows(path, 3):
+        if not (h and r and t):
+            raise KGCError(f"{path}:{lineno}: an empty field in {'<TAB>'.join((h, r, t))!r}. Every line is "
+                           "head<TAB>relation<TAB>tail.")
         for ent in (h, t):
             if ent not in entities:
                 if not grow:
@@ -228,7 +325,7 @@ def _read_triples(path: Path, entities: dict[str, int], relations: dict[str, int
 
 def _split_path(folder: Path, split: str) -> Path:
     for fname in SPLIT_FILES[split]:
-        if (folder / fname).is_file():
+        if (folder / fname).exists():  # a folder of that name is reported by the reader
             return folder / fname
     raise KGCError(f"{folder}: no {split} split (looked for {', '.join(SPLIT_FILES[split])})")
 
@@ -241,29 +338,53 @@ def _strip_name_prefix(name: str, desc: str) -> str:
 
 
 def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[str, ...] = ()) -> KnowledgeGraph:
-    """``optional_splits`` may be absent (read as empty): an inductive test folder needs no train split."""
+    """The graph of a KG-BERT or PyKEEN label-TSV folder; ``optional_splits`` may be absent (read as empty): an
+    inductive test folder needs no train split. Every fallback taken is listed in ``graph.notes`` (``kgc data
+    check`` and ``kgc train`` print them); a folder that looks half KG-BERT (texts for relations but not for
+    entities) is an error, not a fallback."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise KGCError(f"{folder}: not a folder. A dataset is a folder of train/dev/test triples and texts "
+                       "(README, \"Your own graph\").")
     paths = {s: _split_path(folder, s) for s in SPLIT_FILES
-             if s not in optional_splits or any((folder / f).is_file() for f in SPLIT_FILES[s])}
+             if s not in optional_splits or any((folder / f).exists() for f in SPLIT_FILES[s])}
     ent_file, rel_file, long_file = (folder / "entity2text.txt", folder / "relation2text.txt",
                                      folder / "entity2textlong.txt")
-    kgbert = ent_file.is_file()
+    kgbert = ent_file.exists()
+    notes: list[str] = []
+    if not kgbert and (rel_file.exists() or long_file.exists()):
+        other = rel_file.name if rel_file.exists() else long_file.name
+        raise KGCError(f"{folder}: {other} but no entity2text.txt. A KG-BERT folder needs entity2text.txt "
+                       f"({ENTITY_FORMS}); without it the entity ids would be their texts. Add it, or remove {other} "
+                       "to train on the labels of a PyKEEN label TSV.")
     if kgbert:  # KG-BERT layout
-        ent_texts = _read_texts(ent_file)
+        has_long = long_file.exists()
+        ent_texts, two_fields = _read_entity_texts(ent_file, names_only=has_long)
         entities = list(ent_texts)
-        if long_file.is_file():
-            names = [ent_texts[e] for e in entities]
+        names = [ent_texts[e][0] for e in entities]
+        if has_long:
             longs = _read_texts(long_file) if long_text else {}
-            descriptions = [longs.pop(e, "") for e in entities]  # pop: each text held once
+            descriptions = [longs.pop(e, "") or ent_texts[e][1] for e in entities]  # pop: each text held once
+            if not long_text:
+                notes.append(f"{long_file.name} is not read (data.long_text: false): entities have their names "
+                             "only; set data.long_text: true for the descriptions")
         else:
-            names, descriptions = [], []
-            for e in entities:
-                name, _, desc = ent_texts[e].partition(", ")
-                names.append(name)
-                descriptions.append(desc)
-        rel_texts = _read_texts(rel_file) if rel_file.is_file() else {}
+            descriptions = [ent_texts[e][1] for e in entities]
+            if two_fields:
+                notes.append(f"{ent_file.name}: {two_fields} line(s) of two fields were split at the first \", \" "
+                             "into name and description (KG-BERT); a name holding \", \" needs the three-field "
+                             "form id<TAB>name<TAB>description")
+        del ent_texts
+        if rel_file.exists():
+            rel_texts = _read_texts(rel_file)
+        else:
+            rel_texts = {}
+            notes.append(f"no {rel_file.name}: relation texts are the relation labels (\"_\" → space)")
     else:  # PyKEEN label TSV: entities come from the triples, texts from labels
         entities, rel_texts = [], {}
+        notes.append("no entity2text.txt: a PyKEEN label TSV; entity and relation texts are the labels "
+                     "(\"_\" → space), no descriptions")
+    layout = "KG-BERT" if kgbert else "PyKEEN label TSV"
     # Triples stream straight into id arrays (Wikidata5M's 20M lines never sit in memory as Python lists).
     ent_index = {e: i for i, e in enumerate(entities)}
     first_seen: dict[str, int] = {}  # relation → provisional id, in first-seen order
@@ -276,6 +397,9 @@ def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[
     relations = dict.fromkeys(first_seen)
     if rel_texts:
         relations = {**{r: None for r in rel_texts if r in relations}, **relations}
+        if missing := [r for r in relations if r not in rel_texts]:
+            notes.append(f"{rel_file.name} has no text for {len(missing)} relation(s) ({', '.join(missing[:5])}"
+                         f"{', …' if len(missing) > 5 else ''}): their labels are used")
     rel_list = list(relations)
     relation_texts = [rel_texts.get(r, r.strip("_").replace("_", " ")) for r in rel_list]
     for i, name in enumerate(names):  # in place: millions of descriptions are not copied
@@ -285,9 +409,10 @@ def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[
     for arr in splits.values():
         arr[:, 1] = renumber[arr[:, 1]]
     if len(splits["train"]) == 0 and "train" not in optional_splits:
-        raise KGCError(f"{paths['train']}: no triples")
+        raise KGCError(f"{paths['train']}: no triples. Give one per line: head<TAB>relation<TAB>tail.")
     return KnowledgeGraph(entities=entities, names=names, descriptions=descriptions, relations=rel_list,
-                          relation_texts=relation_texts, splits=splits, source=str(folder))
+                          relation_texts=relation_texts, splits=splits, source=str(folder), layout=layout,
+                          notes=notes)
 
 
 def load_graph(dataset: str, *, path: str | None = None, long_text: bool = False) -> KnowledgeGraph:

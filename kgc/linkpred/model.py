@@ -53,6 +53,11 @@ class LinkPredictor(TaskModel):
         conditions = [bank.relation_ids[int(r)] for r in rels]
         return self.conditioner(sentences, conditions)
 
+    def encode_query_tokens(self, sentences: Sequence[Sequence[int]], rels: Sequence[int]) -> torch.Tensor:
+        """(batch, dim): head texts given as token ids (no special tokens; free text, not an entity of the graph) under
+        their relations — the query tower as :meth:`encode_queries` runs it."""
+        return self.conditioner([list(s) for s in sentences], [self.bank.relation_ids[int(r)] for r in rels])
+
     def encode_entities(self, entities: Sequence[int], excludes: Sequence[int | None] | None = None, *,
                         bank: TextBank | None = None) -> torch.Tensor:
         """(batch, dim) tail-tower embeddings; identical texts in the batch are encoded once."""

@@ -82,8 +82,8 @@ class LinkPredRun(Run):
         on the run's device: a new model for every call."""
         from kgc.linkpred.model import build_model
 
-        model, _ = build_model(self.recipe, graph, self.dir.backbone, pretrained=False)
-        model.load_state_dict(self.dir.model_state())
+        model, _ = build_model(self.recipe, graph, self.dir.backbone, pretrained=self.dir.pretrained)
+        self.dir.load_weights(model)
         model.attach_layer_cache(self.recipe)
         return model.to(self.device).eval()
 
@@ -241,17 +241,34 @@ class LinkPredRun(Run):
     # ------------------------------------------------------------ answers
 
     def predict(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
-                filter_known: bool = False, progress: bool = False) -> "pd.DataFrame":
+                filter_known: bool = False, include_head: bool = False, progress: bool = False) -> "pd.DataFrame":
         """Top-k answers to (head, relation, ?) — ``inverse``: (?, relation, head) — as a DataFrame with columns
         rank, entity, text, score, the rows ``kgc predict`` prints. ``head``: entity id or text (an entity added
-        with ``kgc index --add`` too); ``relation``: name or text. A run with a structural model ranks by the fused
-        score, others by cosine over the FAISS index, which is built first if the run has none (or a stale one)."""
+        with ``kgc index --add`` too), or any free text, embedded on the fly (not for a run with a structural model:
+        it scores known entities only); ``relation``: name or text. The head itself is left out of the answers
+        unless ``include_head`` (the evaluation protocol ranks it, as SimKGC does); ``filter_known`` also leaves out
+        the answers the graph already has. A run with a structural model ranks by the fused score, others by cosine
+        over the FAISS index, which is built first if the run has none (or a stale one)."""
         return self.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known,
-                           progress=progress).frame()
+                           include_head=include_head, progress=progress).frame()
+
+    def _head_tokens(self, text: str, bank) -> list[int]:
+        """Token ids (no specials) of a free-text head, cut as entity texts are."""
+        return self.tokenizer()(text, add_special_tokens=False)["input_ids"][: bank.max_tokens]
+
+    def _resolve_head(self, head: str, graph: "KnowledgeGraph") -> int | None:
+        """The entity ``head`` names, or None for free text (said once on the run's echo, with the closest names)."""
+        h = graph.lookup_entity(head)
+        if h is None:
+            if not head.strip():
+                raise KGCError("empty head: give an entity id, an entity's name or text, or a free text")
+            self.echo(f"{head!r} is not an entity of {self.path}: embedded as free text (closest entities: "
+                      f"{', '.join(graph.closest_entities(head))})")
+        return h
 
     @torch.no_grad()
     def answer(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
-               filter_known: bool = False, progress: bool = False) -> Answers:
+               filter_known: bool = False, include_head: bool = False, progress: bool = False) -> Answers:
         """:meth:`predict` with the query as it was resolved (head id and text, relation) and the time taken."""
         from kgc.linkpred.predict import known_answers, rank_scores, search_answers
         from kgc.linkpred.structure import choose_alpha, has_structure, load_structure, predict_fused
@@ -259,11 +276,20 @@ class LinkPredRun(Run):
         model = self.model()
         index, graph, bank = self.searcher(progress=progress)
         start = time.perf_counter()
-        h = graph.find_entity(head)
+        h = self._resolve_head(head, graph)
         r = graph.relation_id(relation, inverse=inverse)
-        q = model.encode_queries([h], [r], bank=bank).float().cpu()  # (1, dim)
-        exclude = set(known_answers(graph, h, r).tolist()) if filter_known else set()
-        if has_structure(self.dir.structure):  # as `kgc evaluate`: fused with the structural model
+        fused = has_structure(self.dir.structure)
+        if h is None and fused:
+            raise KGCError(f"{self.path} has a structural model, which scores the graph's entities only: a free-text "
+                           f"head ({head!r}) cannot be fused. Give an entity id or name.")
+        if h is None:
+            q = model.encode_query_tokens([self._head_tokens(head, bank)], [r]).float().cpu()
+        else:
+            q = model.encode_queries([h], [r], bank=bank).float().cpu()  # (1, dim)
+        exclude = set(known_answers(graph, h, r).tolist()) if filter_known and h is not None else set()
+        if h is not None and not include_head:
+            exclude.add(h)
+        if fused:  # as `kgc evaluate`: fused with the structural model
             structure = load_structure(self.dir.structure)
             alpha = choose_alpha(self.dir.structure, model, self.graph(), structure,
                                  batch_size=self.recipe.eval.batch_size)["alpha"]
@@ -272,8 +298,9 @@ class LinkPredRun(Run):
                                 exclude=exclude)
         else:
             preds = search_answers(q.numpy().astype(np.float32), index, graph, top_k=top_k, exclude=exclude)
-        return Answers(run=self.path, head=graph.entities[h], relation=graph.relation_label(r),
-                       head_text=graph.full_texts[h], relation_text=graph.relation_text(r), predictions=preds,
+        return Answers(run=self.path, head=graph.entities[h] if h is not None else "(free text)",
+                       relation=graph.relation_label(r), head_text=graph.full_texts[h] if h is not None else head,
+                       relation_text=graph.relation_text(r), predictions=preds,
                        seconds=time.perf_counter() - start)
 
     # ------------------------------------------------------------ the index
@@ -378,7 +405,8 @@ class LinkPredRun(Run):
     def embed_queries(self, heads: str | Sequence[str], relations: str | Sequence[str], *, inverse: bool = False,
                       batch_size: int = 256) -> np.ndarray:
         """(n, dim) float32 query embeddings g(head | relation): heads by entity id or text (as ``kgc predict``
-        resolves them), relations by name or text; one relation string applies to every head."""
+        resolves them; a string that names no entity is embedded as free text), relations by name or text; one
+        relation string applies to every head."""
         hs, _ = as_list(heads)
         rs, single = as_list(relations)
         if single:
@@ -387,11 +415,21 @@ class LinkPredRun(Run):
             raise KGCError(f"embed_queries: {len(hs)} heads but {len(rs)} relations (give one relation, or one "
                            "per head)")
         model, graph = self.model(), self.graph()
-        h = [graph.find_entity(x) for x in hs]
+        for x in hs:
+            if not isinstance(x, str):
+                raise KGCError(f"embed_queries: expected entity ids or texts (str), got {type(x).__name__}")
+        h = [graph.lookup_entity(x) for x in hs]
         r = [graph.relation_id(x, inverse=inverse) for x in rs]
         out = np.empty((len(hs), model.tail_encoder.dim), dtype=np.float32)
-        for s in range(0, len(h), batch_size):
-            out[s: s + batch_size] = model.encode_queries(h[s: s + batch_size], r[s: s + batch_size]).float().cpu().numpy()
+        known = [i for i, e in enumerate(h) if e is not None]
+        free = [i for i, e in enumerate(h) if e is None]
+        for s in range(0, len(known), batch_size):
+            rows = known[s: s + batch_size]
+            out[rows] = model.encode_queries([h[i] for i in rows], [r[i] for i in rows]).float().cpu().numpy()
+        for s in range(0, len(free), batch_size):
+            rows = free[s: s + batch_size]
+            tokens = [self._head_tokens(hs[i], model.bank) for i in rows]
+            out[rows] = model.encode_query_tokens(tokens, [r[i] for i in rows]).float().cpu().numpy()
         return out
 
     # ------------------------------------------------------------ kgc explain

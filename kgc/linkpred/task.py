@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kgc.data.check import check_graph
 from kgc.data.graph import load_graph
 from kgc.linkpred.loss import SimKGCLoss
 from kgc.linkpred.model import build_model
@@ -140,6 +141,7 @@ class LinkPredTask(Task):
         super().__init__(recipe)
         d = recipe.data
         self.graph = graph if graph is not None else load_graph(d.dataset, path=d.path, long_text=d.long_text)
+        check_graph(self.graph, allow_unseen_relations=d.allow_unseen_relations).raise_errors()  # before a run exists
         self.examples = self.graph.both_directions("train")  # (2n, 3): every triple in both directions
         self.b = min(recipe.train.batch_size, len(self.examples))
         self.train_keys = torch.as_tensor(self.graph.train_keys)
@@ -151,6 +153,17 @@ class LinkPredTask(Task):
             for p in model.tail_encoder.parameters():  # nothing reaches it: its table is computed once
                 p.requires_grad_(False)
         return model, tokenizer
+
+    @property
+    def can_validate(self) -> bool:
+        return len(self.graph.splits["dev"]) > 0
+
+    def data_summary(self, model) -> list[tuple[str, str]]:
+        """``kgc data check``'s report of the training data, with the texts' token lengths from the model's bank."""
+        bank = model.bank
+        lengths = [len(ids) + bank.special.n_single for ids in bank.base]
+        return check_graph(self.graph, token_lengths=lengths, max_tokens=self.recipe.data.max_tokens,
+                           allow_unseen_relations=self.recipe.data.allow_unseen_relations).lines()
 
     def make_loss(self) -> SimKGCLoss:
         return make_loss(self.recipe)

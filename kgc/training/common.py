@@ -27,6 +27,36 @@ def pick_device(spec: str) -> torch.device:
     return dev
 
 
+def busy_cores(samples: int = 5, interval: float = 0.05) -> int:
+    """Cores other processes keep busy now: the runnable tasks of /proc/loadavg, less this process's own thread
+    (the median of a few samples); where there is no /proc, the 1-minute load average."""
+    import os
+    import time
+
+    try:
+        counts = []
+        for i in range(samples):
+            with open("/proc/loadavg", encoding="ascii") as fh:
+                counts.append(int(fh.read().split()[3].split("/")[0]) - 1)
+            if i + 1 < samples:
+                time.sleep(interval)
+        return max(0, sorted(counts)[len(counts) // 2])
+    except (OSError, ValueError, IndexError):
+        return max(0, round(os.getloadavg()[0])) if hasattr(os, "getloadavg") else 0
+
+
+def resolve_threads(spec: int | str | None) -> int | None:
+    """``train.num_threads`` as a count: ``auto`` is the cores this process may use (its CPU affinity) less those
+    busy with other work, at least 1 — torch's default takes every core, and two runs that both do so on one
+    machine run many times slower than with one thread each. None: leave torch's default."""
+    import os
+
+    if spec is None or isinstance(spec, int):
+        return spec
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - busy_cores())
+
+
 def autocast(device: torch.device, amp: str):
     """Mixed precision on CUDA only: on CPUs bf16 autocast is 4-16x slower than fp32, so it stays off."""
     if device.type != "cuda" or amp == "off":

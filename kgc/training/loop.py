@@ -15,6 +15,7 @@ batch inside DDP; rank 0 alone writes the run directory, checkpoints, metrics, c
 
 from __future__ import annotations
 
+import shutil
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,12 +28,12 @@ from torch import nn
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_text
 from kgc.recipe import Recipe
-from kgc.training.common import (MetricsLog, linear_schedule, make_optimizer, plot_curves, rng_state,
-                                 save_checkpoint, seed_everything, set_rng_state)
+from kgc.training.common import (MetricsLog, linear_schedule, make_optimizer, plot_curves, resolve_threads,
+                                 rng_state, save_checkpoint, seed_everything, set_rng_state)
 from kgc.training import distributed as dist
-from kgc.training.run import RunDir, load_checkpoint
+from kgc.training.run import RunDir, load_checkpoint, load_weights, weights_to_save
 from kgc.training.task import Task, make_task
-from kgc.training.setup import count_parameters, pooling_parameters, save_backbone_files
+from kgc.training.setup import count_parameters, freezes_weights, pooling_parameters, save_backbone_files
 
 
 class _NoLog:
@@ -108,19 +109,21 @@ class _Setup:
     counters a checkpoint restores."""
 
     def __init__(self, recipe: Recipe | None, *, out: Path | None, resume: Path | None, echo) -> None:
-        from kgc.encoding.backbone import resolve_backbone
-
-        ckpt = None
         if resume is not None:
             run = RunDir(resume)
             recipe = run.recipe
             if not run.last.is_file():
+                if RunDir.finished(run.path):
+                    raise KGCError(f"{run.path}: training finished, and it kept best.pt only (train.keep: best), so "
+                                   "there is nothing to resume. To train further, start a new run (train.keep: all "
+                                   "keeps checkpoints/last.pt with the optimiser state).")
                 raise KGCError(f"{run.path}: no checkpoints/last.pt to resume from; start it again with `kgc train`.")
         assert recipe is not None
         task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
         tc = recipe.train
-        if tc.num_threads:
-            torch.set_num_threads(tc.num_threads)
+        threads = resolve_threads(tc.num_threads)
+        if threads:
+            torch.set_num_threads(threads)
         self.device = dist.init(tc.device)  # joins the torchrun group, if any
         self.world, self.rank = dist.world_size(), dist.rank()
         self.say = echo if dist.is_main() else (lambda _msg: None)
@@ -131,25 +134,44 @@ class _Setup:
         if resume is not None:
             ckpt = load_checkpoint(run.last)
             self.say(f"resuming {run.path} from step {ckpt['step']}")
-            run_dir = run.path
-        else:
-            run_dir = _on_main(lambda: prepare_new_run(recipe, out))
-            self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
-                                                   if self.world > 1 else ""))
-        seed_everything(tc.seed)
+            self._init_model(recipe, task, run.path, ckpt, run)
+            return
+        target = Path(out) if out else default_run_dir(recipe)
+        existed = target.exists()
+        run_dir = _on_main(lambda: prepare_new_run(recipe, target))
+        self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
+                                               if self.world > 1 else ""))
+        try:
+            self._init_model(recipe, task, run_dir, None, None)
+        except BaseException:  # nothing half-written: what this setup made goes (data/ handed in by the API stays)
+            if dist.is_main():
+                for made in (RunDir.backbone_folder(run_dir), run_dir / "recipe.yaml", run_dir / "metrics.jsonl"):
+                    shutil.rmtree(made) if made.is_dir() else made.unlink(missing_ok=True)
+                if not existed:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+    def _init_model(self, recipe: Recipe, task: Task, run_dir: Path, ckpt: dict | None, run: RunDir | None) -> None:
+        from kgc.encoding.backbone import resolve_backbone
+
+        seed_everything(recipe.train.seed)
         if ckpt is None:
             model, tokenizer = task.build_model(resolve_backbone(recipe.model.backbone))
 
             def publish() -> None:
-                save_backbone_files(RunDir.backbone_folder(run_dir), recipe, tokenizer)
+                save_backbone_files(RunDir.backbone_folder(run_dir), recipe, tokenizer,
+                                    weights=freezes_weights(recipe, model))
                 write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
 
             _on_main(publish)
         else:
-            model, _ = task.build_model(RunDir.backbone_folder(run_dir), pretrained=False)
-            model.load_state_dict(ckpt["model"])
+            model, _ = task.build_model(RunDir.backbone_folder(run_dir), pretrained=run.pretrained)
+            load_weights(model, ckpt, run.last)
+        for _level, line in task.data_summary(model):
+            self.say(line)
         self.recipe, self.task, self.model, self.ckpt = recipe, task, model, ckpt
         self.run = RunDir(run_dir)
+        self.lean = self.run.pretrained  # checkpoints leave out the frozen weights: backbone/ holds them
         self._build_objective()
 
     def _build_objective(self) -> None:
@@ -205,7 +227,7 @@ class _Setup:
         def write() -> None:
             self.model.save_cache()
             save_checkpoint(self.run.last, {
-                "model": self.model.state_dict(), "loss": self.criterion.state_dict(),
+                **weights_to_save(self.model, self.lean), "loss": self.criterion.state_dict(),
                 "loss_extra": self.task.loss_state(self.criterion), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "rng": rngs[0],
                 "rng_ranks": rngs if self.world > 1 else None, "world_size": self.world, "step": self.step,
@@ -225,7 +247,7 @@ class _Setup:
             improved = value > self.best
             if improved:
                 self.best = value
-                save_checkpoint(self.run.best, {"model": self.model.state_dict(), "step": self.step,
+                save_checkpoint(self.run.best, {**weights_to_save(self.model, self.lean), "step": self.step,
                                                 self.task.metric: value})
             self.say(f"step {self.step} (epoch {epoch + 1}): {summary}{'  (best)' if improved else ''}  "
                      f"[{values['dev_seconds']:.1f}s]")
@@ -277,7 +299,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                                 train_seconds=round(s.seconds(), 3), seen=s.seen,
                                 **({"tau": tau} if tau is not None else {}), lr=s.scheduler.get_last_lr()[0],
                                 **{rate_key: round(rate, 2)})
-            every = recipe.eval.validate_every_steps
+            every = recipe.eval.validate_every_steps if task.can_validate else None
             if every and s.step % every == 0 and s.step % s.steps_per_epoch != 0 and s.step < s.total:  # else: below
                 s.validate(epoch)
                 s.checkpoint()  # right after: a resume never repeats or skips a validation
@@ -291,7 +313,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 s.total = s.step  # stop here: the end of the epoch's work (validation, checkpoint), then finish
                 break
         if s.validated <= epoch:
-            if recipe.eval.validate_every_epoch:
+            if recipe.eval.validate_every_epoch and task.can_validate:
                 s.validate(epoch)
             s.validated = epoch + 1
             s.checkpoint()
@@ -309,7 +331,7 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
     """best.pt when nothing was validated, the curves, train_summary.json, then the task's after-training work."""
     run, task, model = s.run, s.task, s.model
     if not run.best.is_file():  # no validation asked for: the final weights are the model
-        save_checkpoint(run.best, {"model": model.state_dict(), "step": s.step, task.metric: None})
+        save_checkpoint(run.best, {**weights_to_save(model, s.lean), "step": s.step, task.metric: None})
     model.save_cache()
     records = s.metrics.read()
     plot_curves(records, run.curves, metric=task.metric, unit=task.unit)
@@ -327,3 +349,6 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         "device": str(s.device), "processes": s.world, "finished": True})
     echo(f"finished {s.step} steps; run directory: {run.path}")
     task.after_training(run.path, progress=progress, echo=echo)
+    if s.recipe.train.keep == "best" and run.last.is_file():  # resume state is no longer needed: keep the model only
+        shutil.rmtree(run.last.parent)
+    echo(f"next: kgc evaluate {run.path}    (then: {task.run_class().command.replace('RUN', str(run.path))})")

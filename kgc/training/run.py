@@ -4,9 +4,10 @@ class of a task's run (:class:`Run`: what ``kgc.load`` returns; each task packag
 Layout of a run directory::
 
     recipe.yaml            the resolved recipe (the command that resumes it on the first line)
-    backbone/              config + tokenizer files (weights live in the checkpoints)
-    best.pt                the weights validation picked (or the final ones)
-    checkpoints/last.pt    everything resume needs
+    backbone/              config + tokenizer files; the pretrained weights too when some of them stay frozen
+    best.pt                the weights validation picked (or the final ones): only those that train when
+                           backbone/ holds the frozen rest
+    checkpoints/last.pt    everything resume needs (deleted when training finishes, unless train.keep: all)
     metrics.jsonl, curves.png, train_summary.json
     results[.KIND][.SPLIT].json, ranks… .tsv / predictions… .tsv     evaluations (test has no suffix)
     index/                 link prediction: entity embeddings + FAISS index (+ added entities)
@@ -53,6 +54,33 @@ def load_checkpoint(path: Path, fix: str | None = None) -> dict[str, Any]:
     if not isinstance(state, dict) or "model" not in state:
         raise KGCError(f"{path}: not a kgc checkpoint (no model weights in it). {fix or 'Delete it.'}")
     return state
+
+
+def weights_to_save(model, lean: bool) -> dict[str, Any]:
+    """The ``model`` and ``frozen_keys`` entries of a checkpoint: with ``lean`` (the run's backbone/ holds the
+    pretrained weights) the parameters that do not train are left out — they are the pretrained ones, read from
+    backbone/ when the model is built — and named in ``frozen_keys``; otherwise every weight."""
+    import torch
+
+    full = model.state_dict(keep_vars=True)
+    frozen = [k for k, v in full.items() if lean and isinstance(v, torch.nn.Parameter) and not v.requires_grad]
+    skip = set(frozen)
+    return {"model": {k: v.detach() for k, v in full.items() if k not in skip}, "frozen_keys": frozen}
+
+
+def load_weights(model, state: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint's weights into ``model`` (built with backbone/'s pretrained weights when the checkpoint
+    leaves the frozen ones out); a checkpoint that does not fit the model is one KGCError naming the file."""
+    frozen = set(state.get("frozen_keys") or ())
+    try:
+        missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    except RuntimeError as exc:  # a shape mismatch
+        raise KGCError(f"{path}: its weights do not fit the model the run's recipe builds "
+                       f"({str(exc).splitlines()[0][:200]}). Was recipe.yaml edited?") from None
+    if unexpected or set(missing) != frozen:
+        odd = unexpected or sorted(set(missing) ^ frozen)
+        raise KGCError(f"{path}: its weights do not fit the model the run's recipe builds ({len(odd)} keys differ, "
+                       f"e.g. {odd[0]}). Was recipe.yaml edited?")
 
 
 def as_list(x: Any) -> tuple[list, bool]:
@@ -121,6 +149,26 @@ class RunDir:
         if not self.summary_file.is_file():
             return None
         return read_json(self.summary_file, f"Delete it and finish the run with `kgc train --resume {self.path}`.")
+
+    @staticmethod
+    def has_backbone_weights(path: str | Path) -> bool:
+        """Whether the run's backbone/ holds pretrained weights (its checkpoints then leave the frozen ones out)."""
+        folder = RunDir.backbone_folder(path)
+        return any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin",
+                                                     "model.safetensors.index.json"))
+
+    @property
+    def pretrained(self) -> bool:
+        """Build this run's model with backbone/'s weights (then load the checkpoint over them)."""
+        return self.has_backbone_weights(self.path)
+
+    def load_weights(self, model) -> None:
+        """The run's trained weights (best.pt, else checkpoints/last.pt) into ``model``, built with
+        ``pretrained=self.pretrained``."""
+        f = self.weights_file()
+        fix = (f"Resume the run to rewrite it (`kgc train --resume {self.path}`), or delete it to use "
+               "checkpoints/last.pt." if f == self.best else "Delete it to restart that run.")
+        load_weights(model, load_checkpoint(f, fix), f)
 
     def weights_file(self) -> Path:
         for f in (self.best, self.last):

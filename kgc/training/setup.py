@@ -98,14 +98,23 @@ class TaskModel(nn.Module):
         setup_layer_cache(self.encoders, self.conditioner, recipe, self.tokenizer_hash)
 
 
-def save_backbone_files(folder: Path, recipe: Recipe, tokenizer) -> None:
-    """Copy config + tokenizer into the run (weights live in checkpoints), so a run needs nothing else."""
+def save_backbone_files(folder: Path, recipe: Recipe, tokenizer, *, weights: bool = False) -> None:
+    """Copy config + tokenizer into the run, so a run needs nothing else; with ``weights`` the pretrained weights
+    too (once: the checkpoints then hold only the weights that train, and the frozen ones come from here)."""
     from transformers import AutoConfig
 
     source = resolve_backbone(recipe.model.backbone)
     folder.mkdir(parents=True, exist_ok=True)
     AutoConfig.from_pretrained(str(source)).save_pretrained(str(folder))
+    if weights:
+        load_backbone(source).save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
+
+
+def freezes_weights(recipe: Recipe, model: nn.Module) -> bool:
+    """Whether some of the model's pretrained weights stay as loaded: lower layers under
+    ``encoder.trainable_layers`` (frozen when the layer cache is attached) or a tower frozen already."""
+    return recipe.encoder.trainable_layers != "all" or any(not p.requires_grad for p in model.parameters())
 
 
 def count_parameters(*modules) -> tuple[int, int]:

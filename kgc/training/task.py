@@ -100,6 +100,16 @@ class Task(ABC):
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True) -> "tuple[nn.Module, Any]":
         """(model, tokenizer); ``pretrained=False`` builds the architecture only."""
 
+    @property
+    def can_validate(self) -> bool:
+        """Whether there is validation data (without it nothing is validated, and best.pt is the final weights)."""
+        return True
+
+    def data_summary(self, model: "nn.Module") -> list[tuple[str, str]]:
+        """``(level, line)`` rows describing the training data, printed when training starts (level "warning" and
+        "error" lines are shown in colour)."""
+        return []
+
     @abstractmethod
     def make_loss(self) -> "nn.Module": ...
 
