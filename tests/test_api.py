@@ -107,8 +107,8 @@ def test_train_load_evaluate_predict(lp_run, tiny_bert):
     run.predict("bacterium", "causes")
     assert run.model() is model and isinstance(run, kgc.LinkPredRun)  # loaded once
     assert model.bank.graph is run.graph()  # the model's own TextBank: added entities never swap it
-    with pytest.raises(KGCError, match="unknown entity"):
-        run.predict("no such thing at all", "causes")
+    free = run.answer("no such thing at all", "causes")  # free text: embedded on the fly, not refused
+    assert free.head == "(free text)" and free.head_text == "no such thing at all" and len(free.predictions) == 10
     with pytest.raises(KGCError, match="split 'validation': choose test or dev"):
         run.evaluate("validation")
 

@@ -230,6 +230,39 @@ def test_checkpoints_leave_frozen_weights_to_the_backbone_folder(tiny_bert, tmp_
         assert torch.equal(loaded[k].cpu(), v.cpu()), k
 
 
+def test_an_interrupted_lean_run_resumes_to_the_uninterrupted_result(tiny_bert, tmp_path, monkeypatch):
+    """The defaults (train.keep: best) with frozen layers (lean checkpoints): a run stopped after its step-3
+    checkpoint and resumed ends with the same best.pt, bit for bit, and the same logged losses."""
+    from kgc.recipe import load_recipe
+    from kgc.training import loop
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = load_recipe(small_recipe(tmp_path / "r.yaml", tiny_bert, EXAMPLE, max_steps=6, checkpoint_every=1),
+                         ["encoder.trainable_layers=1", "eval.validate_every_steps=2"])
+    full = loop.train(recipe, out=tmp_path / "full", progress=False, echo=lambda m: None)
+    real, snapshot = loop.save_checkpoint, tmp_path / "snap"
+
+    def save_and_snapshot(path, state):
+        real(path, state)
+        if path.name == "last.pt" and state["step"] == 3 and not snapshot.exists():
+            shutil.copytree(path.parent.parent, snapshot)
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
+    loop.train(recipe, out=tmp_path / "other", progress=False, echo=lambda m: None)
+    monkeypatch.setattr(loop, "save_checkpoint", real)
+    assert torch.load(snapshot / "checkpoints" / "last.pt", weights_only=False)["frozen_keys"]  # lean
+    loop.train(resume=snapshot, progress=False, echo=lambda m: None)
+    for run in (full, snapshot):
+        assert not (run / "checkpoints").exists() and (run / "train_summary.json").is_file()
+    a, b = (torch.load(r / "best.pt", weights_only=False) for r in (full, snapshot))
+    assert a["step"] == b["step"] and a["frozen_keys"] == b["frozen_keys"] and a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    losses = lambda r: [(x["step"], x["loss"]) for x in map(json.loads, (r / "metrics.jsonl").read_text().splitlines())
+                        if "loss" in x]  # noqa: E731
+    assert losses(full) == losses(snapshot) and len(losses(full)) == 6
+
+
 # ---------------------------------------------------------------- answers
 
 
