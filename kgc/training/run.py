@@ -166,8 +166,14 @@ class RunDir:
         """The run's trained weights (best.pt, else checkpoints/last.pt) into ``model``, built with
         ``pretrained=self.pretrained``."""
         f = self.weights_file()
-        fix = (f"Resume the run to rewrite it (`kgc train --resume {self.path}`), or delete it to use "
-               "checkpoints/last.pt." if f == self.best else "Delete it to restart that run.")
+        if f != self.best:
+            fix = "Delete it to restart that run."
+        elif self.last.is_file():
+            fix = (f"Resume the run to rewrite it (`kgc train --resume {self.path}`), or delete it to use "
+                   "checkpoints/last.pt.")
+        else:
+            fix = (f"Delete it and train again (`kgc train {self.recipe_file} --out NEW_DIR`): the run kept no "
+                   "resume state (train.keep: best).")
         load_weights(model, load_checkpoint(f, fix), f)
 
     def weights_file(self) -> Path:
@@ -176,12 +182,6 @@ class RunDir:
                 return f
         raise KGCError(f"{self.path}: no weights yet (best.pt or checkpoints/last.pt). "
                        f"Finish training or resume it: `kgc train --resume {self.path}`.")
-
-    def model_state(self) -> dict:
-        f = self.weights_file()
-        fix = (f"Resume the run to rewrite it (`kgc train --resume {self.path}`), or delete it to use "
-               "checkpoints/last.pt." if f == self.best else "Delete it to restart that run.")
-        return load_checkpoint(f, fix)["model"]
 
     def weights_fingerprint(self) -> str:
         """sha256 of the weights file, hashed once per version of it (one command checks an index's freshness
