@@ -21,7 +21,8 @@ SYNTH = {"train_pairs": 24, "validation_pairs": 6, "test_pairs": 10, "seed": 5}
 
 
 def write_recipe(path: Path, backbone: Path, model: dict, encoder: dict | None = None, **train) -> Path:
-    t = {"epochs": 2, "batch_size": 16, "lr": 1e-3, "warmup_steps": 1, "log_every": 1, "num_threads": 1, **train}
+    t = {"epochs": 2, "batch_size": 16, "lr": 1e-3, "warmup_steps": 1, "log_every": 1, "num_threads": 1, "keep": "all",
+         **train}
     path.write_text(
         "name: tiny_csts\ntask: csts\n"
         f"data: {{dataset: synth-csts, max_tokens: 40, synth: {json.dumps(SYNTH)}}}\n"

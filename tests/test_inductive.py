@@ -198,14 +198,14 @@ def test_added_entities_are_answers(trained, added):
     assert table.shape[0] == n + 2
     np.testing.assert_allclose(table[n], table[graph.entity_index[added["held"]]], atol=1e-6)  # the same text
     full = json.loads(kgc("predict", trained, "--head", added["held"], "--relation", "_hypernym", "--top-k", n + 2,
-                          "--json").stdout)["predictions"]
+                          "--json", "--include-head").stdout)["predictions"]
     assert len(full) == n + 2
     score = {p["entity"]: p["score"] for p in full}
     assert score["new_copy"] == pytest.approx(score[added["held"]], abs=1e-5) and "new_ship" in score
     order = [p["entity"] for p in full]
     k = max(order.index("new_copy"), order.index(added["held"])) + 1  # tied: either may come first
     top = json.loads(kgc("predict", trained, "--head", added["held"], "--relation", "_hypernym", "--top-k", k,
-                         "--json").stdout)["predictions"]
+                         "--json", "--include-head").stdout)["predictions"]
     assert {"new_copy", added["held"]} <= {p["entity"] for p in top}
     assert next(p for p in top if p["entity"] == "new_copy")["text"].startswith(graph.full_texts[n][:30])
     # the ordinary evaluation still ranks over the dataset's entities only, from the index's first rows
