@@ -77,6 +77,13 @@ def test_fallbacks_are_said(tmp_path):
     assert "note: no entity2text.txt: a PyKEEN label TSV" in kgc("data", "check", labels).stdout
 
 
+
+def test_an_unread_long_text_file_is_said(data_home):
+    out = kgc("data", "check", "umls").stdout  # UMLS: names in entity2text.txt, descriptions in entity2textlong.txt
+    assert "note: entity2textlong.txt is not read (data.long_text: false)" in out
+    assert "entity2textlong.txt is not read" not in kgc("data", "check", "umls", "--set", "data.long_text=true").stdout
+
+
 def test_relation_only_in_test_stops_check_and_train(tmp_path, tiny_bert, monkeypatch):
     monkeypatch.chdir(tmp_path)
     folder = write_toy(tmp_path / "TOY")
