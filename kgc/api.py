@@ -268,8 +268,7 @@ def check_data(dataset: str | Path | None = None, recipe: RecipeLike | None = No
     tokenizer = load_tokenizer(resolve_backbone(rec.model.backbone))
     extra = SpecialTokens.from_tokenizer(tokenizer).n_single
     lengths = [len(ids) + extra for ids in tokenizer(graph.full_texts, add_special_tokens=False)["input_ids"]]
-    return check_graph(graph, token_lengths=lengths, max_tokens=d.max_tokens,
-                       allow_unseen_relations=d.allow_unseen_relations)
+    return check_graph(graph, allow_unseen_relations=d.allow_unseen_relations).with_lengths(lengths, d.max_tokens)
 
 
 def recipe_keys(task: str | None = None) -> list[dict[str, str]]:

@@ -136,8 +136,9 @@ class TrainConfig(_Section):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
     num_threads: Union[int, Literal["auto"], None] = Field(
-        None, description="CPU threads for torch: a number; auto: the cores not already busy (os.getloadavg), so "
-                          "two runs on one machine do not oversubscribe it; unset: torch's default (every core)")
+        None, description="CPU threads for torch: a number; auto: the cores not already busy (runnable tasks in "
+                          "/proc/loadavg), so two runs on one machine do not oversubscribe it; unset: torch's default "
+                          "(every core)")
     keep: Literal["best", "all"] = Field(
         "best", description="after training, keep best.pt only (best: checkpoints/ is deleted) or also "
                             "checkpoints/last.pt with the optimiser state, to train further (all)")
@@ -303,19 +304,24 @@ class Recipe(_Section):
         return yaml.safe_dump(tree, sort_keys=False)
 
 
-def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
-    """Every dotted key a recipe accepts, e.g. ``train.lr``."""
-    keys = []
+def _leaf_fields(model: type[BaseModel] = Recipe, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, pydantic FieldInfo)`` of every value a recipe holds, sections (``Optional`` ones too) walked."""
+    out = []
     for name, field in model.model_fields.items():
         ann = field.annotation
         args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]  # Optional[Section]
         if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
             ann = args[0]
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys.extend(valid_keys(ann, f"{prefix}{name}."))
+            out.extend(_leaf_fields(ann, f"{prefix}{name}."))
         else:
-            keys.append(f"{prefix}{name}")
-    return keys
+            out.append((f"{prefix}{name}", field))
+    return out
+
+
+def valid_keys() -> list[str]:
+    """Every dotted key a recipe accepts, e.g. ``train.lr``."""
+    return [key for key, _ in _leaf_fields()]
 
 
 def _type_name(annotation: Any) -> str:
@@ -335,24 +341,13 @@ def _type_name(annotation: Any) -> str:
 def key_reference(task: str | None = None) -> list[dict[str, str]]:
     """``{key, type, default, description}`` for every dotted recipe key, from the schema (``kgc recipe keys``);
     ``task``: leave out the keys only other tasks read."""
-    def walk(model: type[BaseModel], prefix: str) -> list[dict[str, str]]:
-        rows = []
-        for name, f in model.model_fields.items():
-            ann = f.annotation
-            args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]
-            section = args[0] if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel) \
-                else ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-            if section is not None:
-                rows.extend(walk(section, f"{prefix}{name}."))
-                continue
-            default = f.get_default(call_default_factory=True)
-            rows.append({"key": f"{prefix}{name}", "type": _type_name(ann),
-                         "default": "unset" if default is None else yaml.safe_dump(default, default_flow_style=True)
-                         .strip().removesuffix("...").strip(),
-                         "description": f.description or ""})
-        return rows
-
-    rows = walk(Recipe, "")
+    rows = []
+    for key, f in _leaf_fields():
+        default = f.get_default(call_default_factory=True)
+        rows.append({"key": key, "type": _type_name(f.annotation),
+                     "default": "unset" if default is None else yaml.safe_dump(default, default_flow_style=True)
+                     .strip().removesuffix("...").strip(),
+                     "description": f.description or ""})
     if task is not None:
         if task not in TASKS:
             raise KGCError(f"task {task!r}: unknown. Registered tasks: {', '.join(TASKS)}")

@@ -15,7 +15,7 @@ line and the fix. On a graph that reads, :func:`check_graph` adds what a reader 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -69,6 +69,17 @@ class DataReport:
             out.append(("", "no problems found"))
         return out
 
+    def with_lengths(self, token_lengths: Sequence[int], max_tokens: int) -> "DataReport":
+        """This report plus a warning for the entity texts longer than ``max_tokens`` (``token_lengths``: each entity's
+        evaluation text in tokens, special tokens included); the report itself is left as it was."""
+        lengths = np.asarray(token_lengths)
+        cut = int((lengths > max_tokens).sum()) if len(lengths) else 0
+        if not cut:
+            return self
+        return replace(self, findings=self.findings + [Finding(
+            "warning", f"{cut} entity text(s) ({cut / len(lengths):.1%}) are longer than data.max_tokens={max_tokens} "
+                       f"and are cut (the longest: {int(lengths.max())} tokens)")])
+
     def raise_errors(self) -> None:
         """One KGCError listing every error (nothing is raised when there is none)."""
         if self.errors:
@@ -79,10 +90,8 @@ def _examples(labels: Sequence[str], n: int = 5) -> str:
     return ", ".join(labels[:n]) + (", …" if len(labels) > n else "")
 
 
-def check_graph(graph: KnowledgeGraph, *, token_lengths: Sequence[int] | None = None, max_tokens: int | None = None,
-                allow_unseen_relations: bool = False) -> DataReport:
-    """The report of a graph that was read; ``token_lengths``: each entity's evaluation text in tokens, special
-    tokens included (compared with ``max_tokens``)."""
+def check_graph(graph: KnowledgeGraph, *, allow_unseen_relations: bool = False) -> DataReport:
+    """The report of a graph that was read (texts cut at ``data.max_tokens``: :meth:`DataReport.with_lengths`)."""
     folder = Path(graph.source)
     files = [f for names in SPLIT_FILES.values() for f in names if (folder / f).exists()]
     files += [f for f in TEXT_FILES if (folder / f).exists()]
@@ -119,12 +128,6 @@ def check_graph(graph: KnowledgeGraph, *, token_lengths: Sequence[int] | None = 
         add("warning", f"{n} entities share their text with another ({len(shared)} texts; e.g. "
                        f"{graph.full_texts[first[0]][:50]!r}: {_examples([graph.entities[e] for e in first], 3)}): "
                        "the model cannot tell them apart; give them descriptions")
-    if token_lengths is not None and max_tokens is not None and len(token_lengths):
-        lengths = np.asarray(token_lengths)
-        cut = int((lengths > max_tokens).sum())
-        if cut:
-            add("warning", f"{cut} entity text(s) ({cut / len(lengths):.1%}) are longer than data.max_tokens="
-                           f"{max_tokens} and are cut (the longest: {int(lengths.max())} tokens)")
     for note in graph.notes:
         add("note", note)
     return report

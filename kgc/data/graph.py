@@ -214,7 +214,7 @@ def _bad_utf8(path: Path) -> KGCError:
     return KGCError(f"{path}: not UTF-8 text. Save it as UTF-8.")  # pragma: no cover - decode failed above
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def text_lines(path: Path) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of each non-blank line of a UTF-8 text file (a byte-order mark is skipped), streamed.
 
     Anything that is not such a file — a folder, an unreadable or binary file, bytes that are not UTF-8 — ends in
@@ -240,7 +240,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 
 def _iter_rows(path: Path, width: int) -> Iterator[tuple[int, list[str]]]:
     """``(line number, fields)`` of each non-blank line, streamed (Wikidata5M: 20M triples, 4.6M texts)."""
-    for lineno, line in _lines(path):
+    for lineno, line in text_lines(path):
         parts = line.split("\t")
         if width == 2 and len(parts) > 2:  # a text may itself contain tabs: keep them
             parts = [parts[0], " ".join(parts[1:])]
@@ -278,7 +278,7 @@ def _read_entity_texts(path: Path, *, names_only: bool) -> tuple[dict[str, tuple
     error naming the line."""
     out: dict[str, tuple[str, str]] = {}
     two = 0
-    for lineno, line in _lines(path):
+    for lineno, line in text_lines(path):
         parts = [p.strip() for p in line.split("\t")]
         if len(parts) < 2:
             raise KGCError(f"{path}:{lineno}: expected {ENTITY_FORMS}, got one field: {line[:80]!r}. Separate the "

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgc.data.graph import KnowledgeGraph, _strip_name_prefix
+from kgc.data.graph import KnowledgeGraph, _strip_name_prefix, text_lines
 from kgc.errors import KGCError
 from kgc.fileio import sha256_file
 
@@ -46,14 +46,8 @@ def read_new_entities(path: str | Path) -> list[tuple[int, NewEntity]]:
     path = Path(path)
     if not path.is_file():
         raise KGCError(f"{path}: no such file. Give a TSV with one new entity per line: id<TAB>name<TAB>description.")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise KGCError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}). Save it as UTF-8.") from None
     rows, first_line = [], {}
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for lineno, line in text_lines(path):  # not UTF-8, binary: one KGCError naming the line
         parts = [p.strip() for p in line.split("\t")]
         if len(parts) < 2:
             raise KGCError(f"{path}:{lineno}: expected id<TAB>name<TAB>description, got {len(parts)} field: "

@@ -49,13 +49,11 @@ class LinkPredictor(TaskModel):
         to read the heads from (default the model's own)."""
         bank = bank or self.bank
         excludes = excludes if excludes is not None else [None] * len(heads)
-        sentences = [bank.entity_ids(int(h), x) for h, x in zip(heads, excludes)]
-        conditions = [bank.relation_ids[int(r)] for r in rels]
-        return self.conditioner(sentences, conditions)
+        return self.encode_query_tokens([bank.entity_ids(int(h), x) for h, x in zip(heads, excludes)], rels)
 
     def encode_query_tokens(self, sentences: Sequence[Sequence[int]], rels: Sequence[int]) -> torch.Tensor:
-        """(batch, dim): head texts given as token ids (no special tokens; free text, not an entity of the graph) under
-        their relations — the query tower as :meth:`encode_queries` runs it."""
+        """(batch, dim): head texts given as token ids (no special tokens; an entity's text, or free text) under their
+        relations."""
         return self.conditioner([list(s) for s in sentences], [self.bank.relation_ids[int(r)] for r in rels])
 
     def encode_entities(self, entities: Sequence[int], excludes: Sequence[int | None] | None = None, *,

@@ -252,9 +252,12 @@ class LinkPredRun(Run):
         return self.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known,
                            include_head=include_head, progress=progress).frame()
 
-    def _head_tokens(self, text: str, bank) -> list[int]:
-        """Token ids (no specials) of a free-text head, cut as entity texts are."""
-        return self.tokenizer()(text, add_special_tokens=False)["input_ids"][: bank.max_tokens]
+    def _head_tokens(self, head: str, entity: int | None, bank) -> list[int]:
+        """Token ids (no specials) of a query's head: the entity's text from ``bank``, or the free text ``head`` (when
+        ``entity`` is None), cut as entity texts are."""
+        if entity is not None:
+            return bank.entity_ids(entity)
+        return self.tokenizer()(head, add_special_tokens=False)["input_ids"][: bank.max_tokens]
 
     def _resolve_head(self, head: str, graph: "KnowledgeGraph") -> int | None:
         """The entity ``head`` names, or None for free text (said once on the run's echo, with the closest names)."""
@@ -282,10 +285,7 @@ class LinkPredRun(Run):
         if h is None and fused:
             raise KGCError(f"{self.path} has a structural model, which scores the graph's entities only: a free-text "
                            f"head ({head!r}) cannot be fused. Give an entity id or name.")
-        if h is None:
-            q = model.encode_query_tokens([self._head_tokens(head, bank)], [r]).float().cpu()
-        else:
-            q = model.encode_queries([h], [r], bank=bank).float().cpu()  # (1, dim)
+        q = model.encode_query_tokens([self._head_tokens(head, h, bank)], [r]).float().cpu()  # (1, dim)
         exclude = set(known_answers(graph, h, r).tolist()) if filter_known and h is not None else set()
         if h is not None and not include_head:
             exclude.add(h)
@@ -420,16 +420,11 @@ class LinkPredRun(Run):
                 raise KGCError(f"embed_queries: expected entity ids or texts (str), got {type(x).__name__}")
         h = [graph.lookup_entity(x) for x in hs]
         r = [graph.relation_id(x, inverse=inverse) for x in rs]
+        sentences = [self._head_tokens(x, e, model.bank) for x, e in zip(hs, h)]
         out = np.empty((len(hs), model.tail_encoder.dim), dtype=np.float32)
-        known = [i for i, e in enumerate(h) if e is not None]
-        free = [i for i, e in enumerate(h) if e is None]
-        for s in range(0, len(known), batch_size):
-            rows = known[s: s + batch_size]
-            out[rows] = model.encode_queries([h[i] for i in rows], [r[i] for i in rows]).float().cpu().numpy()
-        for s in range(0, len(free), batch_size):
-            rows = free[s: s + batch_size]
-            tokens = [self._head_tokens(hs[i], model.bank) for i in rows]
-            out[rows] = model.encode_query_tokens(tokens, [r[i] for i in rows]).float().cpu().numpy()
+        for s in range(0, len(hs), batch_size):
+            out[s: s + batch_size] = model.encode_query_tokens(sentences[s: s + batch_size],
+                                                               r[s: s + batch_size]).float().cpu().numpy()
         return out
 
     # ------------------------------------------------------------ kgc explain

@@ -141,7 +141,8 @@ class LinkPredTask(Task):
         super().__init__(recipe)
         d = recipe.data
         self.graph = graph if graph is not None else load_graph(d.dataset, path=d.path, long_text=d.long_text)
-        check_graph(self.graph, allow_unseen_relations=d.allow_unseen_relations).raise_errors()  # before a run exists
+        self.data_report = check_graph(self.graph, allow_unseen_relations=d.allow_unseen_relations)
+        self.data_report.raise_errors()  # before a run directory exists
         self.examples = self.graph.both_directions("train")  # (2n, 3): every triple in both directions
         self.b = min(recipe.train.batch_size, len(self.examples))
         self.train_keys = torch.as_tensor(self.graph.train_keys)
@@ -162,8 +163,7 @@ class LinkPredTask(Task):
         """``kgc data check``'s report of the training data, with the texts' token lengths from the model's bank."""
         bank = model.bank
         lengths = [len(ids) + bank.special.n_single for ids in bank.base]
-        return check_graph(self.graph, token_lengths=lengths, max_tokens=self.recipe.data.max_tokens,
-                           allow_unseen_relations=self.recipe.data.allow_unseen_relations).lines()
+        return self.data_report.with_lengths(lengths, self.recipe.data.max_tokens).lines()
 
     def make_loss(self) -> SimKGCLoss:
         return make_loss(self.recipe)

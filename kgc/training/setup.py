@@ -105,9 +105,10 @@ def save_backbone_files(folder: Path, recipe: Recipe, tokenizer, *, weights: boo
 
     source = resolve_backbone(recipe.model.backbone)
     folder.mkdir(parents=True, exist_ok=True)
-    AutoConfig.from_pretrained(str(source)).save_pretrained(str(folder))
-    if weights:
+    if weights:  # the weights with their config
         load_backbone(source).save_pretrained(str(folder))
+    else:
+        AutoConfig.from_pretrained(str(source)).save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
 
 
