@@ -293,6 +293,16 @@ def inductive_split(source: str, out: str | Path, **options: Any) -> dict:
     return split(source, out, **options)
 
 
+def synth_routing(out: str | Path, **options: Any) -> dict[str, int]:
+    """Write the synthetic graph where the relation decides which word of the head matters (``kgc data
+    synth-routing``, :mod:`kgc.data.routing_synth`); returns the triples per split."""
+    from kgc.data.routing_synth import routing_graph, write_routing_graph
+
+    write_routing_graph(out, **options)
+    graph = routing_graph(**options)
+    return {split: len(graph[split]) for split in ("train", "dev", "test")}
+
+
 def synth_csts(out: str | Path, **options: Any) -> None:
     """Write the synthetic conditional-similarity set in the official C-STS layout (``kgc data synth-csts``)."""
     from kgc.csts.synth import write_synthetic

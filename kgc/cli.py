@@ -490,6 +490,20 @@ def data_synth_csts(out: Path = typer.Argument(..., help="folder for csts_{train
     _echo(f"wrote {2 * train_pairs} + {2 * validation_pairs} + {2 * test_pairs} rows to {out}/csts_*.csv")
 
 
+@data_app.command("synth-routing")
+def data_synth_routing(out: Path = typer.Argument(..., help="folder for the KG-BERT layout (data.path)"),
+                       slots: int = typer.Option(3, "--slots", min=1, help="words per head = relations (at most 4)"),
+                       heads: int = typer.Option(96, "--heads", min=1),
+                       seed: int = typer.Option(0, "--seed")) -> None:
+    """Generate a graph where the relation decides which word of the head answers it (a router must route)."""
+    from kgc import api
+
+    counts = api.synth_routing(out, slots=slots, heads=heads, seed=seed)
+    _echo(f"wrote {heads} heads × {slots} relations: train {counts['train']}, dev {counts['dev']}, test "
+          f"{counts['test']} triples → {out}")
+    _echo(f"train on it with data.path: {out} and data.neighbor_text: false (neighbours would name the answers)")
+
+
 def main() -> None:
     """Entry point: typer handles usage errors (exit 2); bad input (KGCError) exits 2 with one message."""
     try:

@@ -3,8 +3,11 @@
 * CSR (``router``, or ``biencoder`` with ``router_layers``): the router weight w of every token of a
   sentence (an entity's text, or a C-STS sentence) under each condition, averaged over the router layers
   (one layer for k = 1; the query–key scorer uses one w for all of them). Each row sums to 1 over the
-  sentence's tokens, [CLS] and [SEP] included. The heatmap (conditions × tokens) is the CSR paper's
-  Figures 5–7.
+  sentence's tokens ([CLS] and [SEP] hold 0 when the router routes over words only). The heatmap (conditions ×
+  tokens) is the CSR paper's Figures 5–7. Beside it: the share of w on special tokens, and how much w moves
+  between conditions — the total-variation distance of each condition's row from the mean row,
+  ½ Σ_i |w_c,i − w̄_i| — with a warning when no condition moves :data:`BLIND` of the mass (condition-blind
+  routing).
 * Hyper-CL (``hypernet``): the singular values of W_c per condition — how many directions of the
   sentence embedding each condition keeps (rank ≤ K for the low-rank form), with an effective rank
   exp(entropy of σ / Σσ).
@@ -24,6 +27,8 @@ import numpy as np
 
 from kgc.errors import KGCError
 
+BLIND = 0.01  # routing is condition-blind when no condition's w is further than this (total variation) from the mean
+
 
 @dataclass
 class Explanation:
@@ -32,6 +37,21 @@ class Explanation:
     values: np.ndarray  # router: (conditions, tokens) w; hypernet: (conditions, H) singular values, descending
     tokens: list[str] = field(default_factory=list)  # router: the sentence's tokens as the encoder sees them
     layers: list[int] = field(default_factory=list)  # router: the layers w was read in
+    special: list[bool] = field(default_factory=list)  # router: which of ``tokens`` are the tokenizer's special ones
+
+    def special_share(self) -> np.ndarray:
+        """Router: the mass of w on special tokens ([CLS], [SEP]), per condition (conditions,)."""
+        return self.values[:, np.asarray(self.special, dtype=bool)].sum(1) if self.special else \
+            np.zeros(len(self.values))
+
+    def spread(self) -> np.ndarray:
+        """Router: each condition's total-variation distance from the mean row, ½ Σ_i |w_c,i − w̄_i| (conditions,):
+        the share of w that moves with the condition (0: every condition weighs the tokens alike)."""
+        return 0.5 * np.abs(self.values - self.values.mean(0, keepdims=True)).sum(1)
+
+    def condition_blind(self) -> bool | None:
+        """Router: True when no condition moves :data:`BLIND` of w (None with fewer than 2 conditions)."""
+        return None if len(self.values) < 2 else bool(self.spread().max() < BLIND)
 
     def effective_ranks(self) -> np.ndarray:
         p = self.values / self.values.sum(1, keepdims=True).clip(min=1e-12)
@@ -41,7 +61,10 @@ class Explanation:
         out = {"kind": self.kind, "conditions": self.conditions}
         if self.kind == "router":
             out.update(tokens=self.tokens, layers=self.layers,
-                       weights={c: [round(float(x), 6) for x in row] for c, row in zip(self.conditions, self.values)})
+                       weights={c: [round(float(x), 6) for x in row] for c, row in zip(self.conditions, self.values)},
+                       special_share=dict(zip(self.conditions, (round(float(x), 6) for x in self.special_share()))),
+                       spread=dict(zip(self.conditions, (round(float(x), 6) for x in self.spread()))),
+                       condition_blind=self.condition_blind())
         else:
             out.update(singular_values={c: [round(float(x), 6) for x in row] for c, row in
                                         zip(self.conditions, self.values)},
@@ -64,7 +87,9 @@ def explain_conditioner(cond, conditions: Sequence[Sequence[int]], names: list[s
     check_explainable(cond)
     got = cond.explain(conditions, sentence)
     tokens = tokenizer.convert_ids_to_tokens(list(got.token_ids)) if got.token_ids else []
-    return Explanation(got.kind, names, got.values.numpy(), tokens=tokens, layers=list(got.layers))
+    specials = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    return Explanation(got.kind, names, got.values.numpy(), tokens=tokens, layers=list(got.layers),
+                       special=[i in specials for i in got.token_ids])
 
 
 def explain(inputs) -> tuple[Explanation, str]:
@@ -91,14 +116,24 @@ def render_text(ex: Explanation, max_columns: int = 12) -> str:
     blocks = []
     for start in range(0, len(ex.conditions), max_columns):  # a few conditions per block keeps lines short
         names = ex.conditions[start: start + max_columns]
-        head = "token".ljust(18) + "".join(f"{'R' + str(start + j + 1):>8}" for j in range(len(names)))
+        head = "token".ljust(18) + "".join(f"{'R' + str(start + j + 1):>8}" for j in range(len(names))) + "Δ".rjust(8)
         rows = [f"{tok[:17]:<18}" + "".join(f"{ex.values[start + j, i]:8.3f}" for j in range(len(names)))
-                for i, tok in enumerate(ex.tokens)]
+                + f"{np.ptp(ex.values[:, i]):8.3f}" for i, tok in enumerate(ex.tokens)]
         total = "(sum)".ljust(18) + "".join(f"{ex.values[start + j].sum():8.3f}" for j in range(len(names)))
-        blocks.append("\n".join([head] + rows + [total]))
+        moved = "(moved)".ljust(18) + "".join(f"{ex.spread()[start + j]:8.3f}" for j in range(len(names)))
+        blocks.append("\n".join([head] + rows + [total, moved]))
     legend = "  ".join(f"R{j + 1} = {name}" for j, name in enumerate(ex.conditions))
     layers = ", ".join(map(str, ex.layers))
-    return "\n\n".join(blocks) + f"\n{legend}\nw per token (rows sum to 1), router layer(s) {layers}"
+    share, spread = ex.special_share(), ex.spread()
+    lines = [legend, f"w per token (rows sum to 1), router layer(s) {layers}; Δ: max − min of a token's w across "
+                     "conditions; (moved): the share of w a condition moves away from the mean row (total variation)",
+             f"w on special tokens: {share.mean():.3f} (min {share.min():.3f}, max {share.max():.3f}); "
+             f"moved by the condition: mean {spread.mean():.3f}, max {spread.max():.3f}"]
+    if ex.condition_blind():
+        lines.append(f"warning: the routing is condition-blind here: no condition moves {BLIND:.0%} of w (every "
+                     "condition weighs these tokens alike; whatever conditions this run comes from elsewhere, e.g. "
+                     "cross-attention)")
+    return "\n\n".join(blocks) + "\n" + "\n".join(lines)
 
 
 def plot(ex: Explanation, path: Path, title: str) -> Path:

@@ -69,11 +69,24 @@ class ModelConfig(_Section):
     dropout: float = Field(0.1, ge=0, lt=1, description="concat: dropout on [h_s ; h_c]")
     router_layers: Optional[int] = Field(None, ge=0, description="router: the condition enters at layer T - k "
                                          "(default 1); biencoder: CSR routing in the top k layers (default 0, off)")
-    weighting: Literal["one_plus_w", "w_only"] = Field(
-        "one_plus_w", description="router: values scaled by (1 + w) (CSR) or by w alone")
-    scorer: Literal["query_key", "paper", "hidden", "heavy", "cls_attention"] = Field(
-        "query_key", description="router: how the condition scores the sentence's tokens (paper: the CSR paper's "
-                                 "equation; kgc/conditioning/router.py describes each)")
+    weighting: Optional[Literal["one_plus_w", "w_only", "centred"]] = Field(
+        None, description="router, biencoder with router_layers: the factor is 1 + w (CSR's Eq. 1; the bi-encoder's "
+                          "default), w alone, or 1 + w − 1/n over the n tokens w covers (centred: the router's "
+                          "default; uniform w leaves the encoder as it is)")
+    scorer: Literal["query_key", "paper", "hidden", "heavy", "learned", "cls_attention"] = Field(
+        "paper", description="router: how the condition scores the sentence's tokens (paper: the CSR paper's "
+                                 "equation; learned: the released code's trained scorer; kgc/conditioning/router.py "
+                                 "describes each)")
+    route_over: Literal["words", "all"] = Field(
+        "words", description="router: w is a softmax over the sentence's word tokens, its [CLS]/[SEP] masked out and "
+                             "left unscaled (words), or over every token, special ones included (all: kgc before "
+                             "2026-11-24, whose w sat on [CLS])")
+    route_scales: Optional[Literal["context", "values"]] = Field(
+        None, description="router: the factor multiplies each token's value, so every token attends more to the "
+                          "routed ones (values, the default), or its attention context (context: the CSR paper's Eq. "
+                          "1; the default for scorer cls_attention, which reads w off that attention)")
+    route_temperature: float = Field(1.0, gt=0, description="router: w = softmax(score / τ); τ < 1 concentrates w "
+                                                            "(1: the paper)")
     cross_attend: Literal["none", "top", "all"] = Field(
         "none", description="router: the sentence also attends to the condition's tokens in no layer, the "
                             "router layers, or every layer (the released code; nothing cacheable)")
@@ -401,7 +414,8 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
     ``saved``: the ``recipe.yaml`` of a run directory. Runs written before ``model.cross_attend`` existed list
     ``router_layers: 1`` whatever their conditioner (only the router read it then); the bi-encoder reads it
     now (CSR inside the bi-encoder), so in those files it is dropped unless the run is a router run. CASE runs
-    written before ``model.case_head`` existed trained the legacy heads, and keep them.
+    written before ``model.case_head`` existed trained the legacy heads, and keep them; router runs written before
+    ``model.route_over`` existed routed over every token and scaled the context vectors, and keep doing so.
     """
     path = Path(path)
     if path.is_dir():
@@ -421,6 +435,16 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
     model = tree.get("model")
     if saved and isinstance(model, dict) and "cross_attend" not in model and model.get("conditioner") != "router":
         model.pop("router_layers", None)
+    if saved and isinstance(model, dict) and model.get("conditioner") == "router" and "route_over" not in model:
+        # a router run from before 2026-11-24's routing: w covered [CLS] and [SEP] and scaled the context vectors
+        model.update(route_over="all", route_scales="context", scorer=model.get("scorer", "query_key"),
+                     weighting=model.get("weighting", "one_plus_w"))
+    if saved and isinstance(model, dict) and "route_over" not in model and model.get("conditioner") != "router":
+        # every run saved before lists the router's keys with their defaults then, which were not today's
+        if model.get("scorer") == "query_key":
+            model.pop("scorer")
+        if model.get("weighting") == "one_plus_w" and model.get("conditioner") != "biencoder":
+            model.pop("weighting")
     if saved and isinstance(model, dict) and model.get("conditioner") == "case" and "case_head" not in model:
         model["case_head"] = "legacy"  # a CASE run from before the paper's heads: its weights are the old heads'
     return tree

@@ -60,7 +60,10 @@ CONDS = [[3000], [3001, 3002, 3003], [3000]]
 
 
 def router(sharp, special, **kw):  # noqa: F811
-    return build_conditioner("router", encoder=sharp, special=special, max_tokens=24, **kw).eval()
+    """The routing before 2026-11-24 unless told otherwise (query_key, w over every token, context × (1 + w)): the
+    hand computations below follow it; tests/test_router_routes.py checks the defaults."""
+    old = {"scorer": "query_key", "route_over": "all", "route_scales": "context", "weighting": "one_plus_w"}
+    return build_conditioner("router", encoder=sharp, special=special, max_tokens=24, **{**old, **kw}).eval()
 
 
 def states_at(encoder, special, seqs, t):  # noqa: F811

@@ -22,7 +22,11 @@ NEG = torch.finfo(torch.float32).min
 
 
 def router(encoder, special, **kw):
-    return build_conditioner("router", encoder=encoder, special=special, max_tokens=24, **kw).eval()
+    """A router with the routing before 2026-11-24 unless told otherwise (query_key, w over every token, context
+    scaled): these tests check the cross-attention and the scorers by hand on it (tests/test_router_routes.py: the
+    defaults)."""
+    old = {"scorer": "query_key", "route_over": "all", "route_scales": "context", "weighting": "one_plus_w"}
+    return build_conditioner("router", encoder=encoder, special=special, max_tokens=24, **{**old, **kw}).eval()
 
 
 def top_layer_by_hand(layer, hidden, mask, cond, cond_mask, factor):
@@ -212,12 +216,13 @@ def test_explain_prints_one_weight_per_token_summing_to_one(model, tiny_bert, tm
     run = run_dir(tmp_path, tiny_bert, model, "run")
     out = kgc("explain", run, "--head", "virus", "--relation", "isa", "--relation", "causes").stdout
     lines = out.splitlines()
-    assert lines[0].split() == ["token", "R1", "R2"] and "R1 = isa  R2 = causes" in out
+    assert lines[0].split() == ["token", "R1", "R2", "Δ"] and "R1 = isa  R2 = causes" in out
+    assert "(moved)" in out and "w on special tokens:" in out
     rows = lines[1: lines.index(next(x for x in lines if x.startswith("(sum)")))]
     assert rows[0].split()[0] == "[CLS]" and "virus" in [r.split()[0] for r in rows]
     # the router weighs [CLS] s [SEP]; inside the bi-encoder, [CLS] and the head's tokens of [CLS] s [SEP] r [SEP]
     assert (rows[-1].split()[0] == "[SEP]") == (model["conditioner"] == "router")
-    weights = torch.tensor([[float(v) for v in r.split()[1:]] for r in rows])  # (tokens, 2)
+    weights = torch.tensor([[float(v) for v in r.split()[1:3]] for r in rows])  # (tokens, 2)
     torch.testing.assert_close(weights.sum(0), torch.ones(2), atol=3e-3, rtol=0)  # printed to 3 decimals
     png = run / "explain.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -88,7 +88,8 @@ def test_partial_fine_tuning_freezes_and_silences_lower_layers(encoder):
 
 
 def test_router_with_zero_weights_is_the_plain_encoder(encoder, special, monkeypatch):
-    router = build_conditioner("router", encoder=encoder, special=special, max_tokens=24).eval()
+    router = build_conditioner("router", encoder=encoder, special=special, max_tokens=24,
+                               scorer="query_key", route_over="all", route_scales="context", weighting="one_plus_w").eval()
     monkeypatch.setattr(router, "weights", lambda hidden, mask, query: torch.zeros(mask.shape))
     with torch.no_grad():
         torch.testing.assert_close(router(SENTS, CONDS), encoder(**batch_of(special, SENTS)), atol=1e-5, rtol=1e-5)
@@ -96,7 +97,8 @@ def test_router_with_zero_weights_is_the_plain_encoder(encoder, special, monkeyp
 
 
 def test_router_weights_follow_the_papers_equation(encoder, special):
-    router = build_conditioner("router", encoder=encoder, special=special, max_tokens=24).eval()
+    router = build_conditioner("router", encoder=encoder, special=special, max_tokens=24,
+                               scorer="query_key", route_over="all", route_scales="context", weighting="one_plus_w").eval()
     t = router.t
     sb, cb = batch_of(special, SENTS), batch_of(special, CONDS)
     with torch.no_grad():
@@ -119,7 +121,8 @@ def test_router_weights_follow_the_papers_equation(encoder, special):
 
 def test_router_multiplies_context_by_one_plus_w(encoder, special):
     """Recompute the top layer by hand from its submodules with context × (1 + w)."""
-    router = build_conditioner("router", encoder=encoder, special=special, max_tokens=24).eval()
+    router = build_conditioner("router", encoder=encoder, special=special, max_tokens=24,
+                               scorer="query_key", route_over="all", route_scales="context", weighting="one_plus_w").eval()
     with torch.no_grad():
         states, mask = router.encode_sentences(SENTS)  # (batch, len, K = 1, H): the state entering layer t
         assert states.shape[2] == 1

@@ -133,7 +133,8 @@ def test_split_encoders_carry_the_pooled_blocks(tokenizer, special, tmp_path):
 def test_router_with_s2sent_keeps_the_lower_blocks_per_sentence(tokenizer, special, monkeypatch):
     enc = TextEncoder(backbone3(tokenizer), "s2sent", s2sent_blocks=3, s2sent_frequencies=2,
                       s2sent_reduction=4).eval()
-    router = build_conditioner("router", encoder=enc, special=special, max_tokens=24).eval()
+    router = build_conditioner("router", encoder=enc, special=special, max_tokens=24,
+                               scorer="query_key", route_over="all", route_scales="context", weighting="one_plus_w").eval()
     states, _ = router.encode_sentences(SENTS)
     assert states.shape[2] == 2  # the output of layer 1 (fused later) and the state entering layer 2
     monkeypatch.setattr(router, "weights", lambda s, mask, query: torch.zeros(mask.shape))

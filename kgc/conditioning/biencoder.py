@@ -33,15 +33,15 @@ class BiEncoder(Conditioner):
     options = ("router_layers", "weighting")
     explains = "CSR's token weights inside the bi-encoder (biencoder with model.router_layers > 0)"
 
-    def __init__(self, *, router_layers: int | None = 0, weighting: str = "one_plus_w", **kwargs) -> None:
+    def __init__(self, *, router_layers: int | None = 0, weighting: str | None = "one_plus_w", **kwargs) -> None:
         super().__init__(**kwargs)
         self.router_layers: int = router_layers or 0  # CSR in the top k layers; 0: the plain bi-encoder
-        self.weighting = weighting
+        self.weighting = weighting = weighting or "one_plus_w"
         total = self.encoder.num_layers
         if not 0 <= self.router_layers <= total:
             raise KGCError(f"model.router_layers={router_layers}: choose 0..{total} for the bi-encoder (0: no routing)")
-        if weighting not in ("one_plus_w", "w_only"):
-            raise KGCError(f"model.weighting {weighting!r}: choose one_plus_w or w_only")
+        if weighting not in ("one_plus_w", "w_only", "centred"):
+            raise KGCError(f"model.weighting {weighting!r}: choose one_plus_w, w_only or centred")
         self.routing = None
         if self.router_layers:
             check_bert_family(self.encoder.backbone, "model.conditioner=biencoder with router_layers")
@@ -50,7 +50,7 @@ class BiEncoder(Conditioner):
     @classmethod
     def describe(cls, options: dict[str, Any]) -> str:
         k = options.get("router_layers")
-        return cls.name + (f" + CSR in the top {k} layers ({options.get('weighting', 'one_plus_w')})" if k else "")
+        return cls.name + (f" + CSR in the top {k} layers ({options.get('weighting') or 'one_plus_w'})" if k else "")
 
     def export_spec(self) -> dict[str, Any]:
         pair = ("text pair (head text, relation text): tokenizer(head, relation, truncation='longest_first', "

@@ -6,8 +6,10 @@ CSR changes a layer's self-attention in up to three ways, each optional per laye
   token states: keys and values over ``[condition tokens ; sentence tokens]``, the condition's padding
   masked (the authors' released code: ``torch.cat([condition, hidden_states])`` before the key/value
   projections);
-* **a factor on the context vectors** (``scale_layers``) — CSR's Eq. 1: softmax·V of token i times
-  (1 + w_i) (or w_i), before the output projection and the residual;
+* **a factor** (``scale_layers``) — CSR's Eq. 1: softmax·V of token i times (1 + w_i) (or w_i), before the
+  output projection and the residual (``scales="context"``); or token j's value vector times (1 + w_j) before the
+  attention, so every token reads more of the routed ones (``scales="values"``, the router's default); tokens in
+  ``unscaled`` (special tokens w does not cover) keep factor 1;
 * **w** — fixed for every scaled layer (``weights``, or ``score`` applied to the states entering the
   first scaled layer: the router's query–key scorer), or read off each layer's own attention
   (``score_rows``/``score_cols``) — the head-averaged attention probabilities of the query rows ``score_rows``
@@ -55,6 +57,8 @@ class Route:
     score_rows: torch.Tensor | None = None  # (batch, len) query rows whose attention gives w
     score_cols: torch.Tensor | None = None  # (batch, len) keys w is spread over (the sentence's tokens)
     weighting: str = "one_plus_w"
+    scales: str = "context"  # what the factor multiplies: token i's attention context (CSR's Eq. 1) or its value
+    unscaled: torch.Tensor | None = None  # (batch, len) 1 where the factor stays 1 (special tokens w does not cover)
     renormalise: bool = True  # w read off attention (score_rows/cols) sums to 1 over the sentence's tokens
     order: torch.Tensor | None = None  # batch row → row of this route where the pass ran distinct rows only
     seen: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → the w it used (detached), for explain
@@ -70,6 +74,16 @@ def weights_from_attention(probs: torch.Tensor, rows: torch.Tensor, cols: torch.
     r = r / r.sum(1, keepdim=True).clamp_min(1)
     w = torch.einsum("bq,bqk->bk", r, a) * cols.to(a.dtype)  # (batch, len)
     return w / w.sum(1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny) if renormalise else w
+
+
+def word_mask(mask: torch.Tensor, prefix: int, suffix: int) -> torch.Tensor:
+    """(batch, len) 1 on a sentence's own tokens: the real tokens of ``mask`` (right-padded) less the tokenizer's
+    ``prefix`` special tokens before the sentence and ``suffix`` after it ([CLS] and [SEP] for BERT). A row with no
+    token left keeps its real tokens, so a softmax over it is defined."""
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    ends = mask.sum(1, keepdim=True) - suffix  # (batch, 1) the first suffix position
+    words = mask * ((pos[None, :] >= prefix) & (pos[None, :] < ends)).to(mask.dtype)
+    return torch.where(words.sum(1, keepdim=True) > 0, words, mask)
 
 
 def explained(route: Route, rows: torch.Tensor, width: int, token_ids: Sequence[int]) -> Explained:
@@ -139,24 +153,42 @@ class RoutedSelfAttention(nn.Module):
             k = torch.cat([split(self.key(c)), k], 2)  # (b, heads, m + n, dh)
             v = torch.cat([split(self.value(c)), v], 2)
             keep = torch.cat([r.cond_mask.to(keep), keep], 1)
+        scaled = self.layer in r.scale_layers
+        factor = self._factor(r, hidden_states) if scaled and r.scales == "values" else None
+        if factor is not None:  # every position reads the routed tokens' values × (1 + w): heavier attention to them
+            v = torch.cat([v[:, :, :m], v[:, :, m:] * factor[:, None, :, None].to(v.dtype)], 2)
         scores = q @ k.transpose(-1, -2) * self.scaling  # (b, heads, n, m + n)
         scores = scores.masked_fill(keep[:, None, None, :] == 0, torch.finfo(scores.dtype).min)
         probs = scores.softmax(-1)
         context = F.dropout(probs, self.dropout.p, self.training) @ v  # (b, heads, n, dh)
         context = context.transpose(1, 2).reshape(b, n, -1)  # (b, n, H)
-        if self.layer in r.scale_layers:
-            if r.score_layer is not None:  # every scaled layer scores its own input (the CSR paper's w_t)
-                w = r.score_layer(self.layer, hidden_states)
-            else:
-                if r.weights is None and r.score is not None:  # the first scaled layer scores its input once
-                    r.weights = r.score(hidden_states)
-                w = r.weights if r.weights is not None else weights_from_attention(probs[..., m:], r.score_rows,
-                                                                                   r.score_cols,
-                                                                                   renormalise=r.renormalise)
-            r.seen[self.layer] = w.detach()
-            factor = (1 + w) if r.weighting == "one_plus_w" else w
+        if scaled and r.scales == "context":  # CSR's Eq. 1: token i's context × (1 + w_i)
+            factor = self._factor(r, hidden_states, probs[..., m:])
             context = context * factor.unsqueeze(-1).to(context.dtype)
         return context, probs
+
+    def _factor(self, r: Route, hidden_states: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, n) the factor of each sentence token in this layer: 1 + w (or w), 1 where ``r.unscaled``; w as the
+        route says (fixed, scored from the states entering the first scaled layer, scored per layer, or read off
+        this layer's attention ``probs`` over the sentence's keys); recorded in ``r.seen`` for ``kgc explain``."""
+        if r.score_layer is not None:  # every scaled layer scores its own input (the CSR paper's w_t)
+            w = r.score_layer(self.layer, hidden_states)
+        else:
+            if r.weights is None and r.score is not None:  # the first scaled layer scores its input once
+                r.weights = r.score(hidden_states)
+            w = r.weights if r.weights is not None else weights_from_attention(probs, r.score_rows, r.score_cols,
+                                                                               renormalise=r.renormalise)
+        r.seen[self.layer] = w.detach()
+        if r.weighting == "one_plus_w":
+            factor = 1 + w
+        elif r.weighting == "centred":  # 1 + w − 1/n over the n tokens w covers: uniform w (or one token) is a no-op
+            n = r.score_cols.to(w.dtype).sum(1, keepdim=True).clamp_min(1)
+            factor = (1 + w - 1 / n) * r.score_cols.to(w.dtype) + (1 - r.score_cols.to(w.dtype))
+        else:
+            factor = w
+        if r.unscaled is not None:  # tokens outside w's softmax keep their context as it is
+            factor = torch.where(r.unscaled.to(factor.device) > 0, torch.ones_like(factor), factor)
+        return factor
 
 
 def _bare(original: type) -> RoutedSelfAttention:
