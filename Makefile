@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test clean study-umls wn18rr-cpu
+.PHONY: install quickstart test clean study-umls study-routing wn18rr-cpu
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,20 @@ study-umls: install
 	run hyper_res_long $$HRES $$LONG; \
 	run biencoder_csr1 recipes/umls_biencoder.yaml --set model.router_layers=1
 	head -n 2 $(STUDY)/csr_k1/compare.md; for d in $(STUDY)/*/; do tail -n 1 $$d/compare.md; done
+
+# README "A router that routes": the router rows of the UMLS study and the C-STS router rows with the routing
+# defaults (the paper's q^c, w over words, values × (1 + w − 1/n)); one `kgc compare` per row, ~25 min on 2 cores.
+ROUTING ?= runs/routing_study
+study-routing: install
+	set -e; run() { n=$$1; shift; $(BIN)/kgc compare "$$@" --set name=$$n --no-progress --out $(ROUTING)/$$n; }; \
+	NEW="--set model.scorer=paper --set model.route_over=words --set model.route_scales=values --set model.weighting=centred"; \
+	CSR="recipes/umls_csr_top2.yaml --set model.router_layers=1 --set model.cross_attend=none $$NEW"; \
+	run csr_k1 $$CSR; \
+	run csr_top_k2 $$CSR --set model.cross_attend=top --set model.router_layers=2; \
+	run csr_top_k3 recipes/umls_csr.yaml $$NEW; \
+	run csts_synth_csr recipes/csts_synth_csr.yaml; \
+	run csts_synth_csr_top2 recipes/csts_synth_csr.yaml --set model.cross_attend=top --set model.router_layers=2
+	for d in $(ROUTING)/*/; do tail -n 1 $$d/compare.md; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -492,7 +492,7 @@ def data_synth_csts(out: Path = typer.Argument(..., help="folder for csts_{train
 
 @data_app.command("synth-routing")
 def data_synth_routing(out: Path = typer.Argument(..., help="folder for the KG-BERT layout (data.path)"),
-                       slots: int = typer.Option(3, "--slots", min=1, help="words per head = relations (at most 4)"),
+                       slots: int = typer.Option(3, "--slots", help="words per head = relations (2 to 4)"),
                        heads: int = typer.Option(96, "--heads", min=1),
                        seed: int = typer.Option(0, "--seed")) -> None:
     """Generate a graph where the relation decides which word of the head answers it (a router must route)."""

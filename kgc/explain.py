@@ -39,10 +39,10 @@ class Explanation:
     layers: list[int] = field(default_factory=list)  # router: the layers w was read in
     special: list[bool] = field(default_factory=list)  # router: which of ``tokens`` are the tokenizer's special ones
 
-    def special_share(self) -> np.ndarray:
-        """Router: the mass of w on special tokens ([CLS], [SEP]), per condition (conditions,)."""
-        return self.values[:, np.asarray(self.special, dtype=bool)].sum(1) if self.special else \
-            np.zeros(len(self.values))
+    def special_share(self) -> np.ndarray | None:
+        """Router: the mass of w on special tokens ([CLS], [SEP]), per condition (conditions,); None when the
+        explanation does not say which tokens are special."""
+        return self.values[:, np.asarray(self.special, dtype=bool)].sum(1) if self.special else None
 
     def spread(self) -> np.ndarray:
         """Router: each condition's total-variation distance from the mean row, ½ Σ_i |w_c,i − w̄_i| (conditions,):
@@ -62,7 +62,8 @@ class Explanation:
         if self.kind == "router":
             out.update(tokens=self.tokens, layers=self.layers,
                        weights={c: [round(float(x), 6) for x in row] for c, row in zip(self.conditions, self.values)},
-                       special_share=dict(zip(self.conditions, (round(float(x), 6) for x in self.special_share()))),
+                       special_share=None if self.special_share() is None else
+                       dict(zip(self.conditions, (round(float(x), 6) for x in self.special_share()))),
                        spread=dict(zip(self.conditions, (round(float(x), 6) for x in self.spread()))),
                        condition_blind=self.condition_blind())
         else:
@@ -127,8 +128,9 @@ def render_text(ex: Explanation, max_columns: int = 12) -> str:
     share, spread = ex.special_share(), ex.spread()
     lines = [legend, f"w per token (rows sum to 1), router layer(s) {layers}; Δ: max − min of a token's w across "
                      "conditions; (moved): the share of w a condition moves away from the mean row (total variation)",
-             f"w on special tokens: {share.mean():.3f} (min {share.min():.3f}, max {share.max():.3f}); "
-             f"moved by the condition: mean {spread.mean():.3f}, max {spread.max():.3f}"]
+             ("w on special tokens: n/a" if share is None else
+              f"w on special tokens: {share.mean():.3f} (min {share.min():.3f}, max {share.max():.3f})")
+             + f"; moved by the condition: mean {spread.mean():.3f}, max {spread.max():.3f}"]
     if ex.condition_blind():
         lines.append(f"warning: the routing is condition-blind here: no condition moves {BLIND:.0%} of w (every "
                      "condition weighs these tokens alike; whatever conditions this run comes from elsewhere, e.g. "

@@ -290,6 +290,20 @@ class Recipe(_Section):
         return self
 
     @model_validator(mode="after")
+    def _routing_defaults(self) -> "Recipe":
+        """The defaults that depend on the conditioner or the scorer, written into the recipe (so a saved run's
+        recipe.yaml names the routing it trained with, whatever later defaults become)."""
+        m = self.model
+        if m.conditioner == "router":
+            if m.route_scales is None:
+                m.route_scales = "context" if m.scorer == "cls_attention" else "values"
+            if m.weighting is None:
+                m.weighting = "one_plus_w" if m.scorer == "cls_attention" and not m.renormalise else "centred"
+        elif m.conditioner == "biencoder" and m.weighting is None:
+            m.weighting = "one_plus_w"
+        return self
+
+    @model_validator(mode="after")
     def _options_of_this_conditioner(self) -> "Recipe":
         if self.model.conditioner not in CONDITIONERS:
             return self  # an unknown name fails when the model is built, with the list of registered ones
@@ -418,6 +432,8 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
     ``model.route_over`` existed routed over every token and scaled the context vectors, and keep doing so.
     """
     path = Path(path)
+    if path.name == "recipe.yaml" and any((path.parent / f).exists() for f in ("metrics.jsonl", "best.pt")):
+        saved = True  # a run's own recipe (`kgc train RUN/recipe.yaml --out NEW`): read as the run was trained
     if path.is_dir():
         raise KGCError(f"{path}: a folder, not a recipe. Give a YAML file, e.g. recipes/umls_biencoder.yaml")
     if not path.is_file():

@@ -120,9 +120,16 @@ def test_runs_saved_before_word_routing_route_as_they_were_trained(tmp_path):
     m = load_recipe(old, saved=True).model
     assert (m.scorer, m.route_over, m.route_scales, m.weighting) == ("query_key", "all", "context", "one_plus_w")
     m = load_recipe(old).model  # a recipe someone writes today gets today's routing
-    assert (m.scorer, m.route_over, m.route_scales, m.weighting) == ("query_key", "words", None, None)
+    assert (m.scorer, m.route_over, m.route_scales, m.weighting) == ("query_key", "words", "values", "centred")
+    (tmp_path / "metrics.jsonl").write_text("")  # the file in a run folder: `kgc train RUN/recipe.yaml` reads it as
+    m = load_recipe(old).model                    # the run was trained
+    assert (m.scorer, m.route_over, m.route_scales, m.weighting) == ("query_key", "all", "context", "one_plus_w")
+    new = load_recipe(None, ["model.conditioner=router"])  # a new run's recipe.yaml names its routing
+    assert "route_scales: values" in new.to_yaml() and "weighting: centred" in new.to_yaml()
     assert load_recipe(None, ["model.conditioner=router"]).model.scorer == "paper"
     # every key was saved then, weighting: one_plus_w included, also by conditioners that do not read it
+    old = tmp_path / "other" / "recipe.yaml"
+    old.parent.mkdir()
     old.write_text("name: old\nmodel: {conditioner: hypernet, weighting: one_plus_w, scorer: query_key}\n")
     assert load_recipe(old, saved=True).model.weighting is None
 

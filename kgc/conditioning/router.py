@@ -98,7 +98,7 @@ class Router(Conditioner):
                  route_temperature: float = 1.0, route_scales: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         router_layers = 1 if router_layers is None else router_layers
-        weighting = weighting or "centred"
+        weighting = weighting or ("one_plus_w" if scorer == "cls_attention" and not renormalise else "centred")
         backbone = self.encoder.backbone
         check_bert_family(backbone, "model.conditioner=router")
         total = self.encoder.num_layers
@@ -165,8 +165,8 @@ class Router(Conditioner):
     def export_spec(self) -> dict[str, Any]:
         return {"reproducible_outside_kgc": False,
                 "query": "CSR routing rescales attention context vectors inside the top router_layers layers of the "
-                         "query tower (kgc.conditioning.router; the heavy scorer's w_q / w_k are in "
-                         "conditioner.safetensors); the exported encoder holds the weights but a stock transformer "
+                         "query tower (kgc.conditioning.router; the heavy scorer's w_q / w_k and the learned scorer's "
+                         "w_route are in conditioner.safetensors); the exported encoder holds the weights but a stock transformer "
                          "does not route. Use kgc for queries.",
                 "options": {"router_layers": self.router_layers, "weighting": self.weighting, "scorer": self.scorer,
                             "cross_attend": self.cross_attend, "renormalise": self.renormalise,

@@ -156,7 +156,8 @@ class RoutedSelfAttention(nn.Module):
         scaled = self.layer in r.scale_layers
         factor = self._factor(r, hidden_states) if scaled and r.scales == "values" else None
         if factor is not None:  # every position reads the routed tokens' values × (1 + w): heavier attention to them
-            v = torch.cat([v[:, :, :m], v[:, :, m:] * factor[:, None, :, None].to(v.dtype)], 2)
+            vs = v[:, :, m:]  # (b, heads, n, dh); + vs·(factor − 1): bf16 would round a factor near 1 to 1
+            v = torch.cat([v[:, :, :m], vs + vs * (factor - 1)[:, None, :, None].to(v.dtype)], 2)
         scores = q @ k.transpose(-1, -2) * self.scaling  # (b, heads, n, m + n)
         scores = scores.masked_fill(keep[:, None, None, :] == 0, torch.finfo(scores.dtype).min)
         probs = scores.softmax(-1)
@@ -164,7 +165,7 @@ class RoutedSelfAttention(nn.Module):
         context = context.transpose(1, 2).reshape(b, n, -1)  # (b, n, H)
         if scaled and r.scales == "context":  # CSR's Eq. 1: token i's context × (1 + w_i)
             factor = self._factor(r, hidden_states, probs[..., m:])
-            context = context * factor.unsqueeze(-1).to(context.dtype)
+            context = context + context * (factor - 1).unsqueeze(-1).to(context.dtype)
         return context, probs
 
     def _factor(self, r: Route, hidden_states: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
@@ -182,8 +183,9 @@ class RoutedSelfAttention(nn.Module):
         if r.weighting == "one_plus_w":
             factor = 1 + w
         elif r.weighting == "centred":  # 1 + w − 1/n over the n tokens w covers: uniform w (or one token) is a no-op
-            n = r.score_cols.to(w.dtype).sum(1, keepdim=True).clamp_min(1)
-            factor = (1 + w - 1 / n) * r.score_cols.to(w.dtype) + (1 - r.score_cols.to(w.dtype))
+            cols = (r.score_cols if r.score_cols is not None else r.mask).to(w.device, w.dtype)
+            n = cols.sum(1, keepdim=True).clamp_min(1)
+            factor = (1 + w - 1 / n) * cols + (1 - cols)
         else:
             factor = w
         if r.unscaled is not None:  # tokens outside w's softmax keep their context as it is

@@ -38,8 +38,9 @@ SLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 def routing_graph(*, slots: int = 3, heads: int = 96, seed: int = 0) -> dict[str, object]:
     """The graph as data: ``entities`` (id → text), ``relations`` (id → text), ``train``/``dev``/``test`` triples
     and ``positions`` (relation id → the token position its answer sits at, [CLS] being 0)."""
-    if not 1 <= slots <= len(SLOTS):
-        raise KGCError(f"synth-routing: slots={slots}: choose 1..{len(SLOTS)}")
+    if not 2 <= slots <= len(SLOTS):
+        raise KGCError(f"synth-routing: slots={slots}: choose 2..{len(SLOTS)} (with one relation nothing is "
+                       "routed, and every head's one triple would be needed in train)")
     pools = [words for _, _, words in SLOTS[:slots]]
     combos = 1
     for p in pools:
