@@ -298,8 +298,8 @@ def synth_routing(out: str | Path, **options: Any) -> dict[str, int]:
     synth-routing``, :mod:`kgc.data.routing_synth`); returns the triples per split."""
     from kgc.data.routing_synth import routing_graph, write_routing_graph
 
-    write_routing_graph(out, **options)
     graph = routing_graph(**options)
+    write_routing_graph(out, graph=graph)
     return {split: len(graph[split]) for split in ("train", "dev", "test")}
 
 

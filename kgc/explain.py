@@ -114,18 +114,17 @@ def render_text(ex: Explanation, max_columns: int = 12) -> str:
         for name, sv, er in zip(ex.conditions, ex.values, ex.effective_ranks()):
             lines.append(f"{name[:27]:<28}{er:9.2f}   " + " ".join(f"{x:.3g}" for x in sv[:8]))
         return "\n".join(lines)
-    blocks = []
+    blocks, share, spread = [], ex.special_share(), ex.spread()
     for start in range(0, len(ex.conditions), max_columns):  # a few conditions per block keeps lines short
         names = ex.conditions[start: start + max_columns]
         head = "token".ljust(18) + "".join(f"{'R' + str(start + j + 1):>8}" for j in range(len(names))) + "Δ".rjust(8)
         rows = [f"{tok[:17]:<18}" + "".join(f"{ex.values[start + j, i]:8.3f}" for j in range(len(names)))
                 + f"{np.ptp(ex.values[:, i]):8.3f}" for i, tok in enumerate(ex.tokens)]
         total = "(sum)".ljust(18) + "".join(f"{ex.values[start + j].sum():8.3f}" for j in range(len(names)))
-        moved = "(moved)".ljust(18) + "".join(f"{ex.spread()[start + j]:8.3f}" for j in range(len(names)))
+        moved = "(moved)".ljust(18) + "".join(f"{spread[start + j]:8.3f}" for j in range(len(names)))
         blocks.append("\n".join([head] + rows + [total, moved]))
     legend = "  ".join(f"R{j + 1} = {name}" for j, name in enumerate(ex.conditions))
     layers = ", ".join(map(str, ex.layers))
-    share, spread = ex.special_share(), ex.spread()
     lines = [legend, f"w per token (rows sum to 1), router layer(s) {layers}; Δ: max − min of a token's w across "
                      "conditions; (moved): the share of w a condition moves away from the mean row (total variation)",
              ("w on special tokens: n/a" if share is None else

@@ -290,17 +290,15 @@ class Recipe(_Section):
         return self
 
     @model_validator(mode="after")
-    def _routing_defaults(self) -> "Recipe":
-        """The defaults that depend on the conditioner or the scorer, written into the recipe (so a saved run's
-        recipe.yaml names the routing it trained with, whatever later defaults become)."""
-        m = self.model
-        if m.conditioner == "router":
-            if m.route_scales is None:
-                m.route_scales = "context" if m.scorer == "cls_attention" else "values"
-            if m.weighting is None:
-                m.weighting = "one_plus_w" if m.scorer == "cls_attention" and not m.renormalise else "centred"
-        elif m.conditioner == "biencoder" and m.weighting is None:
-            m.weighting = "one_plus_w"
+    def _conditioner_defaults(self) -> "Recipe":
+        """The defaults that depend on other options (the conditioner's ``resolved_options``), written into the
+        recipe, so a saved run's recipe.yaml names what it trained with whatever later defaults become."""
+        if self.model.conditioner in CONDITIONERS:  # an unknown name fails when the model is built
+            cls = CONDITIONERS[self.model.conditioner]
+            mine = {k: getattr(self.model, k) for k in cls.options}
+            for key, value in cls.resolved_options(mine).items():
+                if value != mine[key]:
+                    setattr(self.model, key, value)
         return self
 
     @model_validator(mode="after")

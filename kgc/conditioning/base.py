@@ -86,6 +86,12 @@ class Conditioner(nn.Module, ABC):
         """Width of the embeddings :meth:`combine` returns."""
         return self.encoder.dim
 
+    @classmethod
+    def resolved_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` (this conditioner's ``model.*`` values) with the defaults that depend on other options filled
+        in where they are None; the recipe writes the result, so a saved run names what it trained with."""
+        return dict(options)
+
     # describing itself: compare, export and explain ask these instead of branching on ``name``
     @classmethod
     @abstractmethod

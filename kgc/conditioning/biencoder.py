@@ -36,7 +36,7 @@ class BiEncoder(Conditioner):
     def __init__(self, *, router_layers: int | None = 0, weighting: str | None = "one_plus_w", **kwargs) -> None:
         super().__init__(**kwargs)
         self.router_layers: int = router_layers or 0  # CSR in the top k layers; 0: the plain bi-encoder
-        self.weighting = weighting = weighting or "one_plus_w"
+        self.weighting = weighting = self.resolved_options({"weighting": weighting})["weighting"]
         total = self.encoder.num_layers
         if not 0 <= self.router_layers <= total:
             raise KGCError(f"model.router_layers={router_layers}: choose 0..{total} for the bi-encoder (0: no routing)")
@@ -46,6 +46,11 @@ class BiEncoder(Conditioner):
         if self.router_layers:
             check_bert_family(self.encoder.backbone, "model.conditioner=biencoder with router_layers")
             self.routing = RoutedAttention(self.encoder.backbone, self.routing_layers)
+
+    @classmethod
+    def resolved_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Unset ``weighting``: one_plus_w (CSR's Eq. 1 inside the bi-encoder)."""
+        return {**options, "weighting": options.get("weighting") or "one_plus_w"}
 
     @classmethod
     def describe(cls, options: dict[str, Any]) -> str:

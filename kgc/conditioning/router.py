@@ -98,7 +98,9 @@ class Router(Conditioner):
                  route_temperature: float = 1.0, route_scales: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         router_layers = 1 if router_layers is None else router_layers
-        weighting = weighting or ("one_plus_w" if scorer == "cls_attention" and not renormalise else "centred")
+        resolved = self.resolved_options({"weighting": weighting, "scorer": scorer, "renormalise": renormalise,
+                                          "route_scales": route_scales})
+        weighting, route_scales = resolved["weighting"], resolved["route_scales"]
         backbone = self.encoder.backbone
         check_bert_family(backbone, "model.conditioner=router")
         total = self.encoder.num_layers
@@ -124,7 +126,6 @@ class Router(Conditioner):
         if route_temperature != 1 and scorer == "cls_attention":
             raise KGCError("model.route_temperature applies to the scorers that compute w as a softmax of scores; "
                            "scorer cls_attention reads w off the layer's own attention")
-        route_scales = route_scales or ("context" if scorer == "cls_attention" else "values")
         if route_scales not in ("context", "values"):
             raise KGCError(f"model.route_scales {route_scales!r}: choose context or values")
         if route_scales == "values" and scorer == "cls_attention":
@@ -150,6 +151,18 @@ class Router(Conditioner):
     @property
     def entry_layer(self) -> int:
         return 0 if self.cross_attend == "all" else self.t
+
+    @classmethod
+    def resolved_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Unset ``route_scales``: values (context for ``cls_attention``, which reads w off the attention the values
+        feed); unset ``weighting``: centred (one_plus_w for ``cls_attention`` unrenormalised: that w sums to < 1)."""
+        out = dict(options)
+        cls_attention = out.get("scorer", "paper") == "cls_attention"
+        if out.get("route_scales") is None:
+            out["route_scales"] = "context" if cls_attention else "values"
+        if out.get("weighting") is None:
+            out["weighting"] = "one_plus_w" if cls_attention and not out.get("renormalise", True) else "centred"
+        return out
 
     @classmethod
     def describe(cls, options: dict[str, Any]) -> str:

@@ -84,9 +84,11 @@ def routing_graph(*, slots: int = 3, heads: int = 96, seed: int = 0) -> dict[str
             "positions": {rid: s + 1 for s, (rid, _, _) in enumerate(SLOTS[:slots])}}
 
 
-def write_routing_graph(out: str | Path, *, slots: int = 3, heads: int = 96, seed: int = 0) -> Path:
-    """Write :func:`routing_graph` to ``out`` in the KG-BERT layout; returns the folder."""
-    graph = routing_graph(slots=slots, heads=heads, seed=seed)
+def write_routing_graph(out: str | Path, *, slots: int = 3, heads: int = 96, seed: int = 0,
+                        graph: dict[str, object] | None = None) -> Path:
+    """Write :func:`routing_graph` (or ``graph``, one it returned) to ``out`` in the KG-BERT layout; returns the
+    folder."""
+    graph = graph if graph is not None else routing_graph(slots=slots, heads=heads, seed=seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "entity2text.txt", "".join(f"{k}\t{v}\n" for k, v in graph["entities"].items()))
