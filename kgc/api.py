@@ -16,6 +16,7 @@ Recipe overrides are keyword arguments with ``__`` between section and key (``tr
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
@@ -134,9 +135,10 @@ def compare(recipes: Sequence[str | Path], overrides: Sequence[str] = (), out: s
 
 def curves(runs: Sequence[str | Path], out: str | Path, *, echo: Echo | None = print) -> dict:
     """Plot the validation curves of several runs of one task in one PNG (by examples seen and by training minutes,
-    validation excluded; runs still training included). Returns ``{"png", "runs", "last"}``: each run's last
-    validation record."""
-    from kgc.training.common import MetricsLog, plot_runs
+    validation excluded; runs still training included), each run's best validation starred. Returns ``{"png",
+    "runs", "metric", "best", "last"}``: each run's best validation record (the highest ``metric``, the one best.pt
+    holds) and its last one (None for a run not validated yet)."""
+    from kgc.training.common import MetricsLog, best_record, plot_runs
     from kgc.training.run import RunDir
     from kgc.training.task import task_class
 
@@ -153,7 +155,8 @@ def curves(runs: Sequence[str | Path], out: str | Path, *, echo: Echo | None = p
     for name in empty:
         (echo or _silent)(f"{name}: no validation records yet (eval.validate_every_steps sets how often)")
     last = {n: next((r for r in reversed(rs) if task.metric in r), None) for n, rs in records.items()}
-    return {"png": str(out), "runs": names, "metric": task.metric, "last": last}
+    best = {n: best_record(rs, task.metric) for n, rs in records.items()}
+    return {"png": str(out), "runs": names, "metric": task.metric, "best": best, "last": last}
 
 
 def explain(run: "str | Path | Run", *, head: str | None = None, relations: Sequence[str] = (),
@@ -178,6 +181,41 @@ def render(explanation: Any) -> str:
     return render_text(explanation)
 
 
+def serve(run_dir: str | Path, **options: Any) -> int:
+    """``kgc serve``: serve a run over HTTP until SIGINT/SIGTERM (:func:`kgc.serve.serve`)."""
+    from kgc.serve import serve as run_server
+
+    return run_server(run_dir, **options)
+
+
+def ask_server(url: str, path: str, body: Any, *, timeout: float = 60.0) -> Any:
+    """POST ``body`` to a running ``kgc serve`` at ``url`` (``kgc predict --server``): its JSON answer, or one
+    KGCError with the server's message (unknown names, bad input) or saying that nothing answers there."""
+    import httpx
+
+    try:
+        r = httpx.post(url.rstrip("/") + path, json=body, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise KGCError(f"no kgc server answers at {url} ({type(exc).__name__}: {exc}). Start one with "
+                       "`kgc serve RUN_DIR`, or drop --server to load the run here.") from None
+    try:
+        data = r.json()
+    except ValueError:
+        raise KGCError(f"{url}{path} answered {r.status_code} without JSON: is it a kgc server?") from None
+    if r.status_code != 200:
+        detail = data.get("detail") if isinstance(data, dict) else data
+        raise KGCError(f"{url}: {detail if isinstance(detail, str) else json.dumps(detail)}")
+    return data
+
+
+def app(run: "str | Path | Run", **options: Any):
+    """The FastAPI app ``kgc serve`` runs, for a run directory or a loaded run (e.g. to mount it in another app or
+    test it with ``fastapi.testclient.TestClient``); ``options``: :func:`kgc.serve.create_app`'s."""
+    from kgc.serve import create_app
+
+    return create_app(load(run, echo=None) if isinstance(run, (str, Path)) else run, **options)
+
+
 def bench_inference(**options: Any) -> dict:
     """``kgc bench inference``: queries/s of each conditioner, entity embeddings cached (kgc.bench)."""
     from kgc.bench import bench_inference as run
@@ -190,6 +228,13 @@ def bench_train(recipe: str | Path, **options: Any) -> dict:
     from kgc.bench import bench_train as run
 
     return run(Path(recipe), **options)
+
+
+def bench_serve(run_dir: str | Path, **options: Any) -> dict:
+    """``kgc bench serve``: answers/s and latency of ``kgc serve RUN`` under 1, 8, 32 … concurrent clients."""
+    from kgc.bench import bench_serve as run
+
+    return run(Path(run_dir), **options)
 
 
 def bench_index(**options: Any) -> dict:
@@ -246,29 +291,24 @@ def datasets() -> list[dict[str, str]]:
 
 def check_data(dataset: str | Path | None = None, recipe: RecipeLike | None = None,
                overrides: Mapping[str, Any] | Sequence[str] | None = None) -> Any:
-    """``kgc data check``: read a link-prediction dataset (a catalog name or a folder; default: the recipe's data)
-    as training would, with the recipe's data settings (defaults without one), and return its
-    :class:`kgc.data.check.DataReport` — counts, errors, warnings and the fallbacks taken. An unreadable file raises
-    KGCError (file, line, fix), as ``kgc train`` would."""
-    from kgc.data.catalog import find_dataset
-    from kgc.data.check import check_graph
-    from kgc.data.graph import read_graph
-    from kgc.data.texts import SpecialTokens
-    from kgc.encoding.backbone import load_tokenizer, resolve_backbone
+    """``kgc data check``: read a dataset (a catalog name or a folder; default: the recipe's data) as training
+    would, with the recipe's data settings (defaults without one), and return its task's report — ``folder``,
+    ``errors``, ``lines()``: counts, errors, warnings and the fallbacks taken (link prediction:
+    :class:`kgc.data.check.DataReport`; C-STS: :class:`kgc.csts.data.CSTSReport`). The task is the recipe's; with
+    no recipe (and no ``task`` override) it is the one the dataset holds data for — a catalog name's, or a folder's
+    by its files (``csts_train.csv``: C-STS). An unreadable file raises KGCError (file, line, fix), as
+    ``kgc train`` would."""
+    from kgc.data.catalog import dataset_task
+    from kgc.recipe import override_keys
+    from kgc.training.task import task_class
 
-    rec = resolve_recipe(recipe if recipe is not None else {}, overrides)
-    if rec.task != "linkpred":
-        raise KGCError(f"kgc data check reads link-prediction datasets; this recipe has task {rec.task}")
-    d = rec.data
-    if dataset is not None:
-        folder, _ = find_dataset(str(dataset))
-    else:
-        folder, _ = find_dataset(d.dataset, d.path)
-    graph = read_graph(folder, long_text=d.long_text)
-    tokenizer = load_tokenizer(resolve_backbone(rec.model.backbone))
-    extra = SpecialTokens.from_tokenizer(tokenizer).n_single
-    lengths = [len(ids) + extra for ids in tokenizer(graph.full_texts, add_special_tokens=False)["input_ids"]]
-    return check_graph(graph, allow_unseen_relations=d.allow_unseen_relations).with_lengths(lengths, d.max_tokens)
+    tree: RecipeLike = recipe if recipe is not None else {}
+    if recipe is None and dataset is not None and "task" not in override_keys(overrides):
+        found = dataset_task(str(dataset))
+        if found is not None:
+            tree = {"task": found}
+    rec = resolve_recipe(tree, overrides)
+    return task_class(rec.task).check_data(rec, dataset)
 
 
 def recipe_keys(task: str | None = None) -> list[dict[str, str]]:

@@ -343,3 +343,154 @@ def structure_table(result: dict, run_results: dict | None = None) -> str:
         else:
             out += fmt("kgc run", pick(run_results))
     return out.rstrip("\n")
+
+
+# ---------------------------------------------------------------- kgc bench serve
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    """The process's peak resident memory (VmHWM, Linux), MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(round(q / 100 * (len(sorted_values) - 1))))]
+
+
+async def _drive(url: str, requests: list, clients: int, seconds: float, max_requests: int) -> dict:
+    """``clients`` concurrent loops, each sending the next request and waiting for its answer, until ``seconds``
+    have passed or ``max_requests`` were sent. Latencies of answered requests; errors by kind."""
+    import asyncio
+
+    import httpx
+
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    sent = 0
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as client:
+        async def worker() -> None:
+            nonlocal sent
+            while time.perf_counter() < deadline and sent < max_requests:
+                path, body = requests[sent % len(requests)]
+                sent += 1
+                start = time.perf_counter()
+                try:
+                    r = await client.post(path, json=body)
+                except httpx.HTTPError as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    continue
+                if r.status_code == 200:
+                    latencies.append(time.perf_counter() - start)
+                else:
+                    errors[str(r.status_code)] = errors.get(str(r.status_code), 0) + 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - start
+    latencies.sort()
+    return {"clients": clients, "seconds": round(wall, 2), "answers": len(latencies),
+            "answers_per_s": round(len(latencies) / wall, 1),
+            "p50_ms": None if not latencies else round(1000 * _percentile(latencies, 50), 1),
+            "p95_ms": None if not latencies else round(1000 * _percentile(latencies, 95), 1),
+            "p99_ms": None if not latencies else round(1000 * _percentile(latencies, 99), 1),
+            "errors": sum(errors.values()), "error_kinds": errors}
+
+
+def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: float = 20.0, warmup: int = 20,
+                max_requests: int = 100_000, startup_timeout: float = 600.0, server_args: list[str] = (),
+                echo=print) -> dict:
+    """``kgc bench serve``: start ``kgc serve RUN`` on a free port of 127.0.0.1 as its own process, wait until it is
+    ready, then for each count in ``clients`` drive it with that many concurrent clients for ``seconds``
+    (``warmup`` requests first, not counted) with requests made from the run's test data, and stop it with
+    SIGTERM. Rows: answers/s, p50/p95/p99 latency, errors; with the server's peak RSS and the batching counts of
+    ``/info``. Bounded: each row stops after ``seconds`` or ``max_requests``; the server is stopped whatever
+    happens."""
+    import asyncio
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    from kgc.training.task import open_run
+
+    if not clients or min(clients) < 1:
+        raise KGCError("--clients: give one or more counts ≥ 1, e.g. --clients 1,8,32")
+    if seconds <= 0:
+        raise KGCError("--seconds must be positive")
+    run = open_run(run_dir, echo=None)
+    requests = run.serving().sample_requests(min(max_requests, 20_000))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "kgc", "serve", str(run_dir), "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", *server_args]
+    import tempfile
+
+    log = Path(tempfile.mkdtemp(prefix="kgc-bench-serve-")) / "server.log"  # the server's output, for a failure
+    rows, info = [], {}
+    with open(log, "w", encoding="utf-8") as log_fh:
+        server = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT)
+        try:
+            start = time.perf_counter()
+            while True:
+                if server.poll() is not None:
+                    raise KGCError(f"kgc serve {run_dir} stopped before it was ready (exit {server.returncode}); "
+                                   f"its output: {log}")
+                try:
+                    status = httpx.get(f"{url}/health", timeout=5).json().get("status")
+                except (httpx.HTTPError, ValueError):
+                    status = None
+                if status == "ready":
+                    break
+                if time.perf_counter() - start > startup_timeout:
+                    raise KGCError(f"kgc serve {run_dir} was not ready within {startup_timeout:.0f}s; see {log}")
+                time.sleep(0.5)
+            ready_seconds = round(time.perf_counter() - start, 1)
+            echo(f"server ready in {ready_seconds}s (pid {server.pid}, {url})")
+            asyncio.run(_drive(url, requests, min(4, max(clients)), 60.0, warmup))  # warm-up, not counted
+            for n in clients:
+                row = asyncio.run(_drive(url, requests, n, seconds, max_requests))
+                row["server_peak_rss_mb"] = _peak_rss_mb(server.pid)
+                rows.append(row)
+                echo(f"{n:>4} clients: {row['answers_per_s']:>8.1f} answers/s   p50 {row['p50_ms']} ms   "
+                     f"p95 {row['p95_ms']} ms   p99 {row['p99_ms']} ms   errors {row['errors']}   "
+                     f"server RSS {row['server_peak_rss_mb']} MiB")
+            info = httpx.get(f"{url}/info", timeout=10).json()
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+    rec = run.recipe
+    return {"run": str(run_dir), "task": run.task, "dataset": rec.data.path or rec.data.dataset,
+            "conditioner": rec.model.conditioner, "threads": torch.get_num_threads(), "cpus": _cpus(),
+            "ready_seconds": ready_seconds, "seconds_per_row": seconds, "rows": rows,
+            "batching": info.get("batching"), "query_engine": info.get("query_engine"),
+            "entities": info.get("entities"), "server_exit": server.returncode}
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from kgc.errors import KGCError
+from kgc.errors import KGCError, ResultsNotSaved
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Knowledge-graph completion with text encoders (SimKGC pipeline), "
@@ -90,10 +91,16 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
     options = {"rerank": rerank, "entities_from": entities_from, "candidates": candidates,
                "use_index": use_index or None, "top_k": top_k}
     split = split or "test"
-    ev = run.evaluation(split, batch_size=batch_size, progress=progress,
-                        **{k: v for k, v in options.items() if v is not None})
+    try:
+        ev, unsaved = run.evaluation(split, batch_size=batch_size, progress=progress,
+                                     **{k: v for k, v in options.items() if v is not None}), None
+    except ResultsNotSaved as exc:  # the run folder refused the files: the figures are printed all the same
+        ev, unsaved = exc.evaluation, exc
     for line in kgc.api.report(run, ev, split):
-        _echo(line)
+        if unsaved is None or not line.startswith("wrote "):
+            _echo(line)
+    if unsaved is not None:
+        raise unsaved
 
 
 @app.command()
@@ -187,30 +194,89 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
 @app.command()
 def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory (default: the newest run "
                                                                   "under ./runs); its index is built if missing"),
-            head: str = typer.Option(..., "--head", help="entity id, name or text (an added entity too), or any free "
-                                                         "text, embedded on the fly"),
-            relation: str = typer.Option(..., "--relation", help="relation name or text"),
+            head: Optional[str] = typer.Option(None, "--head", help="entity id, name or text (an added entity too), "
+                                                                    "or any free text, embedded on the fly"),
+            relation: Optional[str] = typer.Option(None, "--relation", help="relation name or text"),
+            input_: Optional[Path] = typer.Option(None, "--input", help="a file of questions, head<TAB>relation per "
+                                                                        "line (or .jsonl objects): one load, batched"),
+            output: Optional[Path] = typer.Option(None, "--output", help="with --input: write the answers here "
+                                                                         "(default: stdout)"),
+            format_: Optional[str] = typer.Option(None, "--format", help="with --input: jsonl (one object per "
+                                                                         "question; default) or tsv (a row per "
+                                                                         "answer; default for a .tsv --output)"),
+            batch_size: int = typer.Option(64, "--batch-size", min=1, help="with --input: questions per forward "
+                                                                           "pass"),
             top_k: int = typer.Option(10, "--top-k"),
             inverse: bool = typer.Option(False, "--inverse", help="ask (?, relation, head) instead"),
             filter_known: bool = typer.Option(False, "--filter-known", help="drop answers already in the graph"),
             include_head: bool = typer.Option(False, "--include-head", help="keep the head itself among the answers "
                                                                             "(left out by default)"),
+            free_text: bool = typer.Option(False, "--free-text", help="embed a head that names no entity as text even "
+                                                                      "when it is spelt like one (else: did you mean)"),
+            server: Optional[str] = typer.Option(None, "--server", envvar="KGC_SERVER",
+                                                 help="ask a running `kgc serve` (e.g. http://127.0.0.1:8000) "
+                                                      "instead of loading the model here: ~0.3 s instead of ~5"),
             as_json: bool = typer.Option(False, "--json"),
             progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar if the index is "
                                                                                   "built first")) -> None:
     """Top-k answers to (head, relation, ?), over the run's entities and those added with `kgc index --add`."""
     import kgc
 
-    run = kgc.load(run_dir, echo=lambda m: typer.echo(m, err=True))
-    a = run.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known, include_head=include_head,
-                   progress=progress)
-    if as_json:
-        _echo(json.dumps({"run": str(a.run), "head": a.head, "relation": a.relation, "seconds": a.seconds,
-                          "predictions": [p.__dict__ for p in a.predictions]}, indent=2))
+    if input_ is None and (head is None or relation is None):
+        raise KGCError("give --head and --relation, or --input FILE (head<TAB>relation per line)")
+    if input_ is not None and (head is not None or relation is not None):
+        raise KGCError("--input answers a file of questions; drop --head/--relation (or drop --input)")
+    if input_ is None and (output is not None or format_ is not None):
+        raise KGCError("--output and --format go with --input")
+    if server is not None:
+        if input_ is not None or run_dir is not None:
+            raise KGCError("--server asks the run that server serves: drop RUN_DIR and --input (POST a list of "
+                           "queries to the server's /predict for a batch)")
+        body = {"head": head, "relation": relation, "top_k": top_k, "inverse": inverse, "filter_known": filter_known,
+                "include_head": include_head, "free_text": free_text}
+        _print_answer(kgc.api.ask_server(server, "/predict", body), as_json)
+        _quick_exit()
         return
-    _echo(f"({a.head_text[:70]}, {a.relation_text}, ?)   [{a.seconds * 1000:.0f} ms]")
-    for p in a.predictions:
-        _echo(f"{p.rank:>4}  {p.entity:<24} {p.score:7.4f}  {p.text[:80]}")
+    run = kgc.load(run_dir, echo=lambda m: typer.echo(m, err=True))
+    if input_ is not None:
+        done = run.predict_file(input_, output, format=format_, top_k=top_k, inverse=inverse,
+                                filter_known=filter_known, include_head=include_head, free_text=free_text,
+                                batch_size=batch_size, progress=progress, echo=_echo)
+        typer.echo(f"{done['questions']} questions answered in {done['seconds']}s ({done['per_second']}/s)"
+                   f"{f' → {output}' if output is not None else ''}", err=True)
+        _quick_exit()
+        return
+    a = run.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known, include_head=include_head,
+                   progress=progress, free_text=free_text)
+    _print_answer({"run": str(a.run), **a.to_json()}, as_json)
+    _quick_exit()
+
+
+def _print_answer(a: dict, as_json: bool) -> None:
+    """One answer as `kgc predict` prints it (``a``: :meth:`Answers.to_json`, from this process or a server)."""
+    if as_json:
+        _echo(json.dumps(a, indent=2))
+        return
+    _echo(f"({a['head_text'][:70]}, {a['relation_text']}, ?)   [{a['seconds'] * 1000:.0f} ms]")
+    for p in a["predictions"]:
+        _echo(f"{p['rank']:>4}  {p['entity']:<24} {p['score']:7.4f}  {p['text'][:80]}")
+
+
+@app.command()
+def serve(run_dir: Path = typer.Argument(..., help="a run directory (link prediction or C-STS)"),
+          host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (127.0.0.1: this machine "
+                                                                "only)"),
+          port: int = typer.Option(8000, "--port", min=0, max=65535),
+          device: str = typer.Option("auto", "--device"),
+          max_batch: int = typer.Option(64, "--max-batch", min=1, help="queries answered in one forward pass"),
+          max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0,
+                                            help="how long a query waits for others to share its batch"),
+          log_level: str = typer.Option("info", "--log-level")) -> None:
+    """Serve a trained run over HTTP: POST /predict (batched), a page at /, the OpenAPI page at /docs."""
+    import kgc
+
+    raise typer.Exit(kgc.api.serve(run_dir, host=host, port=port, device=device, max_batch=max_batch,
+                                   max_wait_ms=max_wait_ms, log_level=log_level, echo=_echo))
 
 
 @app.command()
@@ -282,15 +348,19 @@ def compare(recipes: List[Path] = typer.Argument(..., help="recipes of one task,
 @app.command()
 def curves(runs: List[Path] = typer.Argument(..., help="run directories of one task (finished or still training)"),
            out: Path = typer.Option(Path("curves.png"), "--out", help="the PNG to write")) -> None:
-    """Validation curves of several runs in one figure: by examples seen and by minutes of training."""
+    """Validation curves of several runs in one figure: by examples seen and by minutes of training, each run's
+    best validation starred; prints each run's best (and its last, when later)."""
     import kgc
 
     result = kgc.api.curves(runs, out, echo=_echo)
-    for name, rec in result["last"].items():
+    metric = result["metric"]
+    for name, rec in result["best"].items():
         if rec is not None:
             minutes = f", {rec['train_seconds'] / 60:.1f} min" if "train_seconds" in rec else ""
             seen = f", {rec['seen']:,} seen" if "seen" in rec else ""
-            _echo(f"{name}: {result['metric']} {rec[result['metric']]:.4f} at step {rec['step']}{seen}{minutes}")
+            last = result["last"][name]
+            then = "" if last is rec else f"   (last: {last[metric]:.4f} at step {last['step']})"
+            _echo(f"{name}: best {metric} {rec[metric]:.4f} at step {rec['step']}{seen}{minutes}{then}")
     _echo(f"wrote {out}")
 
 
@@ -312,6 +382,26 @@ def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
         ratio = row["speedup_vs_biencoder"]
         _echo(f"{row['conditioner']:<24} {row['queries_per_s']:>10.1f} queries/s" +
               (f"   {ratio:>7.1f}x the bi-encoder" if ratio is not None else ""))
+    if out:
+        api.write_json(out, result)
+
+
+@bench_app.command("serve")
+def bench_serve(run_dir: Path = typer.Argument(..., help="a trained run (its index is built first if missing)"),
+                clients: str = typer.Option("1,8,32", "--clients", help="concurrent clients, one row each"),
+                seconds: float = typer.Option(20.0, "--seconds", min=0.1, help="per row"),
+                max_requests: int = typer.Option(100_000, "--max-requests", min=1, help="per row, at most"),
+                max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="the server's"),
+                max_wait_ms: Optional[float] = typer.Option(None, "--max-wait-ms", min=0, help="the server's"),
+                out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
+    """Start `kgc serve RUN` on 127.0.0.1, drive it with N concurrent clients, report answers/s and latency."""
+    from kgc import api
+
+    extra = ([f"--max-batch={max_batch}"] if max_batch else []) + \
+        ([f"--max-wait-ms={max_wait_ms}"] if max_wait_ms is not None else [])
+    result = api.bench_serve(run_dir, clients=_int_list("--clients", clients), seconds=seconds,
+                             max_requests=max_requests, server_args=extra, echo=_echo)
+    _echo(f"server stopped (exit {result['server_exit']}); batches: {result['batching']}")
     if out:
         api.write_json(out, result)
 
@@ -416,8 +506,10 @@ def data_check(path: Optional[str] = typer.Argument(None, help="a dataset folder
                                                                             "settings (data.*, the backbone's tokenizer)"),
                set_: List[str] = typer.Option([], "--set", help="override a recipe key, e.g. --set data.long_text=true")
                ) -> None:
-    """Check a link-prediction dataset as `kgc train` reads it: counts, unseen entities and relations, empty or
-    shared texts, texts cut at data.max_tokens, the files found and the fallbacks taken. Exit 2 on an error."""
+    """Check a dataset as `kgc train` reads it, for its task (the recipe's; else the folder's: csts_train.csv is
+    C-STS). Link prediction: counts, unseen entities and relations, empty or shared texts, texts cut at
+    data.max_tokens, the files found and the fallbacks taken; C-STS: rows, labels and sentence pairs per split,
+    pairs not asked under two conditions, texts cut. Exit 2 on an error."""
     from kgc import api
 
     if path is None and recipe is None:
@@ -504,8 +596,23 @@ def data_synth_routing(out: Path = typer.Argument(..., help="folder for the KG-B
     _echo(f"train on it with data.path: {out} and data.neighbor_text: false (neighbours would name the answers)")
 
 
+_ENTRY = False  # set by main(): the process is the `kgc` command itself (not a test calling `app`)
+
+
+def _quick_exit() -> None:
+    """End a finished read-only command now: flush, then leave without the interpreter's teardown of torch and
+    transformers (~0.7 s of a `kgc predict` on 2 cores). Nothing is pending: every file kgc writes was written
+    atomically and closed, and the run's lock released, before this is called. Only from the real entry point."""
+    if _ENTRY:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def main() -> None:
     """Entry point: typer handles usage errors (exit 2); bad input (KGCError) exits 2 with one message."""
+    global _ENTRY
+    _ENTRY = True
     try:
         app()
     except KGCError as exc:

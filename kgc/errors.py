@@ -5,3 +5,36 @@ from __future__ import annotations
 
 class KGCError(Exception):
     """User-facing error: the message names the file/line/key at fault and the fix."""
+
+
+class UnknownName(KGCError):
+    """A name that names nothing of its kind, with what it might have meant — for a caller that answers
+    structurally (an HTTP 404 with suggestions) rather than by printing the message.
+
+    ``kind``: what was looked up ("head", "relation", "entity"); ``name``: the string asked; ``suggestions``: near
+    misses, best first, each a string that resolves when given back (may be empty); ``valid``: every valid name
+    when they are few enough to list (relations), else None."""
+
+    def __init__(self, message: str, *, kind: str, name: str, suggestions: "list[str] | tuple[str, ...]" = (),
+                 valid: "list[str] | None" = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.name = name
+        self.suggestions = list(suggestions)
+        self.valid = None if valid is None else list(valid)
+
+    def __reduce__(self):  # keyword-only attributes survive pickling (worker processes, multiprocessing)
+        return (_unknown_name, (str(self), self.kind, self.name, self.suggestions, self.valid))
+
+
+def _unknown_name(message: str, kind: str, name: str, suggestions: list[str], valid: "list[str] | None"):
+    return UnknownName(message, kind=kind, name=name, suggestions=suggestions, valid=valid)
+
+
+class ResultsNotSaved(KGCError):
+    """An evaluation that ran whose files could not be written (a read-only or full run folder): the message says
+    why and the fix; ``evaluation`` holds the figures, so they are not lost (``kgc evaluate`` prints them first)."""
+
+    def __init__(self, message: str, evaluation: object) -> None:
+        super().__init__(message)
+        self.evaluation = evaluation

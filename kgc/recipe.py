@@ -149,9 +149,9 @@ class TrainConfig(_Section):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
     num_threads: Union[int, Literal["auto"], None] = Field(
-        None, description="CPU threads for torch: a number; auto: the cores not already busy (runnable tasks in "
-                          "/proc/loadavg), so two runs on one machine do not oversubscribe it; unset: torch's default "
-                          "(every core)")
+        "auto", description="CPU threads for torch: a number; auto: the cores not already busy (runnable tasks in "
+                            "/proc/loadavg), so two runs on one machine do not oversubscribe it; null: torch's "
+                            "default (every core)")
     keep: Literal["best", "all"] = Field(
         "best", description="after training, keep best.pt only (best: checkpoints/ is deleted) or also "
                             "checkpoints/last.pt with the optimiser state, to train further (all)")

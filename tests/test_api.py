@@ -99,7 +99,7 @@ def test_train_load_evaluate_predict(lp_run, tiny_bert):
     assert json.loads((run.path / "results.json").read_text())["both"] == json.loads(json.dumps(res["both"]))
     assert run.evaluate("dev")["kgc"]["split"] == "dev"
     df = run.predict("virus", "causes", top_k=4)
-    assert list(df.columns) == ["rank", "entity", "text", "score"] and list(df["rank"]) == [1, 2, 3, 4]
+    assert list(df.columns) == ["rank", "entity", "name", "text", "score", "known"] and list(df["rank"]) == [1, 2, 3, 4]
     assert df["score"].is_monotonic_decreasing and (run.path / "index" / "meta.json").is_file()
     inv = run.predict("virus", "causes", top_k=4, inverse=True, filter_known=True)
     assert len(inv) == 4

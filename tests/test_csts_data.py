@@ -233,3 +233,54 @@ def test_compare_row_says_when_validation_also_selected_best_pt():
     assert final["data"] == "csts validation"
     test = CSTSTask.compare_row(run, {**results, "split": "test"}, {"best_dev_spearman": 0.41, "pairs_per_s": 10}, 1.0)
     assert test["data"] == "csts test"
+
+
+def test_kgc_data_check_reports_a_csts_folder(tmp_path):
+    """`kgc data check FOLDER` checks a C-STS folder (found by its csts_train.csv) as C-STS training reads it:
+    rows, labels and sentence pairs per split, and what training would stumble on."""
+    from kgc import api
+    from kgc.csts.data import CSTSReport
+    from tests.conftest import cli
+
+    folder = write_official(tmp_path / "C", train=TRAIN.replace(",1.0\n", ",5\n"))  # the first pair: 5 and 5
+    report = api.check_data(folder)
+    assert isinstance(report, CSTSReport) and report.errors == []
+    assert report.rows == {"train": 5, "validation": 2, "test": 2}
+    assert report.labelled == {"train": 5, "validation": 2, "test": 0}
+    assert report.pairs == {"train": 2, "validation": 1, "test": 1}
+    assert (report.sentences, report.conditions) == (7, 5)
+    assert report.of("warning") == [
+        "csts_train.csv: 1 sentence pair(s) not under exactly two conditions (first at line 4); C-STS asks each "
+        "pair twice",
+        "csts_train.csv: 1 sentence pair(s) with the same label under both conditions: nothing for the "
+        "contrastive term"]
+    out = cli("data", "check", folder).stdout.splitlines()
+    assert out[0] == f"data: {folder} (C-STS CSV: sentence1,sentence2,condition,label; csts_train.csv, " \
+                     "csts_validation.csv, csts_test.csv)"
+    assert out[3:6] == ["  rows               5          2          2", "  labelled           5          2          0",
+                        "  pairs              2          1          1"]
+    assert "warning: csts_train.csv: 1 sentence pair(s) not under exactly two conditions" in out[6]
+    # leakage, a missing test split, a row training would refuse
+    leak = write_official(tmp_path / "L", valid=HEADER + "Two dogs run.,Three dogs run.,The animal.,2\n"
+                                                         "Two dogs run.,Three dogs run.,The action.,5\n")
+    (leak / "csts_test.csv").unlink()
+    found = api.check_data(leak)
+    assert "validation: 1 sentence pair(s) also in train" in found.of("warning")
+    assert found.of("note") == ["no csts_test.csv: `kgc evaluate` takes --split validation"]
+    bad = write_official(tmp_path / "B", valid=VALID.replace(",2\n", ",7\n"))
+    res = cli("data", "check", bad, check=False)
+    assert res.returncode == 2 and "csts_validation.csv:2: label 7 outside 1-5" in res.stderr
+    # the recipe's task decides when one is named
+    res = cli("data", "check", folder, "--set", "task=linkpred", check=False)
+    assert res.returncode == 2 and "not a catalog name for task linkpred" in res.stderr
+
+
+def test_data_check_is_a_task_hook():
+    from kgc.recipe import resolve_recipe
+    from kgc.training.task import Task
+
+    class Other(Task):  # a task without its own check says so
+        name = "other"
+
+    with pytest.raises(KGCError, match="kgc data check has no check for task other"):
+        Other.check_data(resolve_recipe({}), "x")

@@ -128,8 +128,12 @@ def test_index_and_predict(trained, monkeypatch):
 
 
 def test_predict_errors_are_helpful(trained):
-    typo = kgc("predict", trained, "--head", "virsu", "--relation", "isa")  # free text, with the closest names said
-    assert "'virsu' is not an entity of" in typo.stderr and "closest entities: 'virus'" in typo.stderr
+    typo = kgc("predict", trained, "--head", "virsu", "--relation", "isa", check=False)  # a typo: did you mean
+    assert typo.returncode == 2 and "'virsu' is not an entity of" in typo.stderr
+    assert "did you mean: virus? (--free-text" in typo.stderr and "Traceback" not in typo.stderr
+    free = kgc("predict", trained, "--head", "virsu", "--relation", "isa", "--free-text", "--json")
+    assert "'virsu' is not an entity of" in free.stderr and "embedded as free text" in free.stderr
+    assert json.loads(free.stdout)["head"] == "(free text)"
     bad = kgc("predict", trained, "--head", "virus", "--relation", "eats", check=False)
     assert bad.returncode == 2 and "unknown relation 'eats'" in bad.stderr
     bad = kgc("predict", trained, "--relation", "isa", check=False)  # typer's own usage error
@@ -137,12 +141,17 @@ def test_predict_errors_are_helpful(trained):
 
 
 def test_stale_index_is_refused(trained, tmp_path):
+    from kgc.training.run import RunDir
+
     run = tmp_path / "copy"
     shutil.copytree(trained, run)
     kgc("index", run, "--no-progress")
     state = torch.load(run / "best.pt", weights_only=False)
     next(iter(state["model"].values())).add_(1.0)
     torch.save(state, run / "best.pt")
+    summary = json.loads((run / "train_summary.json").read_text())  # new weights, recorded as a retraining does
+    summary["files"] = RunDir(run).file_records()
+    (run / "train_summary.json").write_text(json.dumps(summary))
     bad = kgc("evaluate", run, "--no-progress", check=False)
     assert bad.returncode == 2 and "stale" in bad.stderr and f"kgc index {run}" in bad.stderr
     out = kgc("predict", run, "--head", "virus", "--relation", "isa", "--no-progress")  # predict rebuilds it
@@ -477,12 +486,69 @@ def test_max_minutes_stops_training_and_the_curves_read_time_and_triples(tiny_be
 
 
 def test_kgc_curves_compares_runs_by_triples_and_minutes(trained, tmp_path):
-    """`kgc curves RUN RUN` writes one PNG and prints each run's last validation record, read from metrics.jsonl
-    (the same folder name twice is told apart by its path)."""
+    """`kgc curves RUN RUN` writes one PNG and prints each run's best validation record (the highest dev_mrr, and
+    the last when it came later), read from metrics.jsonl (the same folder name twice is told apart by its path)."""
     copy = tmp_path / "again" / trained.name
     shutil.copytree(trained, copy)
+    records = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in records if "dev_mrr" in r]
+    assert len(val) >= 2
+    val[0]["dev_mrr"] = 0.987654  # the copy's first validation is its best, its last is not
+    (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = kgc("curves", trained, copy, "--out", tmp_path / "c.png")
-    last = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines() if "dev_mrr" in line][-1]
-    line = f"{trained}: dev_mrr {last['dev_mrr']:.4f} at step {last['step']}, {last['seen']:,} seen"
+    best = max(json.loads(line)["dev_mrr"] for line in (trained / "metrics.jsonl").read_text().splitlines()
+               if "dev_mrr" in line)
+    first = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines() if "dev_mrr" in line]
+    top = next(r for r in first if r["dev_mrr"] == best)
+    assert f"{trained}: best dev_mrr {best:.4f} at step {top['step']}, {top['seen']:,} seen" in out.stdout
+    line = (f"{copy}: best dev_mrr 0.9877 at step {val[0]['step']}, {val[0]['seen']:,} seen, "
+            f"{val[0]['train_seconds'] / 60:.1f} min   (last: {val[-1]['dev_mrr']:.4f} at step {val[-1]['step']})")
     assert line in out.stdout and f"wrote {tmp_path / 'c.png'}" in out.stdout
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_curves_star_each_runs_best_validation(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from kgc.training.common import best_record, plot_runs
+
+    a = [{"step": 1, "seen": 10, "train_seconds": 60, "dev_mrr": 0.2}, {"step": 1, "loss": 3.0},
+         {"step": 2, "seen": 20, "train_seconds": 120, "dev_mrr": 0.5},
+         {"step": 3, "seen": 30, "train_seconds": 180, "dev_mrr": 0.5},  # equal: the earlier stays best (best.pt)
+         {"step": 4, "seen": 40, "train_seconds": 240, "dev_mrr": 0.3}]
+    assert best_record(a, "dev_mrr")["step"] == 2 and best_record([{"loss": 1.0}], "dev_mrr") is None
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    assert plot_runs({"a": a, "b": [{"loss": 1.0}]}, tmp_path / "c.png", metric="dev_mrr") == ["b"]
+    left, right = figures[0].axes
+    stars = lambda ax: [(list(l.get_xdata()), list(l.get_ydata())) for l in ax.lines if l.get_marker() == "*"]  # noqa: E731,E741
+    assert stars(left) == [([20], [0.5])] and stars(right)[0] == ([2.0], [0.5])
+    assert "best" in [t.get_text() for t in right.get_legend().get_texts()]
+
+
+def test_a_slow_pace_with_every_layer_training_names_trainable_layers(tiny_bert, tmp_path, monkeypatch):
+    """Once, early: a pace that implies more than an hour an epoch, with every layer training, says what
+    encoder.trainable_layers would do; not with a few layers trained, nor for a run capped within the hour."""
+    from kgc.recipe import load_recipe
+    from kgc.training import loop
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=3))
+    slow = loop.pace_warning(recipe, steps=20, seconds=40.0, steps_per_epoch=5000)  # 2 s a step: 2.8 h an epoch
+    assert slow == ("warning: at 2.00s a step, an epoch (5,000 steps) takes about 2.8 h with every layer training "
+                    "(encoder.trainable_layers: all). encoder.trainable_layers=N (e.g. --set "
+                    "encoder.trainable_layers=2) trains only the top N layers and reads the frozen ones below from "
+                    "the layer cache, computed once: each step then runs N layers, not all of them")
+    assert loop.pace_warning(recipe, steps=20, seconds=10.0, steps_per_epoch=5000) is None  # 42 min an epoch
+    assert loop.pace_warning(recipe, steps=20, seconds=40.0, steps_per_epoch=5000, total_steps=100) is None
+    top = load_recipe(write_recipe(tmp_path / "t.yaml", tiny_bert, encoder={"trainable_layers": 1}))
+    assert loop.pace_warning(top, steps=20, seconds=40.0, steps_per_epoch=5000) is None
+    capped = load_recipe(write_recipe(tmp_path / "c.yaml", tiny_bert, max_minutes=30))
+    assert loop.pace_warning(capped, steps=20, seconds=40.0, steps_per_epoch=5000) is None
+    # in the loop: judged once, after PACE_STEPS steps (here every pace is "slow")
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(loop, "PACE_STEPS", 2)
+    monkeypatch.setattr(loop, "SLOW_EPOCH_SECONDS", 0.0)
+    said: list[str] = []
+    loop.train(recipe, out=tmp_path / "run", progress=False, echo=said.append)
+    warned = [m for m in said if "encoder.trainable_layers=N" in m]
+    assert len(warned) == 1 and warned[0].startswith("warning: at ")

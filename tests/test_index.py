@@ -157,7 +157,7 @@ def test_index_file_that_disagrees_with_meta_is_refused(run_and_model):
                                                                     "ef_construction": 40, "ef_search": 64}}))
     with pytest.raises(KGCError, match=r"meta.json records a hnsw .* entities.faiss holds ivf.*kgc index"):
         load_index(run, model)
-    old = {k: v for k, v in meta.items() if k not in ("index", "faiss", "embeddings")}  # before index types
+    old = {k: v for k, v in meta.items() if k not in ("index", "faiss", "embeddings", "files")}  # before index types
     (folder / "meta.json").write_text(json.dumps(old))
     with pytest.raises(KGCError, match="records a flat index, entities.faiss holds ivf"):
         load_index(run, model)

@@ -288,6 +288,11 @@ def test_predict_without_run_dir_uses_the_newest_run(trained, added, tmp_path, m
     state = torch.load(newer / "best.pt", weights_only=False)
     next(iter(state["model"].values())).add_(1.0)
     torch.save(state, newer / "best.pt")
+    from kgc.training.run import RunDir
+
+    summary = json.loads((newer / "train_summary.json").read_text())  # as a retraining records them
+    summary["files"] = RunDir(newer).file_records()
+    (newer / "train_summary.json").write_text(json.dumps(summary))
     stale = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3)
     assert "rebuilding the index of runs/nested/newer: it was built from other model weights" in stale.stderr
     again = kgc("predict", "--head", added["held"], "--relation", "_hypernym", "--top-k", 3)

@@ -308,6 +308,42 @@ def test_free_text_heads_are_embedded_on_the_fly(capitals):
     assert [p["entity"] for p in free_answers["predictions"]] == [p["entity"] for p in with_head["predictions"]]
 
 
+def test_a_near_miss_head_asks_did_you_mean_unless_free_text(capitals):
+    import kgc as api
+    from kgc.errors import UnknownName
+
+    run_dir, _ = capitals
+    said: list[str] = []
+    run = api.load(run_dir, echo=said.append)
+    with pytest.raises(UnknownName) as info:
+        run.answer("Lisbn", "capital of")
+    e = info.value
+    assert (e.kind, e.name, e.suggestions[0], e.valid) == ("head", "Lisbn", "Lisbon", None)
+    assert str(e) == (f"'Lisbn' is not an entity of {run.path}; did you mean: {', '.join(e.suggestions)}? "
+                      "(--free-text, or free_text=True, embeds it as text)")
+    with pytest.raises(UnknownName):
+        run.embed_queries(["Lisbn"], "capital of")
+    assert run.resolve_head("Lisbn", run.graph(), free_text=True) is None and said == []  # says nothing itself
+    typo = run.answer("Lisbn", "capital of", top_k=3, free_text=True)
+    assert typo.head == "(free text)" and len(typo.predictions) == 3
+    # a description is no typo: free text, its note naming the entities nearest by embedding (not by spelling)
+    said.clear()
+    text = "a city on the Atlantic coast"
+    free = run.answer(text, "capital of", top_k=3)
+    assert free.head == "(free text)" and len(said) == 1
+    table = run.embed_entities(run.graph().entities)  # every entity's tail-tower embedding
+    order = np.argsort(-(table @ run.embed_entities([text])[0]))[:5]
+    nearest = [run.graph().resolvable(int(i)) for i in order]
+    assert run.nearest_entities(text) == [nearest]
+    assert said[0] == (f"{text!r} is not an entity of {run.path}: embedded as free text (nearest entities by "
+                       f"embedding: {', '.join(nearest)})")
+    bad = kgc("predict", run_dir, "--head", "Lisbn", "--relation", "capital of", "--no-progress", check=False)
+    assert bad.returncode == 2 and "did you mean: Lisbon" in bad.stderr and "Traceback" not in bad.stderr
+    ok = kgc("predict", run_dir, "--head", "Lisbn", "--relation", "capital of", "--free-text", "--json",
+             "--no-progress")
+    assert json.loads(ok.stdout)["head"] == "(free text)" and "nearest entities by embedding" in ok.stderr
+
+
 # ---------------------------------------------------------------- threads and recipe keys
 
 
@@ -325,6 +361,9 @@ def test_num_threads_auto_leaves_busy_cores_alone(monkeypatch):
     assert common.resolve_threads("auto") == 1
     assert common.resolve_threads(3) == 3 and common.resolve_threads(None) is None
     assert load_recipe(None, ["train.num_threads=auto"]).train.num_threads == "auto"
+    assert load_recipe(None).train.num_threads == "auto"  # the default: a run leaves busy cores alone
+    assert load_recipe(None, ["train.num_threads=null"]).train.num_threads is None  # torch's own default
+    assert load_recipe(ROOT / "recipes" / "wn18rr_cpu_biencoder.yaml").train.num_threads == 2  # named: kept
     with pytest.raises(KGCError, match="train.num_threads"):
         load_recipe(None, ["train.num_threads=0"])
 
@@ -337,7 +376,7 @@ def test_recipe_keys_lists_every_key_with_a_default_and_a_line():
     missing = [r["key"] for r in rows if not r["description"]]
     assert not missing, f"recipe keys without a description: {missing}"
     out = kgc("recipe", "keys", "train.num").stdout
-    assert out.startswith("train.num_threads") and "auto" in out
+    assert out.startswith("train.num_threads") and "default auto" in out
     linkpred = {r["key"] for r in key_reference("linkpred")}
     assert "loss.table_tails" in linkpred and "loss.mse_weight" not in linkpred
 

@@ -197,3 +197,80 @@ def find_csts(dataset: str, path: str | None = None, synth=None) -> Path:
 def load_csts(dataset: str, path: str | None = None, synth=None) -> CSTSData:
     folder = find_csts(dataset, path, synth)
     return read_csts(folder, source=f"{dataset} ({folder})" if path is None else str(folder))
+
+
+@dataclass
+class CSTSReport:
+    """The counts and findings of a C-STS folder; ``lines()`` is what ``kgc data check`` prints (the same shape
+    as :class:`kgc.data.check.DataReport`)."""
+
+    folder: str
+    files: list[str]
+    rows: dict[str, int]  # split -> rows
+    labelled: dict[str, int]  # split -> rows with a label 1-5
+    pairs: dict[str, int]  # split -> sentence pairs
+    sentences: int
+    conditions: int
+    findings: list[tuple[str, str]]  # (level, text): "error" | "warning" | "note"
+
+    def of(self, level: str) -> list[str]:
+        return [text for lv, text in self.findings if lv == level]
+
+    @property
+    def errors(self) -> list[str]:
+        return self.of("error")
+
+    def lines(self) -> list[tuple[str, str]]:
+        splits = list(self.rows)
+        out = [("", f"data: {self.folder} (C-STS CSV: {','.join(COLUMNS)}; {', '.join(self.files)})"),
+               ("", f"  {'sentences':<10}{self.sentences:>10,}   {'conditions':<10}{self.conditions:>8,}"),
+               ("", f"  {'':<10}" + " ".join(f"{s:>10}" for s in splits))]
+        for name, table in (("rows", self.rows), ("labelled", self.labelled), ("pairs", self.pairs)):
+            out.append(("", f"  {name:<10}" + " ".join(f"{table[s]:>10,}" for s in splits)))
+        for level in ("error", "warning", "note"):
+            out += [(level, f"{level}: {text}") for text in self.of(level)]
+        if not self.errors and not self.of("warning"):
+            out.append(("", "no problems found"))
+        return out
+
+
+def check_csts(data: CSTSData, folder: Path, token_lengths: "dict[str, list[int]] | None" = None,
+               max_tokens: int | None = None) -> CSTSReport:
+    """The report of a C-STS folder that was read (:func:`read_csts` stops at an unreadable row): rows, labelled
+    rows and sentence pairs per split; warnings for sentence pairs not under exactly two conditions (C-STS asks
+    every pair twice: the contrastive term and the pair accuracy compare the two), pairs whose two rows share a
+    label (nothing to contrast), evaluation pairs that also occur in train, and texts (``token_lengths``:
+    "sentence" / "condition" → tokens with specials) longer than ``max_tokens``; a note for a missing test split."""
+    findings: list[tuple[str, str]] = []
+    pairs = {name: len(split.groups) for name, split in data.splits.items()}
+    for name, split in data.splits.items():
+        odd = [g for g in split.groups if len(g) != 2]
+        if odd:
+            first = split.lines[odd[0][0]]
+            findings.append(("warning", f"{split_file(folder, name).name}: {len(odd)} sentence pair(s) not under "
+                                        f"exactly two conditions (first at line {first}); C-STS asks each pair twice"))
+        if name == "train":
+            flat = [g for g in split.groups if len(g) == 2 and split.label[g[0]] == split.label[g[1]]]
+            if flat:
+                findings.append(("warning", f"{split_file(folder, name).name}: {len(flat)} sentence pair(s) with the "
+                                            "same label under both conditions: nothing for the contrastive term"))
+    if "train" in data.splits:
+        train = data.splits["train"]
+        seen = set(zip(train.s1.tolist(), train.s2.tolist()))
+        for name in ("validation", "test"):
+            if name in data.splits:
+                s = data.splits[name]
+                both = {k for k in zip(s.s1.tolist(), s.s2.tolist()) if k in seen}
+                if both:
+                    findings.append(("warning", f"{name}: {len(both)} sentence pair(s) also in train"))
+    for what, lengths in (token_lengths or {}).items():
+        cut = sum(n > max_tokens for n in lengths) if max_tokens else 0
+        if cut:
+            findings.append(("warning", f"{cut} {what}(s) ({cut / len(lengths):.1%}) are longer than "
+                                        f"data.max_tokens={max_tokens} tokens and will be cut"))
+    if "test" not in data.splits:
+        findings.append(("note", "no csts_test.csv: `kgc evaluate` takes --split validation"))
+    return CSTSReport(folder=str(folder), files=[split_file(folder, s).name for s in data.splits],
+                      rows={n: len(s) for n, s in data.splits.items()},
+                      labelled={n: int(s.labelled.sum()) for n, s in data.splits.items()}, pairs=pairs,
+                      sentences=len(data.sentences), conditions=len(data.conditions), findings=findings)

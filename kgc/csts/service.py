@@ -51,9 +51,11 @@ class CSTSRun(Run):
         data = self.data()
         ev = evaluate(model, Texts(data, tokenizer), data, split, batch_size=batch_size or self.recipe.eval.batch_size,
                       progress=progress)
-        write_json(self.dir.results(split), ev.results)
-        write_tsv(self.dir.table("predictions", split), ev.predictions)
-        return ev
+        def write() -> None:
+            write_json(self.dir.results(split), ev.results)
+            write_tsv(self.dir.table("predictions", split), ev.predictions)
+
+        return self._save(ev, write)  # a folder that refuses them: ResultsNotSaved, carrying the figures
 
     def similarity(self, s1: str | Sequence[str], s2: str | Sequence[str], condition: str | Sequence[str], *,
                    batch_size: int = 64) -> "float | np.ndarray":
@@ -99,3 +101,9 @@ class CSTSRun(Run):
         return ExplainInputs(model.conditioner, tokenizer, ids, sentence or "",
                              tokenizer(list(conditions), add_special_tokens=False)["input_ids"], list(conditions),
                              "give --sentence: the router weighs its tokens")
+
+    def serving(self):
+        """``kgc serve``'s C-STS route (``POST /similarity``) and page (:mod:`kgc.csts.serving`)."""
+        from kgc.csts.serving import CSTSServing
+
+        return CSTSServing(self)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from kgc.csts.data import load_csts
-from kgc.csts.evaluate import evaluate
-from kgc.csts.loss import CSTSLoss
-from kgc.csts.model import Texts, build_model
+import numpy as np
+
 from kgc.recipe import Recipe
-from kgc.training.common import autocast
 from kgc.training.task import Task
+
+if TYPE_CHECKING:  # imported where used: registering the task (every recipe's validation) stays light
+    import torch
+
+    from kgc.csts.loss import CSTSLoss
+    from kgc.csts.model import Texts
 
 KEYS = frozenset({"data.synth", "loss.mse_weight", "loss.contrastive", "loss.contrastive_weight",
                   "loss.contrastive_temperature"})
@@ -55,6 +57,23 @@ class CSTSTask(Task):
         from kgc.csts.data import read_csts
 
         read_csts(folder)  # every row checked before a fetched folder is published
+
+    @classmethod
+    def check_data(cls, recipe: Recipe, dataset=None):
+        """A :class:`kgc.csts.data.CSTSReport`: rows, labelled rows and sentence pairs per split, sentences and
+        conditions, and what training would stumble on (pairs not asked twice, texts cut at data.max_tokens)."""
+        from kgc.csts.data import check_csts, find_csts, read_csts
+        from kgc.data.texts import SpecialTokens
+        from kgc.encoding.backbone import load_tokenizer, resolve_backbone
+
+        d = recipe.data
+        folder = find_csts(str(dataset)) if dataset is not None else find_csts(d.dataset, d.path, d.synth)
+        data = read_csts(folder)
+        tokenizer = load_tokenizer(resolve_backbone(recipe.model.backbone))
+        extra = SpecialTokens.from_tokenizer(tokenizer).n_single
+        lengths = {what: [len(ids) + extra for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+                   for what, texts in (("sentence", data.sentences), ("condition", data.conditions)) if texts}
+        return check_csts(data, folder, lengths, d.max_tokens)
 
     @classmethod
     def report(cls, run, evaluation, split: str) -> list[str]:
@@ -93,11 +112,13 @@ class CSTSTask(Task):
     def __init__(self, recipe: Recipe) -> None:
         super().__init__(recipe)
         d = recipe.data
+        from kgc.csts.data import load_csts
+
         self.data = load_csts(d.dataset, d.path, d.synth)
         self.split = self.data.split("train")
         self.groups = self.split.groups
         self.per_batch = max(1, recipe.train.batch_size // 2)
-        self.texts: Texts | None = None
+        self.texts: "Texts | None" = None
 
     def data_summary(self, model) -> list[tuple[str, str]]:
         """Rows per split, distinct sentences and conditions (printed when training starts)."""
@@ -106,11 +127,15 @@ class CSTSTask(Task):
                      f"{len(self.data.conditions):,} conditions")]
 
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
+        from kgc.csts.model import Texts, build_model
+
         model, tokenizer = build_model(self.recipe, backbone_folder, pretrained=pretrained)
         self.texts = Texts(self.data, tokenizer)  # every sentence and condition tokenised once
         return model, tokenizer
 
-    def make_loss(self) -> CSTSLoss:
+    def make_loss(self) -> "CSTSLoss":
+        from kgc.csts.loss import CSTSLoss
+
         loss = self.recipe.loss
         return CSTSLoss(mse_weight=loss.mse_weight, contrastive=loss.contrastive,
                         contrastive_weight=loss.contrastive_weight,
@@ -125,7 +150,11 @@ class CSTSTask(Task):
         return [np.concatenate([self.groups[g] for g in order[i: i + self.per_batch]])
                 for i in range(0, len(order), self.per_batch)]
 
-    def batch_loss(self, model, criterion, batch: np.ndarray) -> torch.Tensor:
+    def batch_loss(self, model, criterion, batch: np.ndarray) -> "torch.Tensor":
+        import torch
+
+        from kgc.training.common import autocast
+
         sp, texts = self.split, self.texts
         with autocast(model.device, self.recipe.train.amp):  # the encoder may run in bf16 on CUDA; the loss not
             cosine = model.similarity([texts.sentences[i] for i in sp.s1[batch]],
@@ -138,6 +167,8 @@ class CSTSTask(Task):
         return criterion(cosine, as_t(sp.label[batch]).float(), as_t(position[high]), as_t(position[low]))
 
     def validate(self, model):
+        from kgc.csts.evaluate import evaluate
+
         ev = evaluate(model, self.texts, self.data, "validation", batch_size=self.recipe.eval.batch_size,
                       max_groups=self.recipe.eval.dev_queries, seed=self.recipe.train.seed)
         r = ev.results
@@ -158,6 +189,8 @@ def _blind_row(recipe: Recipe, echo) -> tuple[str, dict]:
 
     d = recipe.data
     start = time.perf_counter()
+    from kgc.csts.data import load_csts
+
     data = load_csts(d.dataset, d.path, d.synth)
     split = "test" if "test" in data.splits and data.splits["test"].labelled.any() else "validation"
     r = condition_blind(data, resolve_backbone(recipe.model.backbone), split, max_tokens=d.max_tokens)

@@ -133,6 +133,17 @@ def _candidates(entry: CatalogEntry, home: Path) -> list[Path]:
     return [home / entry.folder, home / entry.name]
 
 
+def dataset_task(name_or_path: str) -> str | None:
+    """The task a catalog name or a folder holds data for (a folder: by the files it holds, :data:`PROBES`), or
+    None when that is not clear (no such folder, or files of several tasks)."""
+    entry = catalog_entry(name_or_path)
+    if entry is not None:
+        return entry.task
+    folder = Path(name_or_path).expanduser()
+    tasks = [task for task in PROBES if _looks_like_dataset(folder, task)]
+    return tasks[0] if len(tasks) == 1 else None
+
+
 def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpred") -> tuple[Path, str]:
     """Return (folder, where-found) for a catalog name or a folder path; a clear error when absent."""
     if path is not None:

@@ -24,7 +24,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from kgc.data.catalog import find_dataset
-from kgc.errors import KGCError
+from kgc.errors import KGCError, UnknownName
+
+# a head that names no entity but is spelt this close (difflib ratio, case ignored) to an entity's id or name is
+# taken for a typo of it: 0.8 is one letter dropped, added or swapped in a 5-letter name ("Lisbn" ~ "lisbon" 0.91,
+# "virsu" ~ "virus" 0.8), while a description ("a city on the Atlantic coast") stays well below
+NEAR_MISS = 0.8
 
 SPLIT_FILES = {"train": ("train.tsv", "train.txt"), "dev": ("dev.tsv", "valid.txt", "valid.tsv", "dev.txt"),
                "test": ("test.tsv", "test.txt")}
@@ -163,15 +168,53 @@ class KnowledgeGraph:
         return None
 
     def find_entity(self, query: str) -> int:
-        """Resolve an entity by id, then exact name/text, then case-insensitive; clear error otherwise."""
+        """Resolve an entity by id, then exact name/text, then case-insensitive; :class:`UnknownName` (kind
+        "entity", with the closest spellings) otherwise."""
         found = self.lookup_entity(query)
         if found is None:
-            raise KGCError(f"unknown entity {query!r}. Closest: {', '.join(self.closest_entities(query))}")
+            close = self.near_misses(query, cutoff=0.5)
+            raise UnknownName(f"unknown entity {query!r}. Closest: "
+                              f"{', '.join(map(repr, close)) or '(nothing similar)'}",
+                              kind="entity", name=query, suggestions=close)
         return found
 
     def closest_entities(self, query: str, n: int = 5) -> list[str]:
         """Names close to ``query`` (difflib), quoted, for messages."""
         return self._closest(query, self.names, n)
+
+    def near_misses(self, query: str, n: int = 5, cutoff: float = NEAR_MISS) -> list[str]:
+        """Entities whose id or name is spelt like ``query`` (difflib ratio ≥ ``cutoff``, case and surrounding
+        blanks ignored), best first: each as a string that resolves back to that entity (its name when the name
+        names it alone, else its id)."""
+        import difflib
+
+        m = difflib.SequenceMatcher(autojunk=False)
+        m.set_seq2(query.lower().strip())
+        best: dict[int, float] = {}
+        for i, spelling in self._spellings:
+            m.set_seq1(spelling)
+            if m.real_quick_ratio() >= cutoff and m.quick_ratio() >= cutoff:
+                r = m.ratio()
+                if r >= cutoff and r > best.get(i, 0.0):
+                    best[i] = r
+        return [self.resolvable(i) for i in sorted(best, key=lambda i: (-best[i], self.entities[i]))[:n]]
+
+    @cached_property
+    def _spellings(self) -> list[tuple[int, str]]:
+        """(entity, lower-case id or name): what :meth:`near_misses` compares."""
+        out = []
+        for i, (e, name) in enumerate(zip(self.entities, self.names)):
+            out += [(i, s) for s in dict.fromkeys((name.lower(), e.lower())) if s]
+        return out
+
+    def resolvable(self, i: int) -> str:
+        """Entity ``i`` as a string :meth:`lookup_entity` resolves to it: its name when unambiguous, else its id."""
+        try:
+            if self.names[i] and self.lookup_entity(self.names[i]) == i:
+                return self.names[i]
+        except KGCError:  # the name is shared
+            pass
+        return self.entities[i]
 
     def find_relation(self, query: str) -> int:
         """Resolve a forward relation by label or text (exact, then case-insensitive, ``_`` optional)."""
@@ -183,7 +226,27 @@ class KnowledgeGraph:
                 if norm(query) in (norm(label), norm(text))]
         if len(hits) == 1:
             return hits[0]
-        raise KGCError(f"unknown relation {query!r}. Relations: {', '.join(self.relations)}")
+        close = self.close_relations(query)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UnknownName(f"unknown relation {query!r}.{hint} Relations: {', '.join(self.relations)}",
+                          kind="relation", name=query, suggestions=close, valid=self.relations)
+
+    def close_relations(self, query: str, n: int = 3, cutoff: float = 0.6) -> list[str]:
+        """Relation labels whose label or text is spelt like ``query`` (``_`` as a blank, case ignored), best
+        first."""
+        import difflib
+
+        norm = lambda s: s.lower().replace("_", " ").strip()  # noqa: E731
+        m = difflib.SequenceMatcher(autojunk=False)
+        m.set_seq2(norm(query))
+        best: dict[int, float] = {}
+        for i, (label, text) in enumerate(zip(self.relations, self.relation_texts)):
+            for s in (norm(label), norm(text)):
+                m.set_seq1(s)
+                r = m.ratio()
+                if r >= cutoff and r > best.get(i, 0.0):
+                    best[i] = r
+        return [self.relations[i] for i in sorted(best, key=lambda i: (-best[i], i))[:n]]
 
     @cached_property
     def full_texts(self) -> list[str]:

@@ -66,10 +66,68 @@ def resolve_backbone(model_id: str) -> Path:
                    f"{hint}pass a local folder as model.backbone.")
 
 
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "model.safetensors.index.json")  # the JSON files of a model folder, checked when it cannot be read
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _check_folder(folder: Path) -> None:
+    """A model folder that is missing or has no config.json is one KGCError (Hugging Face would read its name as a
+    model id to download)."""
+    if not folder.is_dir():
+        raise KGCError(f"{folder}: no such model folder. A run keeps its backbone's config and tokenizer in "
+                       "RUN/backbone/: restore that folder (or train the run again).")
+    if not (folder / "config.json").is_file():
+        raise KGCError(f"{folder}: no config.json (not a Hugging Face model folder). Restore the folder's files "
+                       "(a run's backbone/ holds copies of its recipe's model.backbone).")
+
+
+def unreadable_model(folder: str | Path, exc: BaseException, *, weights: bool = False) -> KGCError:
+    """One KGCError naming the file of the model folder that could not be read (a truncated tokenizer.json,
+    config.json or weights file), and the fix."""
+    import json
+
+    folder = Path(folder)
+    fix = ("Copy it back from the model it was copied from (a run's backbone/ holds copies of its recipe's "
+           "model.backbone), or train the run again.")
+    for name in MODEL_FILES:
+        f = folder / name
+        if f.is_file():
+            try:
+                json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as err:
+                return KGCError(f"{f}: damaged, not readable JSON ({str(err)[:120]}). {fix}")
+    detail = (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__
+    if weights:
+        for name in WEIGHT_FILES:
+            if (folder / name).is_file():
+                return KGCError(f"{folder / name}: damaged, the weights cannot be read ({detail}). {fix}")
+    return KGCError(f"{folder}: the model in it cannot be read ({type(exc).__name__}: {detail}). {fix}")
+
+
 def load_tokenizer(folder: str | Path):
+    """The tokenizer of a model folder; a missing folder or a damaged file is one KGCError naming it."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    folder = Path(folder)
+    _check_folder(folder)
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as exc:  # JSONDecodeError, OSError, ValueError …: transformers raises many kinds
+        raise unreadable_model(folder, exc) from None
+
+
+def _no_init():
+    """transformers' context that skips weight initialisation (its home moved between releases); a no-op where
+    it is not found."""
+    import contextlib
+
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return getattr(__import__(module, fromlist=["no_init_weights"]), "no_init_weights")()
+        except (ImportError, AttributeError):
+            continue
+    return contextlib.nullcontext()
 
 
 def load_backbone(folder: str | Path, *, weights: bool = True) -> nn.Module:
@@ -79,10 +137,16 @@ def load_backbone(folder: str | Path, *, weights: bool = True) -> nn.Module:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    if weights:
-        return AutoModel.from_pretrained(str(folder), add_pooling_layer=False)
-    config = AutoConfig.from_pretrained(str(folder))
-    return AutoModel.from_config(config, add_pooling_layer=False)
+    folder = Path(folder)
+    _check_folder(folder)
+    try:
+        if weights:
+            return AutoModel.from_pretrained(str(folder), add_pooling_layer=False)
+        config = AutoConfig.from_pretrained(str(folder))
+        with _no_init():  # every weight comes from the run's checkpoint next: no random initialisation first
+            return AutoModel.from_config(config, add_pooling_layer=False)
+    except Exception as exc:  # a damaged config.json or weights file: one message naming it
+        raise unreadable_model(folder, exc, weights=weights) from None
 
 
 class TextEncoder(nn.Module):

@@ -42,7 +42,9 @@ class NewEntity:
 
 
 def read_new_entities(path: str | Path) -> list[tuple[int, NewEntity]]:
-    """``(line number, entity)`` for every line ``id<TAB>name<TAB>description`` (the description may be empty)."""
+    """``(line number, entity)`` for every line, read as ``entity2text.txt`` is: ``id<TAB>name<TAB>description``
+    (the description may be empty; further tabs belong to it) or ``id<TAB>name, description`` (one text field,
+    split at its first ``", "``: ``Quito, capital of Ecuador`` is the name Quito with a description)."""
     path = Path(path)
     if not path.is_file():
         raise KGCError(f"{path}: no such file. Give a TSV with one new entity per line: id<TAB>name<TAB>description.")
@@ -52,7 +54,11 @@ def read_new_entities(path: str | Path) -> list[tuple[int, NewEntity]]:
         if len(parts) < 2:
             raise KGCError(f"{path}:{lineno}: expected id<TAB>name<TAB>description, got {len(parts)} field: "
                            f"{line[:80]!r}. Separate the fields with tabs (the description may be empty).")
-        ent_id, name, desc = parts[0], parts[1], " ".join(p for p in parts[2:] if p)
+        if len(parts) == 2:  # KG-BERT's id<TAB>text: "name, description", as entity2text.txt is read
+            name, _, desc = (p.strip() for p in parts[1].partition(", "))
+            ent_id = parts[0]
+        else:
+            ent_id, name, desc = parts[0], parts[1], " ".join(p for p in parts[2:] if p)
         if not ent_id or not name:
             what = "id" if not ent_id else "name"
             raise KGCError(f"{path}:{lineno}: empty {what} in {line[:80]!r}. Every new entity needs an id and a name.")

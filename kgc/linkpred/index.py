@@ -7,11 +7,20 @@ The FAISS structure is the recipe's ``index:`` section (``kgc index RUN --type i
 flat (exact, the default), ivf, hnsw or ivfpq (:mod:`kgc.linkpred.index_types`). ``meta.json`` records the type
 and its parameters; a search uses the stored ones (``nprobe`` / ``ef_search`` are applied at load), so an index
 is never read as another type. ``entities.npy`` always holds the exact table: evaluation scores against it.
+
+``meta.json`` also records the byte size and sha256 of every file of the index (``files``). A file that does
+not match — truncated, overwritten, flipped bytes — makes the index *damaged*: :func:`stale_reason` says so, so
+whatever can rebuild it (``kgc predict``, ``kgc index``, ``kgc index --add``) does, and whatever cannot (``kgc
+evaluate``) stops with one message naming the file and ``kgc index RUN --force``. Sizes are checked on every
+load; a sha256 once per process and version of a file (its size, time and inode), and only for files up to
+:data:`HASH_LIMIT` bytes (WN18RR's 63 MB table hashes in ~0.05 s; a larger file is checked by size alone). An
+index written before ``files`` existed is checked by what it records (the FAISS file's size).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -20,7 +29,7 @@ import numpy as np
 import torch
 
 from kgc.errors import KGCError
-from kgc.fileio import sha256_file, write_json, write_npy, write_text, write_with
+from kgc.fileio import run_lock, sha256_file, write_error, write_json, write_npy, write_text, write_with
 from kgc.data.graph import KnowledgeGraph
 from kgc.linkpred import index_types
 from kgc.linkpred.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
@@ -51,6 +60,65 @@ def _read_meta(folder: Path) -> dict | None:
     return meta
 
 
+HASH_LIMIT = 1 << 30  # files larger than this are checked by size only (a sha256 of 1 GiB takes ~1 s)
+RECORDED = ("entities.npy", "entities.faiss", ADDED_FILE)  # the files meta.json records the size and sha256 of
+_HASHES: dict[tuple, str] = {}  # (path, size, mtime, inode) -> sha256: each version of a file is hashed once
+
+
+def _sha256(path: Path, st: os.stat_result) -> str:
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _HASHES:
+        _HASHES[key] = sha256_file(path)
+    return _HASHES[key]
+
+
+def _file_records(folder: Path) -> dict[str, dict]:
+    """``{file: {"bytes", "sha256"}}`` of the index's files that exist, for meta.json's ``files``."""
+    out = {}
+    for name in RECORDED:
+        f = folder / name
+        if f.is_file():
+            st = f.stat()
+            out[name] = {"bytes": st.st_size, "sha256": _sha256(f, st)}
+    return out
+
+
+def damage_reason(folder: Path, meta: dict, names: tuple[str, ...] = RECORDED) -> str | None:
+    """Which file of the index does not match what meta.json recorded of it (missing, another size, another
+    sha256), e.g. ``"entities.faiss is damaged (size 1234, expected 5678)"``; None when every file (of ``names``)
+    matches. An index from before ``files`` was recorded is checked by what its meta.json holds."""
+    records = meta.get("files")
+    if not isinstance(records, dict):  # an older index: its files must exist, the FAISS file be of its size
+        info = meta.get("faiss") if isinstance(meta.get("faiss"), dict) else {}
+        records = {"entities.npy": {}, "entities.faiss": {"bytes": info.get("bytes")}}
+    for name, rec in records.items():
+        if name not in names:
+            continue
+        f = folder / name
+        if not isinstance(rec, dict):
+            return f"meta.json's record of {name} is damaged"
+        try:
+            st = f.stat()
+        except OSError:
+            if name == ADDED_FILE:
+                continue  # said by added_stale_reason (deleting the added entities is how they are dropped)
+            return f"{name} is missing"
+        if name == ADDED_FILE:
+            continue  # an edited list of added entities is re-read by a rebuild (added_stale_reason), not damage
+        if rec.get("bytes") is not None and st.st_size != rec["bytes"]:
+            return f"{name} is damaged (size {st.st_size}, expected {rec['bytes']})"
+        if rec.get("sha256") and st.st_size <= HASH_LIMIT and _sha256(f, st) != rec["sha256"]:
+            return f"{name} is damaged (its sha256 differs from the one recorded when it was written)"
+    return None
+
+
+def _damaged(run: RunDir, what: str, exc: BaseException) -> KGCError:
+    """A file of the index that cannot be read (a truncated .npy, a broken FAISS file), as one message."""
+    detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    return KGCError(f"{run.index / what}: damaged, cannot be read ({detail}). Rebuild the index with "
+                    f"`kgc index {run.path} --force`.")
+
+
 def stored_params(meta: dict) -> dict:
     """The type and parameters an index was built with (indexes from before ``index:`` existed are flat)."""
     return meta.get("index") or {"type": "flat"}
@@ -75,9 +143,12 @@ def _reusable_table(folder: Path, meta: dict | None, current: dict, entities: in
     with ``kgc index --add``), else None."""
     if meta is None or any(meta.get(k) != current[k] for k in ("weights_sha256", "texts_sha256")):
         return None
-    if not (folder / "entities.npy").is_file():
+    if not (folder / "entities.npy").is_file() or damage_reason(folder, meta, ("entities.npy",)) is not None:
+        return None  # a damaged index is rebuilt from scratch
+    try:
+        table = np.load(folder / "entities.npy")
+    except (OSError, ValueError, EOFError):  # unreadable: computed again
         return None
-    table = np.load(folder / "entities.npy")
     if table.ndim != 2 or table.shape[0] < entities or table.shape[1] != meta.get("dim") or table.dtype != np.float32:
         return None
     return table
@@ -92,7 +163,10 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
     start = time.perf_counter()
     config = config if config is not None else run.recipe.index
     folder = run.index
-    folder.mkdir(exist_ok=True)
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as exc:  # a run folder that cannot be written: one message naming it
+        raise (write_error(folder, exc) or exc) from None
     current = fingerprint(run, model)
     entities = model.bank.graph.num_entities
     stored = _reusable_table(folder, _read_meta(folder), current, entities) if reuse_embeddings else None
@@ -113,7 +187,7 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
             "seconds": round(time.perf_counter() - start, 2), "index": params,
             "faiss": {**info, "version": faiss.__version__,
                       "bytes": (folder / "entities.faiss").stat().st_size},  # serialize_index would copy it in RAM
-            "embeddings": source}
+            "embeddings": source, "files": _file_records(folder)}
     write_json(folder / "meta.json", meta)  # written last: an index without meta.json is incomplete
     return meta
 
@@ -145,24 +219,28 @@ def _describe(params: dict, *, search_only: bool = False) -> str:
 
 
 def update_search_params(run: RunDir, model: LinkPredictor, config: IndexConfig | None = None) -> dict:
-    """Store ``config``'s nprobe / ef_search in a fresh index's meta.json (no rebuild); returns the meta."""
-    folder = _check_fresh(run, model)
-    meta = _read_meta(folder)
-    have = stored_params(meta)
-    want = index_types.resolve(config if config is not None else run.recipe.index,
-                               model.bank.graph.num_entities, int(meta["dim"]))
-    if index_types.build_params(have) != index_types.build_params(want):
-        raise KGCError(f"{folder} is {_describe(have)}, not {_describe(want)}: rebuild it with `kgc index {run.path}`")
-    meta["index"] = {**have, **index_types.search_params(want)}
-    write_json(folder / "meta.json", meta)
-    return meta
+    """Store ``config``'s nprobe / ef_search in a fresh index's meta.json (no rebuild), holding the run's lock;
+    returns the meta."""
+    with run_lock(run.path, "updating the index's search parameters"):
+        folder = _check_fresh(run, model)
+        meta = _read_meta(folder)
+        have = stored_params(meta)
+        want = index_types.resolve(config if config is not None else run.recipe.index,
+                                   model.bank.graph.num_entities, int(meta["dim"]))
+        if index_types.build_params(have) != index_types.build_params(want):
+            raise KGCError(f"{folder} is {_describe(have)}, not {_describe(want)}: rebuild it with "
+                           f"`kgc index {run.path}`")
+        meta["index"] = {**have, **index_types.search_params(want)}
+        write_json(folder / "meta.json", meta)
+        return meta
 
 
 NO_INDEX = "there is no index yet"
 
 
 def stale_reason(run: RunDir, model: LinkPredictor) -> str | None:
-    """Why the run's index cannot serve ``model`` (its own graph): missing or stale; None when it is fresh."""
+    """Why the run's index cannot serve ``model`` (its own graph): missing, stale or damaged (a file that does not
+    match meta.json's record of it: :func:`damage_reason`); None when it is fresh."""
     folder = run.index
     meta = _read_meta(folder)
     if meta is None:
@@ -172,6 +250,9 @@ def stale_reason(run: RunDir, model: LinkPredictor) -> str | None:
     if stale:
         what = " and ".join("model weights" if k.startswith("weights") else "entity texts" for k in stale)
         return f"it was built from other {what}"
+    damage = damage_reason(folder, meta)
+    if damage is not None:
+        return damage
     return added_stale_reason(folder, meta)  # an index with added entities: the added file must match too
 
 
@@ -180,6 +261,8 @@ def _check_fresh(run: RunDir, model: LinkPredictor) -> Path:
     reason = stale_reason(run, model)
     if reason == NO_INDEX:
         raise KGCError(f"{run.path}: no index yet. Build it with `kgc index {run.path}`.")
+    if reason and (" is damaged" in reason or " is missing" in reason):
+        raise KGCError(f"{folder}: {reason}. Rebuild it with `kgc index {run.path} --force`.")
     if reason:
         raise KGCError(f"{folder} is stale: {reason}. Rebuild it with `kgc index {run.path}`.")
     return folder
@@ -189,7 +272,14 @@ def load_embeddings(run: RunDir, model: LinkPredictor) -> np.ndarray | None:
     """(entities, dim) from a fresh index, or None when there is none (a stale one is an error)."""
     if not (run.index / "meta.json").is_file():
         return None
-    return np.load(_check_fresh(run, model) / "entities.npy")[: model.bank.graph.num_entities]  # not added ones
+    folder = _check_fresh(run, model)
+    try:
+        table = np.load(folder / "entities.npy")
+    except (OSError, ValueError, EOFError) as exc:  # damaged in a way its size and checksum did not show
+        raise _damaged(run, "entities.npy", exc) from None
+    if table.ndim != 2 or table.shape[0] < model.bank.graph.num_entities:
+        raise _damaged(run, "entities.npy", ValueError(f"shape {table.shape}"))
+    return table[: model.bank.graph.num_entities]  # not added ones
 
 
 def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, ef_search: int | None = None,
@@ -200,7 +290,10 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
     folder = _check_fresh(run, model)
     meta = _read_meta(folder)
     params = dict(stored_params(meta))
-    index = faiss.read_index(str(folder / "entities.faiss"))
+    try:
+        index = faiss.read_index(str(folder / "entities.faiss"))
+    except RuntimeError as exc:  # faiss: a truncated or foreign file
+        raise _damaged(run, "entities.faiss", exc) from None
     found = index_types.type_of(index)
     if found != params["type"] or ("nlist" in params and faiss.extract_index_ivf(index).nlist != params["nlist"]):
         raise KGCError(f"{folder}: meta.json records a {_describe(params)} index, entities.faiss holds "
@@ -260,8 +353,14 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
     parts = [model.encode_entities(ids[s: s + batch_size], bank=bank).float().cpu()
              for s in tqdm(range(0, len(ids), batch_size), desc="new entities", disable=not progress, leave=False)]
     vectors = torch.cat(parts).numpy().astype(np.float32)  # (new, dim)
-    table = np.load(folder / "entities.npy", mmap_mode="r")  # read once, by the concatenate below
-    index = faiss.read_index(str(folder / "entities.faiss"))
+    try:
+        table = np.load(folder / "entities.npy", mmap_mode="r")  # read once, by the concatenate below
+    except (OSError, ValueError, EOFError) as exc:
+        raise _damaged(run, "entities.npy", exc) from None
+    try:
+        index = faiss.read_index(str(folder / "entities.faiss"))
+    except RuntimeError as exc:
+        raise _damaged(run, "entities.faiss", exc) from None
     if not table.shape[0] == index.ntotal == graph.num_entities + len(before):
         raise KGCError(f"{folder}: entities.faiss holds {index.ntotal} vectors and entities.npy {table.shape[0]} "
                        f"rows; expected {graph.num_entities + len(before)}. Rebuild it with "
@@ -278,15 +377,23 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
         meta["faiss"]["bytes"] = (folder / "entities.faiss").stat().st_size
     meta["added_entities"] = {"count": len(entities), "file": ADDED_FILE, "sha256": sha256_file(folder / ADDED_FILE),
                               "sources": sources}
+    meta["files"] = _file_records(folder)
     write_json(folder / "meta.json", meta)
     return meta
 
 
 def add_entities(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: str | Path, *, batch_size: int = 256,
                  progress: bool = False) -> dict:
-    """``kgc index RUN --add path``: validate the new entities, embed them, append them to the (fresh) index."""
+    """``kgc index RUN --add path``: validate the new entities, embed them, append them to the (fresh) index,
+    holding the run's lock (a second add at the same time is refused: run it again once the first is done)."""
     path = Path(path)
     rows = read_new_entities(path)
+    with run_lock(run.path, "adding entities to the index"):
+        return _add_locked(run, model, graph, path, rows, batch_size=batch_size, progress=progress)
+
+
+def _add_locked(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: Path,
+                rows: list[tuple[int, NewEntity]], *, batch_size: int, progress: bool) -> dict:
     if (reason := stale_reason(run, model)) is not None:
         raise KGCError(f"{run.index}: cannot add entities: {reason}. Build it first with `kgc index {run.path}`.")
     meta = _meta(run)
@@ -305,16 +412,17 @@ def add_entities(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path:
 def rebuild_index(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, *, progress: bool = True,
                   **build_options) -> dict:
     """Build the run's index from scratch (``build_index(run, model, **build_options)``), keeping the entities
-    listed in ``index/added_entities.tsv`` (re-embedded with the current weights). ``model`` is over the run's
-    own graph."""
-    stored = run.index / ADDED_FILE
-    keep = read_new_entities(stored) if stored.is_file() else []
-    check_new(graph, keep, str(stored), "Remove that line (the graph has the entity now) and rebuild.")
-    sources = _meta(run).get("added_entities", {}).get("sources", [])
-    meta = build_index(run, model, progress=progress, **build_options)
-    if keep:
-        meta = _append(run, model, graph, [e for _, e in keep], sources=sources,
-                       batch_size=run.recipe.eval.batch_size, progress=progress)
-    return meta
+    listed in ``index/added_entities.tsv`` (re-embedded with the current weights), holding the run's lock.
+    ``model`` is over the run's own graph."""
+    with run_lock(run.path, "building the index"):
+        stored = run.index / ADDED_FILE
+        keep = read_new_entities(stored) if stored.is_file() else []
+        check_new(graph, keep, str(stored), "Remove that line (the graph has the entity now) and rebuild.")
+        sources = _meta(run).get("added_entities", {}).get("sources", [])
+        meta = build_index(run, model, progress=progress, **build_options)
+        if keep:
+            meta = _append(run, model, graph, [e for _, e in keep], sources=sources,
+                           batch_size=run.recipe.eval.batch_size, progress=progress)
+        return meta
 
 

@@ -1,5 +1,6 @@
 """Top-k answers to (head, relation, ?): by cosine from a run's FAISS index, or by the fused text + structure
-score over every entity (:func:`kgc.linkpred.structure.predict_fused`)."""
+score over every entity (:func:`kgc.linkpred.structure.predict_fused`); and the query files of
+``kgc predict --input``."""
 
 from __future__ import annotations
 
@@ -19,12 +20,35 @@ if TYPE_CHECKING:
 @dataclass
 class Prediction:
     rank: int
-    entity: str
-    text: str
-    score: float
+    entity: str     # entity id
+    text: str       # its full text ("name: description")
+    score: float    # cosine (or the fused score)
+    known: bool = False  # (head, relation, entity) is a triple of the graph (train, dev or test)
+    name: str = ""  # its short name
 
 
-PREDICTION_COLUMNS = ["rank", "entity", "text", "score"]
+PREDICTION_COLUMNS = ["rank", "entity", "name", "text", "score", "known"]
+
+
+@dataclass
+class Query:
+    """One resolved question: head entity id ``h`` (None: free text ``head`` with token ids ``tokens``) under
+    relation id ``r`` (an inverse id for (?, relation, head)), with its answering options."""
+    head: str
+    h: int | None
+    r: int
+    tokens: list
+    top_k: int = 10
+    filter_known: bool = False
+    include_head: bool = False
+
+    def excluded(self, known: set[int]) -> set[int]:
+        """Entity ids left out of the answers: the head (unless ``include_head``), and ``known`` with
+        ``filter_known``."""
+        out = set(known) if self.filter_known else set()
+        if self.h is not None and not self.include_head:
+            out.add(self.h)
+        return out
 
 
 @dataclass
@@ -38,6 +62,12 @@ class Answers:
     relation_text: str       # the relation's text, "inverse …" for the inverse direction
     predictions: list        # Prediction: rank, entity, text, score
     seconds: float           # answering, index loading excluded
+
+    def to_json(self) -> dict:
+        """What ``kgc predict --json`` prints and ``kgc serve`` answers for one query."""
+        return {"head": self.head, "relation": self.relation, "head_text": self.head_text,
+                "relation_text": self.relation_text, "seconds": round(self.seconds, 6),
+                "predictions": [dict(p.__dict__) for p in self.predictions]}
 
     def frame(self) -> "pd.DataFrame":
         import pandas as pd
@@ -53,31 +83,120 @@ def known_answers(graph: KnowledgeGraph, head: int, relation: int) -> np.ndarray
     return graph.all_answers[graph.hr_keys(np.array([head]), np.array([relation]))].indices
 
 
-@torch.no_grad()
+def _prediction(rank: int, e: int, score: float, graph: KnowledgeGraph, known: set[int]) -> Prediction:
+    return Prediction(rank, graph.entities[e], graph.full_texts[e], score, e in known, graph.names[e])
+
+
 def search_answers(query_vector: np.ndarray, index, graph: KnowledgeGraph, *, top_k: int = 10,
-                   exclude: set[int] = frozenset()) -> list[Prediction]:
-    """The index's top ``top_k`` entities for one query vector (1, dim), leaving out the ids in ``exclude``.
-    ``graph`` names the index's rows (the run's graph with its added entities)."""
+                   exclude: set[int] = frozenset(), known: set[int] = frozenset()) -> list[Prediction]:
+    """The index's top ``top_k`` entities for one query vector (1, dim), leaving out the ids in ``exclude``;
+    ``known`` marks answers the graph has. ``graph`` names the index's rows (the run's graph with its added
+    entities)."""
+    return search_many(query_vector, index, graph, top_ks=[top_k], excludes=[exclude], knowns=[known])[0]
+
+
+def search_many(query_vectors: np.ndarray, index, graph: KnowledgeGraph, *, top_ks: list[int],
+                excludes: list[set[int]], knowns: list[set[int]]) -> list[list[Prediction]]:
+    """:func:`search_answers` for (queries, dim) vectors in one index search (as deep as the deepest query
+    needs); each query keeps its own top-k, exclusions and known answers."""
     from kgc.linkpred.index_types import search_index
 
-    k = min(index.ntotal, top_k + len(exclude))
-    scores, ids = search_index(index, query_vector, k)
-    out = []
-    for s, e in zip(scores[0], ids[0]):
-        if e < 0 or int(e) in exclude:
-            continue
-        out.append(Prediction(len(out) + 1, graph.entities[e], graph.full_texts[e], float(s)))
-        if len(out) == top_k:
-            break
-    return out
+    k = min(index.ntotal, max(t + len(x) for t, x in zip(top_ks, excludes)))
+    scores, ids = search_index(index, query_vectors, k)
+    answers = []
+    for row_scores, row_ids, top_k, exclude, known in zip(scores, ids, top_ks, excludes, knowns):
+        out: list[Prediction] = []
+        for s, e in zip(row_scores, row_ids):
+            if len(out) == top_k:
+                break
+            if e < 0 or int(e) in exclude:
+                continue
+            out.append(_prediction(len(out) + 1, int(e), float(s), graph, known))
+        answers.append(out)
+    return answers
 
 
 def rank_scores(scores: torch.Tensor, graph: KnowledgeGraph, *, top_k: int = 10,
-                exclude: set[int] = frozenset()) -> list[Prediction]:
+                exclude: set[int] = frozenset(), known: set[int] = frozenset()) -> list[Prediction]:
     """The top ``top_k`` of dense (entities,) scores (fused), leaving out ``exclude``."""
     scores = scores.clone()
     if exclude:
         scores[torch.as_tensor(sorted(exclude))] = float("-inf")
     order = torch.argsort(scores, descending=True)[:top_k]
-    return [Prediction(i + 1, graph.entities[e], graph.full_texts[e], float(scores[e]))
+    return [_prediction(i + 1, e, float(scores[e]), graph, known)
             for i, e in enumerate(order.tolist()) if torch.isfinite(scores[e])]
+
+
+# ---------------------------------------------------------------- kgc predict --input
+
+
+@dataclass
+class QueryLine:
+    """One question of a query file: where it stands, and what it asks."""
+    line: int
+    head: str
+    relation: str
+    options: dict  # per-line top_k / inverse / filter_known / include_head / free_text (JSONL only)
+
+
+LINE_OPTIONS = {"top_k": int, "inverse": bool, "filter_known": bool, "include_head": bool, "free_text": bool}
+
+
+def read_query_file(path: str | Path) -> list[QueryLine]:
+    """Questions from ``path``: TSV lines ``head<TAB>relation`` (blank lines and ``#`` comments skipped), or, for
+    a ``.jsonl`` file, one object per line with ``head``, ``relation`` and optional ``top_k``, ``inverse``,
+    ``filter_known``, ``include_head``, ``free_text``. A bad line is one KGCError naming it."""
+    import json
+
+    from kgc.data.graph import text_lines
+    from kgc.errors import KGCError
+
+    path = Path(path)
+    if not path.is_file():
+        raise KGCError(f"{path}: no such file. Give one question per line: head<TAB>relation (or a .jsonl file of "
+                       '{"head": …, "relation": …} objects).')
+    jsonl = path.suffix.lower() in (".jsonl", ".ndjson")
+    out = []
+    for lineno, line in text_lines(path):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if jsonl:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise KGCError(f"{path}:{lineno}: not JSON ({exc.msg}): {line[:80]!r}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("head"), str) or \
+                    not isinstance(obj.get("relation"), str):
+                raise KGCError(f'{path}:{lineno}: expected {{"head": "…", "relation": "…"}}, got {line[:80]!r}')
+            extra = sorted(set(obj) - {"head", "relation"} - set(LINE_OPTIONS))
+            if extra:
+                raise KGCError(f"{path}:{lineno}: unknown key(s) {', '.join(extra)}; a line may give head, relation, "
+                               f"{', '.join(LINE_OPTIONS)}")
+            for key, kind in LINE_OPTIONS.items():
+                if key in obj and (type(obj[key]) is not kind):
+                    raise KGCError(f"{path}:{lineno}: {key} must be {kind.__name__}, got {obj[key]!r}")
+            out.append(QueryLine(lineno, obj["head"], obj["relation"],
+                                 {k: obj[k] for k in LINE_OPTIONS if k in obj}))
+            continue
+        parts = line.rstrip("\r\n").split("\t")
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise KGCError(f"{path}:{lineno}: expected head<TAB>relation, got {len(parts)} field(s): {line[:80]!r}. "
+                           "Separate the head and the relation with one tab.")
+        out.append(QueryLine(lineno, parts[0].strip(), parts[1].strip(), {}))
+    if not out:
+        raise KGCError(f"{path}: no questions. Give one per line: head<TAB>relation.")
+    return out
+
+
+ANSWER_COLUMNS = ["line", "head", "relation", "rank", "entity", "name", "score", "known"]
+
+
+def answer_rows(q: QueryLine, a: Answers) -> list[dict]:
+    """``kgc predict --input … --format tsv``: one row per answer."""
+    return [{"line": q.line, "head": a.head, "relation": a.relation, "rank": p.rank, "entity": p.entity,
+             "name": p.name, "score": round(p.score, 6), "known": int(p.known)} for p in a.predictions]
+
+
+def answer_record(q: QueryLine, a: Answers) -> dict:
+    """``kgc predict --input … --format jsonl``: one object per question."""
+    return {"line": q.line, **a.to_json()}

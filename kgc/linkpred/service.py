@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from kgc.errors import KGCError
-from kgc.fileio import write_json, write_tsv
-from kgc.linkpred.predict import Answers
-from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir, as_list
+from kgc.errors import KGCError, UnknownName
+from kgc.fileio import run_lock, write_json, write_tsv
+from kgc.linkpred.predict import Answers, Query
+from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir, as_list, silent
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,19 +101,24 @@ class LinkPredRun(Run):
         return self._loaded["tokenizer"]
 
     def ensure_index(self, *, progress: bool = True) -> None:
-        """Build the run's index when it has none, and rebuild it when it is stale (added entities are kept)."""
+        """Build the run's index when it has none, and rebuild it when it is stale or damaged (added entities are
+        kept), holding the run's lock (another process building it meanwhile is a KGCError naming it). A fresh index
+        is only read: a run folder that cannot be written serves answers as long as its index is fresh."""
         from kgc.linkpred.index import NO_INDEX, rebuild_index, stale_reason, stored_config
 
         model = self.model()
-        reason = stale_reason(self.dir, model)
-        if reason is None:
+        if stale_reason(self.dir, model) is None:
             return
-        self.echo(f"{self.path} has no index yet: building it (every entity embedded once)" if reason == NO_INDEX
-                  else f"rebuilding the index of {self.path}: {reason}")
-        # a stale index keeps its type and parameters (an ivf index built with `kgc index --type ivf` stays ivf)
-        config = None if reason == NO_INDEX else stored_config(self.dir)
-        meta = rebuild_index(self.dir, model, self.graph(), progress=progress, config=config)
-        self.echo(f"indexed {meta['entities']} entities in {meta.get('seconds', '?')}s → {self.dir.index}")
+        with run_lock(self.path, "building the index"):
+            reason = stale_reason(self.dir, model)  # again, under the lock: another process may have built it
+            if reason is not None:
+                self.echo(f"{self.path} has no index yet: building it (every entity embedded once)"
+                          if reason == NO_INDEX else f"rebuilding the index of {self.path}: {reason}")
+                # a stale index keeps its type and parameters (an ivf index built with `kgc index --type ivf`
+                # stays ivf)
+                config = None if reason == NO_INDEX else stored_config(self.dir)
+                meta = rebuild_index(self.dir, model, self.graph(), progress=progress, config=config)
+                self.echo(f"indexed {meta['entities']} entities in {meta.get('seconds', '?')}s → {self.dir.index}")
         self._forget_index()
 
     def searcher(self, *, progress: bool = False):
@@ -131,7 +136,8 @@ class LinkPredRun(Run):
         return self._loaded["search"]
 
     def _forget_index(self) -> None:
-        self._loaded.pop("search", None)
+        for key in ("search", "engine", "fused"):
+            self._loaded.pop(key, None)
 
     def _entity_table(self, model) -> torch.Tensor | None:
         """(entities, dim) from the run's index when it is fresh (a stale one is an error), else None."""
@@ -234,23 +240,28 @@ class LinkPredRun(Run):
         return ev
 
     def _write(self, ev: "Evaluation", split: str, kind: str | None = None) -> "Evaluation":
-        write_json(self.dir.results(split, kind), ev.results)
-        write_tsv(self.dir.table("ranks", split, kind), ev.ranks)
-        return ev
+        def write() -> None:
+            write_json(self.dir.results(split, kind), ev.results)
+            write_tsv(self.dir.table("ranks", split, kind), ev.ranks)
+
+        return self._save(ev, write)  # a folder that refuses them: ResultsNotSaved, carrying the figures
 
     # ------------------------------------------------------------ answers
 
     def predict(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
-                filter_known: bool = False, include_head: bool = False, progress: bool = False) -> "pd.DataFrame":
+                filter_known: bool = False, include_head: bool = False, progress: bool = False,
+                free_text: bool = False) -> "pd.DataFrame":
         """Top-k answers to (head, relation, ?) — ``inverse``: (?, relation, head) — as a DataFrame with columns
         rank, entity, text, score, the rows ``kgc predict`` prints. ``head``: entity id or text (an entity added
         with ``kgc index --add`` too), or any free text, embedded on the fly (not for a run with a structural model:
-        it scores known entities only); ``relation``: name or text. The head itself is left out of the answers
+        it scores known entities only) — but a string spelt like an entity's id or name is taken for a typo and
+        raises :class:`kgc.errors.UnknownName` with the near misses, unless ``free_text``;
+        ``relation``: name or text. The head itself is left out of the answers
         unless ``include_head`` (the evaluation protocol ranks it, as SimKGC does); ``filter_known`` also leaves out
         the answers the graph already has. A run with a structural model ranks by the fused score, others by cosine
         over the FAISS index, which is built first if the run has none (or a stale one)."""
         return self.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known,
-                           include_head=include_head, progress=progress).frame()
+                           include_head=include_head, progress=progress, free_text=free_text).frame()
 
     def _head_tokens(self, head: str, entity: int | None, bank) -> list[int]:
         """Token ids (no specials) of a query's head: the entity's text from ``bank``, or the free text ``head`` (when
@@ -259,49 +270,155 @@ class LinkPredRun(Run):
             return bank.entity_ids(entity)
         return self.tokenizer()(head, add_special_tokens=False)["input_ids"][: bank.max_tokens]
 
-    def _resolve_head(self, head: str, graph: "KnowledgeGraph") -> int | None:
-        """The entity ``head`` names, or None for free text (said once on the run's echo, with the closest names)."""
+    def resolve_head(self, head: str, graph: "KnowledgeGraph", *, free_text: bool = False) -> int | None:
+        """The entity ``head`` names in ``graph`` (the run's, or :meth:`searcher`'s with added entities), or None
+        for free text; says nothing. A head that names no entity but is spelt like one (a typo: id or name within
+        :data:`kgc.data.graph.NEAR_MISS`) raises :class:`kgc.errors.UnknownName` (kind "head", the near misses as
+        ``suggestions``) unless ``free_text``, which embeds any string that names no entity as text."""
         h = graph.lookup_entity(head)
-        if h is None:
-            if not head.strip():
-                raise KGCError("empty head: give an entity id, an entity's name or text, or a free text")
-            self.echo(f"{head!r} is not an entity of {self.path}: embedded as free text (closest entities: "
-                      f"{', '.join(graph.closest_entities(head))})")
+        if h is not None:
+            return h
+        if not head.strip():
+            raise KGCError("empty head: give an entity id, an entity's name or text, or a free text")
+        if not free_text:
+            close = graph.near_misses(head)
+            if close:
+                raise UnknownName(f"{head!r} is not an entity of {self.path}; did you mean: {', '.join(close)}? "
+                                  "(--free-text, or free_text=True, embeds it as text)",
+                                  kind="head", name=head, suggestions=close)
+        return None
+
+    def _resolve_head(self, head: str, graph: "KnowledgeGraph", *, free_text: bool = False) -> int | None:
+        """:meth:`resolve_head`, and a free-text head said on the run's echo with its nearest entities by
+        embedding (:meth:`free_text_note`; not computed when the run is silent)."""
+        h = self.resolve_head(head, graph, free_text=free_text)
+        if h is None and self.echo is not silent:
+            self.echo(self.free_text_note(head))
         return h
+
+    def nearest_entities(self, texts: str | Sequence[str], n: int = 5) -> list[list[str]]:
+        """For each text, the ``n`` entities of the index (added ones too) nearest to it by embedding — cosine of
+        the text's tail-tower embedding against the entity embeddings — best first, each as a string that
+        resolves to that entity. What the note on a free-text head lists."""
+        from kgc.linkpred.index_types import search_index
+
+        items, _ = as_list(texts)
+        index, graph, _ = self.searcher()
+        if not items or not index.ntotal:
+            return [[] for _ in items]
+        _, ids = search_index(index, self.embed_entities(items), min(n, index.ntotal))
+        return [[graph.resolvable(int(e)) for e in row if e >= 0] for row in ids]
+
+    def free_text_note(self, head: str) -> str:
+        """The line said when ``head`` is embedded as free text, naming its nearest entities by embedding."""
+        near = self.nearest_entities([head])[0]
+        return (f"{head!r} is not an entity of {self.path}: embedded as free text (nearest entities by embedding: "
+                f"{', '.join(near) or '(none)'})")
 
     @torch.no_grad()
     def answer(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
-               filter_known: bool = False, include_head: bool = False, progress: bool = False) -> Answers:
-        """:meth:`predict` with the query as it was resolved (head id and text, relation) and the time taken."""
-        from kgc.linkpred.predict import known_answers, rank_scores, search_answers
-        from kgc.linkpred.structure import choose_alpha, has_structure, load_structure, predict_fused
+               filter_known: bool = False, include_head: bool = False, progress: bool = False,
+               free_text: bool = False) -> Answers:
+        """:meth:`predict` with the query as it was resolved (head id and text, relation) and the time taken: the
+        batch of one of :meth:`answer_many` (what ``kgc serve`` and ``kgc predict --input`` run), so every way of
+        asking gives the same answers."""
+        q = self.resolve(head, relation, top_k, inverse=inverse, filter_known=filter_known,
+                         include_head=include_head, free_text=free_text, progress=progress)
+        return self.answer_many([q])[0]
 
-        model = self.model()
-        index, graph, bank = self.searcher(progress=progress)
-        start = time.perf_counter()
-        h = self._resolve_head(head, graph)
+    def resolve(self, head: str, relation: str, top_k: int = 10, *, inverse: bool = False,
+                filter_known: bool = False, include_head: bool = False, free_text: bool = False,
+                progress: bool = False, note: bool = True) -> Query:
+        """A question as :meth:`answer_many` takes it: the head resolved to an entity (id, name or text; an added
+        entity too) or kept as free text, the relation to its id. Bad names raise KGCError (an unknown relation
+        lists the valid ones). ``note``: say a free-text head on the run's echo, with its nearest entities."""
+        from kgc.linkpred.structure import has_structure
+
+        if not isinstance(top_k, int) or top_k < 1:
+            raise KGCError(f"top_k={top_k!r}: ask for at least 1 answer")
+        _, graph, bank = self.searcher(progress=progress)
         r = graph.relation_id(relation, inverse=inverse)
-        fused = has_structure(self.dir.structure)
-        if h is None and fused:
+        h = (self._resolve_head if note else self.resolve_head)(head, graph, free_text=free_text)
+        if h is None and has_structure(self.dir.structure):
             raise KGCError(f"{self.path} has a structural model, which scores the graph's entities only: a free-text "
                            f"head ({head!r}) cannot be fused. Give an entity id or name.")
-        q = model.encode_query_tokens([self._head_tokens(head, h, bank)], [r]).float().cpu()  # (1, dim)
-        exclude = set(known_answers(graph, h, r).tolist()) if filter_known and h is not None else set()
-        if h is not None and not include_head:
-            exclude.add(h)
-        if fused:  # as `kgc evaluate`: fused with the structural model
+        return Query(head, h, r, self._head_tokens(head, h, bank), top_k, filter_known, include_head)
+
+    def query_engine(self):
+        """A QueryEngine over the run's entities when it costs nothing to build — a pooled conditioner (tri-encoders,
+        Hyper-CL) whose towers are shared borrows the index's embeddings as the heads' sentence states, so a query
+        about a known head runs only the conditioner's composition, no encoder pass (as ``kgc evaluate`` does).
+        None for the others: they encode the head's text per query."""
+        if "engine" not in self._loaded:
+            from kgc.linkpred.model import QueryEngine
+
+            model, engine = self.model(), None
+            if model.conditioner.enters_at == "pooled" and model.query_encoder is model.tail_encoder:
+                self.searcher()  # the index (built first when missing or stale) holds the table
+                table = self._entity_table(model)
+                if table is not None:
+                    engine = QueryEngine(model, batch_size=self.recipe.eval.batch_size, entity_table=table)
+            self._loaded["engine"] = engine
+        return self._loaded["engine"]
+
+    @torch.no_grad()
+    def _query_vectors(self, queries: Sequence[Query]) -> np.ndarray:
+        """(queries, dim) float32 unit vectors: known heads through the query engine when there is one, the rest
+        (free text, added entities, other conditioners) in one encoder pass."""
+        model = self.model()
+        out = np.empty((len(queries), model.tail_encoder.dim), dtype=np.float32)
+        engine = self.query_engine()
+        known = self.graph().num_entities
+        cached = [i for i, q in enumerate(queries) if engine is not None and q.h is not None and q.h < known]
+        if cached:
+            out[cached] = engine(np.array([queries[i].h for i in cached]),
+                                 np.array([queries[i].r for i in cached])).float().cpu().numpy()
+        rest = [i for i in range(len(queries)) if i not in set(cached)]
+        if rest:
+            out[rest] = model.encode_query_tokens([queries[i].tokens for i in rest],
+                                                  [queries[i].r for i in rest]).float().cpu().numpy()
+        return out
+
+    @torch.no_grad()
+    def answer_many(self, queries: Sequence[Query]) -> list[Answers]:
+        """Answers to resolved queries (:meth:`resolve`), all encoded in one pass and searched in one index call;
+        each keeps its own top-k, filters and known-answer marks. ``seconds`` on each is the whole batch's."""
+        from kgc.linkpred.predict import known_answers, rank_scores, search_many
+        from kgc.linkpred.structure import has_structure, predict_fused
+
+        if not queries:
+            return []
+        index, graph, _ = self.searcher()
+        start = time.perf_counter()
+        vectors = self._query_vectors(queries)
+        knowns = [set(known_answers(graph, q.h, q.r).tolist()) if q.h is not None else set() for q in queries]
+        excludes = [q.excluded(k) for q, k in zip(queries, knowns)]
+        if has_structure(self.dir.structure):  # as `kgc evaluate`: fused with the structural model
+            structure, alpha, table = self._fused()
+            preds = [rank_scores(predict_fused(torch.from_numpy(vectors[i: i + 1]), table, structure, alpha,
+                                               head=q.h, relation=q.r), graph, top_k=q.top_k, exclude=x, known=k)
+                     for i, (q, x, k) in enumerate(zip(queries, excludes, knowns))]
+        else:
+            preds = search_many(vectors, index, graph, top_ks=[q.top_k for q in queries], excludes=excludes,
+                                knowns=knowns)
+        seconds = time.perf_counter() - start
+        return [Answers(run=self.path, head=graph.entities[q.h] if q.h is not None else "(free text)",
+                        relation=graph.relation_label(q.r),
+                        head_text=graph.full_texts[q.h] if q.h is not None else q.head,
+                        relation_text=graph.relation_text(q.r), predictions=p, seconds=seconds)
+                for q, p in zip(queries, preds)]
+
+    def _fused(self):
+        """(structural model, α chosen on dev, entity table with added rows), loaded once."""
+        if "fused" not in self._loaded:
+            from kgc.linkpred.structure import choose_alpha, load_structure
+
             structure = load_structure(self.dir.structure)
-            alpha = choose_alpha(self.dir.structure, model, self.graph(), structure,
+            alpha = choose_alpha(self.dir.structure, self.model(), self.graph(), structure,
                                  batch_size=self.recipe.eval.batch_size)["alpha"]
             table = torch.from_numpy(np.load(self.dir.index / "entities.npy")).float()  # graph rows, then added
-            preds = rank_scores(predict_fused(q, table, structure, alpha, head=h, relation=r), graph, top_k=top_k,
-                                exclude=exclude)
-        else:
-            preds = search_answers(q.numpy().astype(np.float32), index, graph, top_k=top_k, exclude=exclude)
-        return Answers(run=self.path, head=graph.entities[h] if h is not None else "(free text)",
-                       relation=graph.relation_label(r), head_text=graph.full_texts[h] if h is not None else head,
-                       relation_text=graph.relation_text(r), predictions=preds,
-                       seconds=time.perf_counter() - start)
+            self._loaded["fused"] = (structure, alpha, table)
+        return self._loaded["fused"]
 
     # ------------------------------------------------------------ the index
 
@@ -339,14 +456,17 @@ class LinkPredRun(Run):
         return {"action": action, "why": why, "meta": meta}
 
     def add_entities(self, path: str | Path, *, progress: bool = True) -> dict:
-        """Embed the entities of a TSV (``id<TAB>name<TAB>description``) with the trained tail tower and append them
-        to the index (built first if missing), no retraining (``kgc index --add``); returns index/meta.json."""
+        """Embed the entities of a TSV (``id<TAB>name<TAB>description``, or ``id<TAB>name, description`` as in
+        entity2text.txt) with the trained tail tower and append them to the index (built first if missing or
+        stale), no retraining (``kgc index --add``); returns index/meta.json. The run's lock is held throughout: an
+        add while another process (or thread) writes the run is a KGCError naming it — run it again afterwards."""
         from kgc.linkpred.index import add_entities
 
-        self.ensure_index(progress=progress)
         try:
-            return add_entities(self.dir, self.model(), self.graph(), path, batch_size=self.recipe.eval.batch_size,
-                                progress=progress)
+            with run_lock(self.path, "adding entities to the index"):  # the build (if any) and the add, as one
+                self.ensure_index(progress=progress)
+                return add_entities(self.dir, self.model(), self.graph(), path,
+                                    batch_size=self.recipe.eval.batch_size, progress=progress)
         finally:  # the index on disk changed (or may have, if the add failed half-way)
             self._forget_index()
 
@@ -369,9 +489,10 @@ class LinkPredRun(Run):
         if changes:
             base = {"task": self.task, "structure": config.model_dump(mode="json") if config else {}}
             config = resolve_recipe(base, changes).structure
-        return train_structure(config or StructureConfig(), self.graph(), self.dir.structure,
-                               seed=self.recipe.train.seed, device=self.recipe.train.device, progress=progress,
-                               echo=self.echo)
+        with run_lock(self.path, "training the structural model"):
+            return train_structure(config or StructureConfig(), self.graph(), self.dir.structure,
+                                   seed=self.recipe.train.seed, device=self.recipe.train.device, progress=progress,
+                                   echo=self.echo)
 
     # ------------------------------------------------------------ embeddings
 
@@ -403,10 +524,11 @@ class LinkPredRun(Run):
 
     @torch.no_grad()
     def embed_queries(self, heads: str | Sequence[str], relations: str | Sequence[str], *, inverse: bool = False,
-                      batch_size: int = 256) -> np.ndarray:
+                      batch_size: int = 256, free_text: bool = False) -> np.ndarray:
         """(n, dim) float32 query embeddings g(head | relation): heads by entity id or text (as ``kgc predict``
-        resolves them; a string that names no entity is embedded as free text), relations by name or text; one
-        relation string applies to every head."""
+        resolves them; a string that names no entity is embedded as free text, but one spelt like an entity's name
+        raises :class:`kgc.errors.UnknownName` unless ``free_text``), relations by name or text; one relation
+        string applies to every head."""
         hs, _ = as_list(heads)
         rs, single = as_list(relations)
         if single:
@@ -418,7 +540,7 @@ class LinkPredRun(Run):
         for x in hs:
             if not isinstance(x, str):
                 raise KGCError(f"embed_queries: expected entity ids or texts (str), got {type(x).__name__}")
-        h = [graph.lookup_entity(x) for x in hs]
+        h = [graph.lookup_entity(x) if free_text else self.resolve_head(x, graph) for x in hs]
         r = [graph.relation_id(x, inverse=inverse) for x in rs]
         sentences = [self._head_tokens(x, e, model.bank) for x, e in zip(hs, h)]
         out = np.empty((len(hs), model.tail_encoder.dim), dtype=np.float32)
@@ -444,3 +566,67 @@ class LinkPredRun(Run):
         return ExplainInputs(model.conditioner, self.tokenizer(), ids, subject,
                              [model.bank.relation_ids[r] for r in rels], [graph.relation_label(r) for r in rels],
                              "give --head (an entity id or text): the router weighs the tokens of its text")
+
+    # ------------------------------------------------------------ kgc serve
+
+    def serving(self):
+        """``kgc serve``'s link-prediction routes and page (:mod:`kgc.linkpred.serving`)."""
+        from kgc.linkpred.serving import LinkPredServing
+
+        return LinkPredServing(self)
+
+    def predict_file(self, path: str | Path, out: str | Path | None = None, *, format: str | None = None,
+                     top_k: int = 10, inverse: bool = False, filter_known: bool = False, include_head: bool = False,
+                     free_text: bool = False, batch_size: int = 64, progress: bool = False,
+                     echo=None) -> dict:
+        """``kgc predict RUN --input FILE``: answer every question of a query file (``head<TAB>relation`` lines, or
+        JSONL objects that may set their own options) with one model load, ``batch_size`` questions per forward pass.
+        Every line is resolved before anything is answered, so a bad name stops the run at once, naming its line.
+        Answers go to ``out`` (written atomically) or, with ``out`` None, line by line through ``echo``; ``format``
+        ``jsonl`` (one object per question, the default) or ``tsv`` (one row per answer; default for a ``.tsv``
+        ``out``). Returns {"questions", "answers", "seconds", "per_second"}."""
+        import json
+
+        from tqdm.auto import tqdm
+
+        from kgc.fileio import tsv_text, write_text
+        from kgc.linkpred.predict import ANSWER_COLUMNS, answer_record, answer_rows, read_query_file
+
+        fmt = format or ("tsv" if out is not None and Path(out).suffix.lower() == ".tsv" else "jsonl")
+        if fmt not in ("jsonl", "tsv"):
+            raise KGCError(f"--format {fmt}: choose jsonl or tsv")
+        if batch_size < 1:
+            raise KGCError(f"--batch-size {batch_size}: at least 1")
+        lines = read_query_file(path)
+        defaults = {"top_k": top_k, "inverse": inverse, "filter_known": filter_known, "include_head": include_head,
+                    "free_text": free_text}
+        queries = []
+        for q in lines:
+            try:
+                queries.append(self.resolve(q.head, q.relation, progress=progress, note=False,
+                                            **{**defaults, **q.options}))
+            except KGCError as exc:
+                raise KGCError(f"{path}:{q.line}: {exc}") from None
+        start, chunks, count, header_done = time.perf_counter(), [], 0, False
+        emit = echo if out is None and echo is not None else None
+        for s in tqdm(range(0, len(queries), batch_size), desc="questions", unit="batch", disable=not progress,
+                      leave=False):
+            answers = self.answer_many(queries[s: s + batch_size])
+            for q, a in zip(lines[s: s + batch_size], answers):
+                count += len(a.predictions)
+                if fmt == "jsonl":
+                    text = json.dumps(answer_record(q, a), ensure_ascii=False) + "\n"
+                else:
+                    text = tsv_text(answer_rows(q, a), ANSWER_COLUMNS)
+                    text = text.split("\n", 1)[1] if header_done else text  # the header once
+                    header_done = True
+                if emit is not None:
+                    if text.strip():
+                        emit(text.rstrip("\n"))
+                else:
+                    chunks.append(text)
+        seconds = time.perf_counter() - start
+        if out is not None:
+            write_text(out, "".join(chunks))
+        return {"questions": len(queries), "answers": count, "seconds": round(seconds, 3),
+                "per_second": round(len(queries) / max(seconds, 1e-9), 1), "format": fmt}

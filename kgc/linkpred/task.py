@@ -8,27 +8,34 @@ The loop itself (optimiser, schedule, checkpoints, resume, metrics, curves) is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from kgc.data.check import check_graph
-from kgc.data.graph import load_graph
-from kgc.linkpred.loss import SimKGCLoss
-from kgc.linkpred.model import build_model
-from kgc.profiling import section
 from kgc.recipe import Recipe
-from kgc.training.common import autocast
 from kgc.training.task import Task
 
+if TYPE_CHECKING:  # imported where used: registering the task (every recipe's validation) stays light
+    import numpy as np
+    import torch
 
-def make_loss(recipe: Recipe) -> SimKGCLoss:
+    from kgc.linkpred.loss import SimKGCLoss
+
+
+def make_loss(recipe: Recipe) -> "SimKGCLoss":
+    from kgc.linkpred.loss import SimKGCLoss
+
     return SimKGCLoss(**{k: v for k, v in recipe.loss.model_dump().items()
                          if k in SimKGCLoss.__init__.__kwdefaults__})
 
 
-def batch_loss(model, criterion: SimKGCLoss, batch: np.ndarray, train_keys: torch.Tensor, *, amp: str = "auto"):
+def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray", train_keys: "torch.Tensor", *,
+               amp: str = "auto"):
     """The SimKGC loss of one batch of (head, relation, tail) rows: both towers, then the objective."""
+    import numpy as np
+    import torch
+
+    from kgc.profiling import section
+    from kgc.training.common import autocast
+
     graph, device = model.bank.graph, model.device
     heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
     with autocast(device, amp):  # the encoders may run in bf16 on CUDA ...
@@ -88,6 +95,24 @@ class LinkPredTask(Task):
         return LinkPredRun
 
     @classmethod
+    def check_data(cls, recipe: Recipe, dataset=None):
+        """A :class:`kgc.data.check.DataReport`: counts, unseen entities and relations, shared or empty texts,
+        texts longer than ``data.max_tokens`` (the backbone's tokenizer), the files found and the fallbacks taken."""
+        from kgc.data.catalog import find_dataset
+        from kgc.data.check import check_graph
+        from kgc.data.graph import read_graph
+        from kgc.data.texts import SpecialTokens
+        from kgc.encoding.backbone import load_tokenizer, resolve_backbone
+
+        d = recipe.data
+        folder, _ = find_dataset(str(dataset)) if dataset is not None else find_dataset(d.dataset, d.path)
+        graph = read_graph(folder, long_text=d.long_text)
+        tokenizer = load_tokenizer(resolve_backbone(recipe.model.backbone))
+        extra = SpecialTokens.from_tokenizer(tokenizer).n_single
+        lengths = [len(ids) + extra for ids in tokenizer(graph.full_texts, add_special_tokens=False)["input_ids"]]
+        return check_graph(graph, allow_unseen_relations=d.allow_unseen_relations).with_lengths(lengths, d.max_tokens)
+
+    @classmethod
     def check_triples_welcome(cls) -> None:
         pass
 
@@ -138,6 +163,11 @@ class LinkPredTask(Task):
 
     def __init__(self, recipe: Recipe, *, graph=None) -> None:
         """``graph``: the recipe's data already read (``kgc bench train`` builds one task per mode over it)."""
+        import torch
+
+        from kgc.data.check import check_graph
+        from kgc.data.graph import load_graph
+
         super().__init__(recipe)
         d = recipe.data
         self.graph = graph if graph is not None else load_graph(d.dataset, path=d.path, long_text=d.long_text)
@@ -146,9 +176,11 @@ class LinkPredTask(Task):
         self.examples = self.graph.both_directions("train")  # (2n, 3): every triple in both directions
         self.b = min(recipe.train.batch_size, len(self.examples))
         self.train_keys = torch.as_tensor(self.graph.train_keys)
-        self.fixed_table: torch.Tensor | None = None  # the loss's table when the tail tower does not train
+        self.fixed_table: "torch.Tensor | None" = None  # the loss's table when the tail tower does not train
 
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
+        from kgc.linkpred.model import build_model
+
         model, tokenizer = build_model(self.recipe, self.graph, backbone_folder, pretrained=pretrained)
         if self.recipe.loss.table_tails and not self.recipe.model.shared_towers:
             for p in model.tail_encoder.parameters():  # nothing reaches it: its table is computed once
@@ -165,19 +197,21 @@ class LinkPredTask(Task):
         lengths = [len(ids) + bank.special.n_single for ids in bank.base]
         return self.data_report.with_lengths(lengths, self.recipe.data.max_tokens).lines()
 
-    def make_loss(self) -> SimKGCLoss:
+    def make_loss(self) -> "SimKGCLoss":
         return make_loss(self.recipe)
 
     @property
     def steps_per_epoch(self) -> int:
         return max(1, len(self.examples) // self.b)  # drop_last, as SimKGC
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    def epoch_batches(self, epoch: int) -> "list[np.ndarray]":
+        import torch
+
         seed = self.recipe.train.seed + epoch
         order = torch.randperm(len(self.examples), generator=torch.Generator().manual_seed(seed)).numpy()
         return [self.examples[order[i * self.b: (i + 1) * self.b]] for i in range(self.steps_per_epoch)]
 
-    def to(self, device: torch.device) -> None:
+    def to(self, device: "torch.device") -> None:
         self.train_keys = self.train_keys.to(device)
 
     def batch_loss(self, model, criterion, batch):

@@ -183,10 +183,21 @@ def plot_curves(records: list[dict[str, Any]], path: Path, metric: str = "dev_mr
     plt.close(fig)
 
 
+def best_record(records: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """The validation record with the highest ``metric`` (higher is better; the earliest of equals, as best.pt
+    keeps it), or None when no record has it."""
+    best = None
+    for r in records:
+        if metric in r and r[metric] is not None and (best is None or r[metric] > best[metric]):
+            best = r
+    return best
+
+
 def plot_runs(runs: dict[str, list[dict[str, Any]]], path: Path, metric: str = "dev_mrr", *,
               unit: str = "examples") -> list[str]:
     """One figure comparing runs (name → metrics records): the validation metric against ``unit`` seen and
-    against minutes of training (validation excluded). Returns the names of runs without validation records."""
+    against minutes of training (validation excluded), each run's best validation marked with a star. Returns the
+    names of runs without validation records."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,13 +213,20 @@ def plot_runs(runs: dict[str, list[dict[str, Any]]], path: Path, metric: str = "
             continue
         seen = [r for r in val if "seen" in r]
         timed = [r for r in val if "train_seconds" in r]
-        axes[0].plot([r["seen"] for r in seen], [r[metric] for r in seen], marker="o", ms=3, label=name)
-        axes[1].plot([r["train_seconds"] / 60 for r in timed], [r[metric] for r in timed], marker="o", ms=3,
-                     label=name)
+        lines = [axes[0].plot([r["seen"] for r in seen], [r[metric] for r in seen], marker="o", ms=3, label=name),
+                 axes[1].plot([r["train_seconds"] / 60 for r in timed], [r[metric] for r in timed], marker="o", ms=3,
+                              label=name)]
+        best = best_record(val, metric)
+        for ax, line, key, scale in zip(axes, lines, ("seen", "train_seconds"), (1, 60)):
+            if key in best:  # the best validation, in the run's colour
+                ax.plot([best[key] / scale], [best[metric]], marker="*", ms=12, ls="", color=line[0].get_color(),
+                        markeredgecolor="black", markeredgewidth=0.5, zorder=3)
     for ax, xlabel in zip(axes, (f"{unit} seen", "training minutes (validation excluded)")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
+    if len(empty) < len(runs):
+        axes[1].plot([], [], marker="*", ms=10, ls="", color="grey", markeredgecolor="black", label="best")
     axes[1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))

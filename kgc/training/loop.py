@@ -15,6 +15,7 @@ batch inside DDP; rank 0 alone writes the run directory, checkpoints, metrics, c
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from datetime import datetime
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from kgc.errors import KGCError
-from kgc.fileio import write_json, write_text
+from kgc.fileio import run_lock, write_json, write_text
 from kgc.recipe import Recipe
 from kgc.training.common import (MetricsLog, linear_schedule, make_optimizer, plot_curves, resolve_threads,
                                  rng_state, save_checkpoint, seed_everything, set_rng_state)
@@ -34,6 +35,30 @@ from kgc.training import distributed as dist
 from kgc.training.run import RunDir, load_checkpoint, load_weights, weights_to_save
 from kgc.training.task import Task, make_task
 from kgc.training.setup import count_parameters, freezes_weights, pooling_parameters, save_backbone_files
+
+
+PACE_STEPS, PACE_SECONDS = 20, 30.0  # the pace is judged once, after this many steps or seconds of training
+SLOW_EPOCH_SECONDS = 3600.0  # an epoch slower than this, with every layer training, is worth a word
+
+
+def pace_warning(recipe: Recipe, *, steps: int, seconds: float, steps_per_epoch: int,
+                 total_steps: int | None = None) -> str | None:
+    """What ``kgc train`` says once, early, when ``steps`` taking ``seconds`` (validation excluded) imply more than
+    an hour per epoch while every layer trains (``encoder.trainable_layers: all``); None otherwise — and when the
+    run stops within the hour anyway (``train.max_minutes`` ≤ 60, or ``total_steps`` take less)."""
+    tc = recipe.train
+    if recipe.encoder.trainable_layers != "all" or steps < 1 or seconds <= 0:
+        return None
+    per_step = seconds / steps
+    epoch = per_step * steps_per_epoch
+    planned = per_step * min(steps_per_epoch, total_steps or steps_per_epoch)
+    if epoch <= SLOW_EPOCH_SECONDS or planned <= SLOW_EPOCH_SECONDS or (tc.max_minutes and tc.max_minutes <= 60):
+        return None
+    return (f"warning: at {per_step:.2f}s a step, an epoch ({steps_per_epoch:,} steps) takes about "
+            f"{epoch / 3600:.1f} h with every layer training (encoder.trainable_layers: all). "
+            "encoder.trainable_layers=N (e.g. --set encoder.trainable_layers=2) trains only the top N layers and "
+            "reads the frozen ones below from the layer cache, computed once: each step then runs N layers, "
+            "not all of them")
 
 
 class _NoLog:
@@ -50,12 +75,17 @@ def default_run_dir(recipe: Recipe) -> Path:
     return Path("runs") / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_new_run(recipe: Recipe, out: Path | None) -> Path:
+def prepare_new_run(recipe: Recipe, out: Path | None, hold: contextlib.ExitStack | None = None) -> Path:
+    """The new run's folder (``out``, default ``runs/<name>-<time>``), created, with its lock taken first: into
+    ``hold`` (held until that stack closes), else only while the folder is checked. A folder that holds a run
+    already, or one another process is writing (a second ``kgc train --out`` started at the same moment), is a
+    KGCError before anything is written into it."""
     run_dir = Path(out) if out else default_run_dir(recipe)
-    if (run_dir / "recipe.yaml").exists():
-        raise KGCError(f"{run_dir} already holds a run. Continue it with `kgc train --resume {run_dir}` "
-                       "or pick another --out.")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as brief:
+        (hold if hold is not None else brief).enter_context(run_lock(run_dir, "training"))
+        if (run_dir / "recipe.yaml").exists():
+            raise KGCError(f"{run_dir} already holds a run. Continue it with `kgc train --resume {run_dir}` "
+                           "or pick another --out.")
     return run_dir
 
 
@@ -97,9 +127,12 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     """Train (or resume) the recipe's task and return the run directory.
 
     Under ``torchrun`` every process calls this; the run directory is rank 0's and is returned on every rank.
+    Rank 0 holds the run directory's lock for the whole training (:func:`kgc.fileio.run_lock`): another
+    ``kgc train`` into it, or an index build, is refused meanwhile.
     """
     try:
-        return _train(recipe, out=out, resume=resume, progress=progress, echo=echo)
+        with contextlib.ExitStack() as hold:  # the run directory's lock, released when training ends
+            return _train(recipe, out=out, resume=resume, progress=progress, echo=echo, hold=hold)
     finally:
         dist.shutdown()
 
@@ -108,7 +141,8 @@ class _Setup:
     """What one training run holds: recipe, task, run directory, model, objective, optimiser, schedule and the
     counters a checkpoint restores."""
 
-    def __init__(self, recipe: Recipe | None, *, out: Path | None, resume: Path | None, echo) -> None:
+    def __init__(self, recipe: Recipe | None, *, out: Path | None, resume: Path | None, echo,
+                 hold: contextlib.ExitStack) -> None:
         if resume is not None:
             run = RunDir(resume)
             recipe = run.recipe
@@ -132,13 +166,14 @@ class _Setup:
                            "drop --nproc / torchrun")
         dist.check_batch(tc.batch_size)
         if resume is not None:
+            _on_main(lambda: hold.enter_context(run_lock(run.path, "training")) and None)  # before any write
             ckpt = load_checkpoint(run.last)
             self.say(f"resuming {run.path} from step {ckpt['step']}")
             self._init_model(recipe, task, run.path, ckpt, run)
             return
         target = Path(out) if out else default_run_dir(recipe)
         existed = target.exists()
-        run_dir = _on_main(lambda: prepare_new_run(recipe, target))
+        run_dir = _on_main(lambda: prepare_new_run(recipe, target, hold))
         self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
                                                if self.world > 1 else ""))
         try:
@@ -258,10 +293,11 @@ class _Setup:
         self.criterion.train()
 
 
-def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, progress: bool, echo) -> Path:
+def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, progress: bool, echo,
+           hold: contextlib.ExitStack) -> Path:
     from tqdm.auto import tqdm
 
-    s = _Setup(recipe, out=out, resume=resume, echo=echo)
+    s = _Setup(recipe, out=out, resume=resume, echo=echo, hold=hold)
     recipe, task, model, criterion, tc = s.recipe, s.task, s.model, s.criterion, s.recipe.train
     rate_key = f"{task.unit}_per_s"
     model.train()
@@ -270,6 +306,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                dynamic_ncols=True)
     t_start = time.perf_counter()
     s.clock_start, clock0, seen0 = t_start, s.clock, s.seen  # the training clock starts with the first step
+    pace_step0: int | None = s.step  # pace_warning: steps counted from here; None once judged
     for epoch in range(s.step // s.steps_per_epoch if s.step < s.total else tc.epochs, tc.epochs):
         for i, batch in enumerate(task.epoch_batches(epoch)):
             if epoch * s.steps_per_epoch + i < s.step:
@@ -291,6 +328,14 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             rate = (s.seen - seen0) / (s.seconds() - clock0)  # this process's, validation excluded
             tau = getattr(criterion, "temperature", None)
             loss_value = dist.mean(loss)  # the global batch's loss
+            if pace_step0 is not None and (s.step - pace_step0 >= PACE_STEPS
+                                           or s.seconds() - clock0 >= PACE_SECONDS):  # judged once
+                slow = pace_warning(recipe, steps=s.step - pace_step0, seconds=s.seconds() - clock0,
+                                    steps_per_epoch=s.steps_per_epoch, total_steps=s.total)
+                if slow:
+                    bar.clear()
+                    s.say(slow)
+                pace_step0 = None
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
                             **{rate_key: f"{rate:.1f}"})
@@ -346,7 +391,8 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
                                                    "misses": cache.misses, "folder": str(cache.folder)},
         "train_seconds": round(seconds, 2), "train_seconds_without_validation": round(s.clock, 2),
-        "device": str(s.device), "processes": s.world, "finished": True})
+        "device": str(s.device), "processes": s.world, "finished": True,
+        "files": run.file_records()})  # best.pt and backbone/*: a damaged one is refused when the run is loaded
     echo(f"finished {s.step} steps; run directory: {run.path}")
     task.after_training(run.path, progress=progress, echo=echo)
     if s.recipe.train.keep == "best" and run.last.is_file():  # resume state is no longer needed: keep the model only

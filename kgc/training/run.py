@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from kgc.errors import KGCError
+from kgc.errors import KGCError, ResultsNotSaved
 from kgc.fileio import sha256_file
 from kgc.recipe import Recipe, load_recipe
 
@@ -96,9 +96,10 @@ class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.recipe_file.is_file():
-            raise KGCError(f"{self.path}: not a run directory (no recipe.yaml). Train one with `kgc train RECIPE`.")
+            raise KGCError(self.not_a_run(self.path))
         self.recipe: Recipe = load_recipe(self.recipe_file, saved=True)
         self._weights_hash: tuple | None = None  # ((file, mtime, size), sha256): see weights_fingerprint
+        self._hashes: dict[tuple, str] = {}  # (file, size, mtime, inode) -> sha256: see check_files
 
     recipe_file = property(lambda self: self.path / "recipe.yaml")
     backbone = property(lambda self: self.backbone_folder(self.path))
@@ -110,6 +111,19 @@ class RunDir:
     index = property(lambda self: self.path / "index")
     structure = property(lambda self: self.path / "structure")
     data = property(lambda self: self.data_folder(self.path))
+
+    @staticmethod
+    def not_a_run(path: Path) -> str:
+        """Why ``path`` is not a run directory, and what to do (a dataset folder given by mistake is named so)."""
+        if not path.exists():
+            return (f"{path}: no such folder. Give a run directory (what `kgc train RECIPE --out {path}` makes), "
+                    "e.g. one under runs/.")
+        if path.is_dir() and any((path / f).is_file() for f in ("train.tsv", "train.txt", "entity2text.txt",
+                                                               "csts_train.csv")):
+            return (f"{path} is a dataset folder, not a kgc run directory (no recipe.yaml); train a run on it with "
+                    f"`kgc train RECIPE --set data.path={path} --out runs/NAME` and give that run's folder.")
+        return (f"{path} is not a kgc run directory (no recipe.yaml); train one with `kgc train RECIPE --out {path}`, "
+                "or give the folder of a trained run (e.g. one under runs/).")
 
     @staticmethod
     def finished(path: str | Path) -> bool:
@@ -174,7 +188,53 @@ class RunDir:
         else:
             fix = (f"Delete it and train again (`kgc train {self.recipe_file} --out NEW_DIR`): the run kept no "
                    "resume state (train.keep: best).")
-        load_weights(model, load_checkpoint(f, fix), f)
+        state = load_checkpoint(f, fix)  # unreadable: said as such; readable but not as recorded: damaged
+        self.check_files(fix)
+        load_weights(model, state, f)
+
+    def file_records(self) -> dict[str, dict]:
+        """``{path in the run: {"bytes", "sha256"}}`` of the files a finished run's model is built from (best.pt and
+        backbone/*), for train_summary.json's ``files``."""
+        paths = [self.best] + sorted(f for f in self.backbone.rglob("*") if f.is_file())
+        return {str(f.relative_to(self.path)): {"bytes": f.stat().st_size, "sha256": self._sha256(f)}
+                for f in paths if f.is_file()}
+
+    def _sha256(self, f: Path) -> str:
+        st = f.stat()
+        key = (str(f), st.st_size, st.st_mtime_ns, st.st_ino)
+        if key not in self._hashes:
+            self._hashes[key] = sha256_file(f)
+        return self._hashes[key]
+
+    def check_files(self, weights_fix: str = "") -> None:
+        """The model's files (best.pt, backbone/*) against the sizes and sha256 train_summary.json recorded when
+        training finished: a damaged one (truncated, flipped bytes) is one KGCError naming it, never a model that
+        answers wrongly. Runs from before the record, or without a readable summary, are not checked."""
+        try:
+            summary = self.summary()
+        except KGCError:
+            return  # an unreadable summary is said where it is needed (kgc compare), not here
+        records = summary.get("files") if isinstance(summary, dict) else None
+        if not isinstance(records, dict):
+            return
+        for name, rec in records.items():
+            f = self.path / str(name)
+            if f == self.best:
+                fix = weights_fix
+            else:
+                fix = (f"Copy it back from the model it was copied from (recipe.yaml's model.backbone: "
+                       f"{self.recipe.model.backbone}), or train the run again.")
+            if not isinstance(rec, dict):
+                raise KGCError(f"{self.summary_file}: its record of {name} is damaged. {fix}")
+            if not f.is_file():
+                raise KGCError(f"{f}: missing (the run had it when training finished). {fix}")
+            size = f.stat().st_size
+            if size != rec.get("bytes"):
+                raise KGCError(f"{f}: damaged (size {size}, expected {rec.get('bytes')}, as train_summary.json "
+                               f"recorded when training finished). {fix}")
+            if self._sha256(f) != rec.get("sha256"):
+                raise KGCError(f"{f}: damaged (its sha256 differs from the one train_summary.json recorded when "
+                               f"training finished). {fix}")
 
     def weights_file(self) -> Path:
         for f in (self.best, self.last):
@@ -243,6 +303,20 @@ class Run:
     def evaluation(self, split: str | None = None, **options: Any):
         """The evaluation of ``split`` with ``.results``, ``.seconds`` and the task's per-row output."""
         raise NotImplementedError
+
+    def _save(self, evaluation: Any, write: Callable[[], None]) -> Any:
+        """``write()`` an evaluation's files into the run and return ``evaluation``; a folder that refuses them
+        raises :class:`~kgc.errors.ResultsNotSaved`, which carries the evaluation (its figures are not lost)."""
+        try:
+            write()
+        except KGCError as exc:
+            raise ResultsNotSaved(f"{exc} The evaluation itself ran (its figures are printed above, and kept on "
+                                  "this error's .evaluation); only saving them failed.", evaluation) from None
+        return evaluation
+
+    def serving(self):
+        """What ``kgc serve`` exposes for this run (a :class:`kgc.training.serving.Serving`)."""
+        raise KGCError(f"{self.path}: kgc serve does not serve {self.task} runs")
 
 
 @dataclass

@@ -7,7 +7,8 @@ A task registers (class attributes and hooks of its Task subclass):
 * its **recipe keys** — the dotted keys only it reads (``recipe_keys``); the recipe refuses them under the
   other tasks and leaves them out of a run's saved ``recipe.yaml``;
 * its **run class** (``run_class()``): what ``kgc.load`` returns for its run directories, with the task's verbs;
-* its **dataset check** (``check_dataset``), run on a freshly fetched folder before it is published;
+* its **dataset check** (``check_dataset``), run on a freshly fetched folder before it is published, and the
+  report ``kgc data check`` prints (``check_data``);
 * its **training hooks** — data, model, objective, batches, validation (the abstract methods below), and
   whether its batches can be split over processes (``distributed``);
 * its **evaluation** (through the run class), **result formatting** (``report``) and **compare row**
@@ -66,6 +67,14 @@ class Task(ABC):
     @classmethod
     def check_dataset(cls, folder: Path) -> None:
         """Read a fetched dataset folder through (a bad file raises KGCError) before it is published."""
+
+    @classmethod
+    def check_data(cls, recipe: Recipe, dataset: str | Path | None = None) -> Any:
+        """``kgc data check``: read ``dataset`` (a catalog name or a folder; None: the recipe's data) as training
+        would, with the recipe's data settings, and return a report with ``folder``, ``errors`` (list of str) and
+        ``lines()`` (``(level, line)`` rows: level "", "error", "warning" or "note"). An unreadable file raises
+        KGCError (file, line, fix)."""
+        raise KGCError(f"kgc data check has no check for task {cls.name}")
 
     @classmethod
     def check_triples_welcome(cls) -> None:

@@ -1,0 +1,229 @@
+"""``kgc serve RUN``: a trained run as a long-lived HTTP service (FastAPI + uvicorn).
+
+The server is task-blind: the run's task hands it a :class:`kgc.training.serving.Serving` with its routes
+(link prediction: ``POST /predict``, ``GET|POST /entities``, ``GET /relations``; C-STS: ``POST /similarity``) and
+its page. The server adds
+
+* ``GET /health`` — 200 ``{"status": "ready"}`` once the model and index are loaded (503 ``loading`` before;
+  503 ``error`` with the message when loading failed);
+* ``GET /info`` — run, task, dataset, conditioner, device, the test metrics of ``results.json``, batching counts;
+* ``POST /explain`` — what ``kgc explain`` computes (a router's weight per token of the head under each relation,
+  Hyper-CL's spectra);
+* ``GET /`` — the task's page; ``/docs`` — FastAPI's OpenAPI page.
+
+Errors are JSON: a malformed body 422 (FastAPI's validation), an unknown name 404 with ``suggestions`` (and
+``valid`` names for a relation), other bad input 400, the model still loading 503, and anything unexpected 500 —
+logged with its traceback, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, List, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kgc.batching import MicroBatcher
+from kgc.errors import KGCError
+
+log = logging.getLogger("kgc.serve")
+
+DEFAULT_MAX_BATCH = 64
+DEFAULT_MAX_WAIT_MS = 5.0
+
+
+class ExplainBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    head: Optional[str] = Field(None, description="link prediction: the head entity (id, name or text)")
+    relations: List[str] = Field([], description="link prediction: relations (default every relation)")
+    inverse: bool = False
+    sentence: Optional[str] = Field(None, description="C-STS: the sentence")
+    conditions: List[str] = Field([], description="C-STS: conditions")
+
+
+class _State:
+    """Loading state and the batchers of one app."""
+
+    def __init__(self) -> None:
+        self.status, self.error, self.loaded_seconds = "loading", None, None
+        self.batchers: list[MicroBatcher] = []
+        self.started = time.time()
+
+
+def _headline(results: dict) -> dict:
+    """The figures of a run's ``results.json`` a reader compares (link prediction: both directions, realistic)."""
+    both = results.get("both", {}).get("realistic") if isinstance(results.get("both"), dict) else None
+    if isinstance(both, dict):
+        names = {"mrr": "inverse_harmonic_mean_rank", "hits@1": "hits_at_1", "hits@3": "hits_at_3",
+                 "hits@10": "hits_at_10"}
+        return {k: both[v] for k, v in names.items() if v in both}
+    return {k: v for k, v in results.items() if isinstance(v, (int, float))}
+
+
+def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+               load_in_background: bool = True, on_load_error=None):
+    """The FastAPI app serving ``run`` (a loaded :class:`kgc.training.run.Run`, e.g. ``kgc.load(RUN)``).
+
+    The model and index load in a background thread when the app starts (``load_in_background``; otherwise
+    before it answers anything); ``on_load_error(message)`` is called if that fails (``kgc serve`` stops)."""
+    from fastapi import Body, Depends, FastAPI, HTTPException, Request
+    from fastapi.responses import HTMLResponse, JSONResponse
+
+    serving = run.serving()
+    state = _State()
+
+    def batcher(fn) -> MicroBatcher:
+        b = MicroBatcher(fn, max_batch=max_batch, max_wait_ms=max_wait_ms)
+        state.batchers.append(b)
+        return b
+
+    def load() -> None:
+        start = time.perf_counter()
+        try:
+            serving.load()
+        except KGCError as exc:
+            state.status, state.error = "error", str(exc)
+        except Exception as exc:  # noqa: BLE001 — reported on /health and in the log
+            log.exception("loading %s failed", run.path)
+            state.status, state.error = "error", f"{type(exc).__name__}: {exc}"
+        else:
+            state.status, state.loaded_seconds = "ready", round(time.perf_counter() - start, 2)
+            log.info("ready: %s loaded in %.1fs", run.path, state.loaded_seconds)
+        if state.error is not None:
+            log.error("error: %s", state.error)
+            if on_load_error is not None:
+                on_load_error(state.error)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if load_in_background:
+            threading.Thread(target=load, name="kgc-load", daemon=True).start()
+        else:
+            load()
+        yield
+        for b in state.batchers:
+            b.close()
+
+    app = FastAPI(title="kgc serve", lifespan=lifespan,
+                  description=f"{run.task} run `{run.path}` ({run.recipe.model.conditioner}). "
+                              "Answers are batched across concurrent requests.")
+    app.state.kgc = state
+
+    def require_ready() -> None:
+        if state.status != "ready":
+            detail = "the model is still loading; retry when GET /health says ready" if state.status == "loading" \
+                else f"the run could not be loaded: {state.error}"
+            raise HTTPException(503, detail, headers={"Retry-After": "2"} if state.status == "loading" else None)
+
+    @app.exception_handler(KGCError)
+    async def bad_input(request: Request, exc: KGCError):
+        body: dict[str, Any] = {"detail": str(exc)}
+        for attr in ("kind", "name", "suggestions", "valid", "position"):
+            if getattr(exc, attr, None) is not None:
+                body[attr] = getattr(exc, attr)
+        unknown = getattr(exc, "suggestions", None) is not None or getattr(exc, "valid", None) is not None
+        return JSONResponse(body, status_code=404 if unknown else 400)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception):
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+
+    @app.get("/health", tags=["service"], summary="ready once the model and index are loaded")
+    def health():
+        body = {"status": state.status}
+        if state.error:
+            body["detail"] = state.error
+        if state.loaded_seconds is not None:
+            body["loaded_seconds"] = state.loaded_seconds
+        return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
+
+    @app.get("/info", tags=["service"], summary="the run: dataset, conditioner, test metrics, batching counts")
+    def info():
+        rec = run.recipe
+        out: dict[str, Any] = {"run": str(run.path), "task": run.task, "status": state.status,
+                               "dataset": rec.data.path or rec.data.dataset, "conditioner": rec.model.conditioner,
+                               "backbone": rec.model.backbone, "device": str(run.device),
+                               "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms,
+                                            **_batch_stats(state.batchers)}}
+        results = Path(run.path) / "results.json"
+        if results.is_file():
+            try:
+                import json
+
+                out["test"] = _headline(json.loads(results.read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                out["test"] = None
+        if state.status == "ready":
+            out.update(serving.info())
+        return out
+
+    @app.post("/explain", tags=["service"], dependencies=[Depends(require_ready)],
+              summary="what a condition selects (kgc explain): router weights, spectra")
+    def explain(body: ExplainBody = Body(...)):
+        from kgc.explain import explain as explain_inputs
+
+        with serving.lock:
+            inputs = run.explain_inputs(head=body.head, relations=body.relations, inverse=body.inverse,
+                                        sentence=body.sentence, conditions=body.conditions)
+            ex, title = explain_inputs(inputs)
+        return {**ex.to_json(), "title": title}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page():
+        return serving.page()
+
+    app.include_router(serving.routes(batcher), dependencies=[Depends(require_ready)])
+    return app
+
+
+def _batch_stats(batchers: list[MicroBatcher]) -> dict:
+    batches = sum(b.stats["batches"] for b in batchers)
+    items = sum(b.stats["items"] for b in batchers)
+    return {"batches": batches, "items": items, "mean_batch": round(items / batches, 2) if batches else None,
+            "largest": max((b.stats["largest"] for b in batchers), default=0)}
+
+
+def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
+          max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS, log_level: str = "info",
+          echo=print) -> int:
+    """Run the server until SIGINT/SIGTERM (``kgc serve``); 0 after a clean stop, 2 when the run could not be
+    loaded (the message is printed)."""
+    import uvicorn
+
+    from kgc.training.task import open_run
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(levelname)s: %(message)s")
+    run = open_run(run_dir, device=device, echo=lambda m: log.info(m))  # not a run: one KGCError, before listening
+    failed: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def stop(message: str) -> None:
+        failed.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(run, max_batch=max_batch, max_wait_ms=max_wait_ms, on_load_error=stop)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config)
+    echo(f"serving {run.path} ({run.task}, {run.recipe.model.conditioner}) on http://{host}:{port}/ "
+         f"(API: http://{host}:{port}/docs); loading the model …")
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler found before it
+    # started: this one notes it, so a stop asked for ends with exit 0 instead of death by signal
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda s, _frame: received.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failed:
+        raise KGCError(failed[0])
+    echo(f"stopped{f' ({signal.Signals(received[0]).name})' if received else ''}")
+    return 0

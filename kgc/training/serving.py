@@ -1,0 +1,52 @@
+"""What ``kgc serve`` asks of a task: a :class:`Serving` (``Run.serving()``) loads the run's model once, answers
+batched requests on its own routes and brings its own page — so the server (:mod:`kgc.serve`) holds nothing
+task-specific: it adds ``/health``, ``/info``, ``/explain``, the error handling and the OpenAPI page at ``/docs``.
+
+A task's routes take the work of many requests through :class:`kgc.batching.MicroBatcher` (made by the server's
+``batcher`` factory, so every batcher is closed when the server stops): one forward pass per batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+    from kgc.batching import MicroBatcher
+    from kgc.training.run import Run
+
+BatcherFactory = Callable[..., "MicroBatcher"]
+
+
+class Serving(ABC):
+    """One task's part of ``kgc serve``. ``lock`` serialises the model's work (batches) with writes into the run
+    (e.g. adding entities), which the server may run on other threads."""
+
+    def __init__(self, run: "Run") -> None:
+        self.run = run
+        self.lock = threading.RLock()
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load everything an answer needs (model, index …); called once, off the event loop, before the server
+        reports ready."""
+
+    @abstractmethod
+    def routes(self, batcher: BatcherFactory) -> "APIRouter":
+        """The task's endpoints (e.g. ``POST /predict``); ``batcher(fn)`` makes a dynamic batcher over ``fn``."""
+
+    @abstractmethod
+    def page(self) -> str:
+        """The HTML page served at ``/`` (plain HTML and JavaScript, calling the routes)."""
+
+    def info(self) -> dict[str, Any]:
+        """Task facts for ``GET /info`` (counts, …)."""
+        return {}
+
+    @abstractmethod
+    def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
+        """``n`` realistic requests ``(path, JSON body)`` from the run's own test data, for ``kgc bench serve``
+        (needs the data only, not the model)."""
