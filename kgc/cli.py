@@ -213,7 +213,7 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
                                                                             "(left out by default)"),
             free_text: bool = typer.Option(False, "--free-text", help="embed a head that names no entity as text even "
                                                                       "when it is spelt like one (else: did you mean)"),
-            server: Optional[str] = typer.Option(None, "--server", envvar="KGC_SERVER",
+            server: Optional[str] = typer.Option(None, "--server",
                                                  help="ask a running `kgc serve` (e.g. http://127.0.0.1:8000) "
                                                       "instead of loading the model here: ~0.3 s instead of ~5"),
             as_json: bool = typer.Option(False, "--json"),

@@ -38,3 +38,7 @@ class ResultsNotSaved(KGCError):
     def __init__(self, message: str, evaluation: object) -> None:
         super().__init__(message)
         self.evaluation = evaluation
+
+
+class RunBusy(KGCError):
+    """A run directory's lock is held by another writer (``kgc serve`` answers 409 Conflict)."""

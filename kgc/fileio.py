@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kgc.errors import KGCError
+from kgc.errors import KGCError, RunBusy
 
 # errno values that mean "this folder cannot be written": the fix is the user's (permissions, space)
 _UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -202,7 +202,7 @@ def _in_use(run_dir: Path) -> KGCError:
     else:
         who = (f"`{holder.get('command', '?')}` ({holder.get('what', '?')}; pid {holder.get('pid', '?')} on "
                f"{holder.get('host', '?')}, since {holder.get('since', '?')})")
-    return KGCError(f"{run_dir} is in use by {who}; wait for it to finish or stop it, then run this again.")
+    return RunBusy(f"{run_dir} is in use by {who}; wait for it to finish or stop it, then run this again.")
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ its page. The server adds
 * ``GET /`` — the task's page; ``/docs`` — FastAPI's OpenAPI page.
 
 Errors are JSON: a malformed body 422 (FastAPI's validation), an unknown name 404 with ``suggestions`` (and
-``valid`` names for a relation), other bad input 400, the model still loading 503, and anything unexpected 500 —
-logged with its traceback, and the server keeps serving.
+``valid`` names for a relation), a run another writer holds 409, other bad input 400, the model still loading
+503, and anything unexpected 500 — logged with its traceback, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, List, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from kgc.batching import MicroBatcher
-from kgc.errors import KGCError
+from kgc.errors import KGCError, RunBusy
 
 log = logging.getLogger("kgc.serve")
 
@@ -127,7 +127,8 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
             if getattr(exc, attr, None) is not None:
                 body[attr] = getattr(exc, attr)
         unknown = getattr(exc, "suggestions", None) is not None or getattr(exc, "valid", None) is not None
-        return JSONResponse(body, status_code=404 if unknown else 400)
+        status = 409 if isinstance(exc, RunBusy) else 404 if unknown else 400  # 409: another writer holds the run
+        return JSONResponse(body, status_code=status)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):

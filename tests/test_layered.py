@@ -58,6 +58,26 @@ def test_cached_and_uncached_forward_agree(encoder, special, tmp_path):
     torch.testing.assert_close(first, plain, atol=2e-3, rtol=0)  # fp16 storage of the layer-1 states
 
 
+def test_a_cache_that_does_not_store_answers_the_same_and_stays_bounded(encoder, special, tmp_path):
+    """kgc serve turns storing off: misses are computed and rounded as stored ones are, hits still hit, and the
+    cache does not grow with every new text."""
+    batch = batch_of(special, SENTS)
+    cache = LayerCache(layer=1, model_hash=lower_weights_hash(encoder.backbone, 1), tokenizer_hash="t",
+                       hidden=encoder.dim, folder=tmp_path / "c")
+    encoder.cache = cache
+    with torch.no_grad():
+        stored = encoder(**batch)  # store=True: 3 texts kept
+        kept, unsaved = len(cache.states), len(cache.fresh)
+        cache.store = False
+        assert torch.equal(encoder(**batch), stored) and cache.misses == 3  # all hits
+        other = batch_of(special, [[2020, 2021, 2022], SENTS[0]])
+        fresh = encoder(**other)
+        assert len(cache.states) == kept and len(cache.fresh) == unsaved  # the new text was not kept
+        cache.store = True
+        assert torch.equal(encoder(**other), fresh)  # the same value a stored miss gives
+        assert len(cache.states) == kept + 1
+
+
 def test_cache_persists_and_refuses_other_weights(encoder, special, tmp_path):
     h = lower_weights_hash(encoder.backbone, 1)
     cache = LayerCache(layer=1, model_hash=h, tokenizer_hash="t", hidden=encoder.dim, folder=tmp_path / "c")

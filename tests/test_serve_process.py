@@ -54,20 +54,22 @@ def server(lp_run, tmp_path_factory):
                                  "--max-wait-ms", "20", "--log-level", "info"], stdout=fh, stderr=subprocess.STDOUT,
                                 env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        assert proc.poll() is None, f"kgc serve exited {proc.returncode}:\n{log.read_text()}"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).json()["status"] == "ready":
-                break
-        except (httpx.HTTPError, ValueError):
-            pass
-        assert time.time() < deadline, f"not ready in 120 s:\n{log.read_text()}"
-        time.sleep(0.2)
-    yield {"url": url, "proc": proc, "log": log}
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, f"kgc serve exited {proc.returncode}:\n{log.read_text()}"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).json()["status"] == "ready":
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            assert time.time() < deadline, f"not ready in 120 s:\n{log.read_text()}"
+            time.sleep(0.2)
+        yield {"url": url, "proc": proc, "log": log}
+    finally:  # never leave a server behind, whatever failed
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_real_server_answers_concurrent_queries_as_sequential_ones(server, lp_run):
@@ -157,7 +159,7 @@ def test_the_cli_entry_point_answers_and_exits_quickly(server, lp_run):
                                                                                           top_k=3).predictions]
 
 
-def test_sigterm_ends_the_server_cleanly(server):
+def test_sigterm_ends_the_server_cleanly(server):  # last of the tests that use the module's server: it stops it
     proc = server["proc"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from importlib import resources
-from typing import TYPE_CHECKING, Any, List, Union
+from typing import TYPE_CHECKING, Annotated, Any, List, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -16,14 +16,15 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
 MAX_PAIRS = 1024  # per request
+MAX_TEXT = 10_000  # characters of a sentence or condition
 
 
 class Pair(BaseModel):
     """Two sentences and the condition under which their similarity is asked."""
     model_config = ConfigDict(extra="forbid")
-    sentence1: str = Field(..., min_length=1)
-    sentence2: str = Field(..., min_length=1)
-    condition: str = Field(..., min_length=1)
+    sentence1: str = Field(..., min_length=1, max_length=MAX_TEXT)
+    sentence2: str = Field(..., min_length=1, max_length=MAX_TEXT)
+    condition: str = Field(..., min_length=1, max_length=MAX_TEXT)
 
     @field_validator("sentence1", "sentence2", "condition")
     @classmethod
@@ -55,9 +56,21 @@ class CSTSServing(Serving):
                                  "condition": data.conditions[int(split.cond[i])]})
                 for i in (int(order[j % len(order)]) for j in range(n))]
 
-    def _score(self, rows: list[dict]) -> list[dict]:
+    def _score(self, rows: list[dict]) -> list:
+        """One batch in one pass; a batch that fails is scored row by row, so one bad row cannot fail the others."""
         with self.lock:
-            return self.run.score(rows)
+            try:
+                return self.run.score(rows)
+            except Exception:  # noqa: BLE001
+                if len(rows) == 1:
+                    raise
+            out: list = []
+            for row in rows:
+                try:
+                    out.append(self.run.score([row])[0])
+                except Exception as exc:  # noqa: BLE001 — that row's own error, reported to it alone
+                    out.append(exc)
+            return out
 
     def routes(self, batcher: BatcherFactory) -> "APIRouter":
         from fastapi import APIRouter, Body
@@ -67,11 +80,9 @@ class CSTSServing(Serving):
         router = APIRouter(tags=["C-STS"])
 
         @router.post("/similarity", summary="cos(g(s1 | c), g(s2 | c)) and the 1-5 label, for one pair or a list")
-        async def similarity(body: Union[Pair, List[Pair]] = Body(...)) -> Any:
+        async def similarity(body: Union[Pair, Annotated[List[Pair], Field(max_length=MAX_PAIRS)]] = Body(...)) -> Any:
             many = isinstance(body, list)
             items = body if many else [body]
-            if len(items) > MAX_PAIRS:
-                raise KGCError(f"{len(items)} pairs in one request: send at most {MAX_PAIRS}")
             scored = await asyncio.gather(*(asyncio.wrap_future(f)
                                             for f in pairs.submit_many([p.model_dump() for p in items])))
             return scored if many else scored[0]

@@ -62,6 +62,9 @@ class LayerCache:
         self.states: dict[bytes, np.ndarray] = {}  # key → (len, depth, hidden) fp16 (memmap rows or fresh arrays)
         self.fresh: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (ids, types, states) not yet saved
         self.hits = self.misses = 0
+        # False: misses are computed (and rounded to fp16, as stored states are) but not kept — a long-lived
+        # server answering ever new texts must not grow without bound; the states loaded from disk still hit
+        self.store = True
         self._load()
 
     # ---------------------------------------------------------------- persistence
@@ -118,6 +121,7 @@ class LayerCache:
             if k not in self.states:
                 first.setdefault(k, i)
         todo = list(first.values())
+        computed: dict[bytes, np.ndarray] = {}
         self.misses += len(todo)
         self.hits += len(keys) - len(todo)
         if todo:
@@ -128,9 +132,12 @@ class LayerCache:
                 out = compute(sub).float().cpu().numpy().astype(np.float16)  # (misses, width, depth, hidden)
             for row, i in enumerate(todo):
                 n = lengths[i]
-                self.states[keys[i]] = out[row, :n]
-                self.fresh.append((ids[i, :n].numpy(), types[i, :n].numpy(), out[row, :n]))
+                computed[keys[i]] = out[row, :n]
+                if self.store:
+                    self.states[keys[i]] = out[row, :n]
+                    self.fresh.append((ids[i, :n].numpy(), types[i, :n].numpy(), out[row, :n]))
         result = torch.zeros(len(keys), ids.shape[1], self.depth, self.hidden)
         for i, (k, n) in enumerate(zip(keys, lengths)):
-            result[i, :n] = torch.from_numpy(np.asarray(self.states[k], dtype=np.float32))
+            state = computed[k] if k in computed else self.states[k]
+            result[i, :n] = torch.from_numpy(np.asarray(state, dtype=np.float32))
         return result.to(batch["input_ids"].device)

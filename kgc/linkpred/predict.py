@@ -60,7 +60,7 @@ class Answers:
     relation: str            # relation label; ``inverse`` answers (?, relation, head)
     head_text: str           # the head's full text
     relation_text: str       # the relation's text, "inverse …" for the inverse direction
-    predictions: list        # Prediction: rank, entity, text, score
+    predictions: list        # Prediction: rank, entity, text, score, known, name
     seconds: float           # answering, index loading excluded
 
     def to_json(self) -> dict:

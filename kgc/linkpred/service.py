@@ -8,6 +8,7 @@ explicitly to whatever encodes with them. An operation that changes the index on
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -65,6 +66,8 @@ class LinkPredRun(Run):
     def __init__(self, path: str | Path | RunDir, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self._loaded: dict[str, Any] = {}
+        # what is loaded once is loaded by one thread (kgc serve asks from several), and forgotten under it too
+        self._loading = threading.RLock()
 
     # ------------------------------------------------------------ loading, once
 
@@ -124,20 +127,25 @@ class LinkPredRun(Run):
     def searcher(self, *, progress: bool = False):
         """(FAISS index, graph with added entities, TextBank over it), the index built first when missing or
         stale; loaded once."""
-        if "search" not in self._loaded:
-            from kgc.linkpred.index import added_graph, load_index
+        found = self._loaded.get("search")
+        if found is not None:
+            return found
+        with self._loading:
+            if "search" not in self._loaded:
+                from kgc.linkpred.index import added_graph, load_index
 
-            self.ensure_index(progress=progress)
-            model = self.model()
-            index = load_index(self.dir, model, faiss_device="cpu" if self.device.type == "cpu" else "auto")
-            full = added_graph(self.dir, self.graph())
-            bank = model.bank if full is self.graph() else model.bank.extended(full, self.tokenizer())
-            self._loaded["search"] = (index, full, bank)
-        return self._loaded["search"]
+                self.ensure_index(progress=progress)
+                model = self.model()
+                index = load_index(self.dir, model, faiss_device="cpu" if self.device.type == "cpu" else "auto")
+                full = added_graph(self.dir, self.graph())
+                bank = model.bank if full is self.graph() else model.bank.extended(full, self.tokenizer())
+                self._loaded["search"] = (index, full, bank)
+            return self._loaded["search"]
 
     def _forget_index(self) -> None:
-        for key in ("search", "engine", "fused"):
-            self._loaded.pop(key, None)
+        with self._loading:
+            for key in ("search", "engine", "fused"):
+                self._loaded.pop(key, None)
 
     def _entity_table(self, model) -> torch.Tensor | None:
         """(entities, dim) from the run's index when it is fresh (a stale one is an error), else None."""
@@ -252,14 +260,14 @@ class LinkPredRun(Run):
                 filter_known: bool = False, include_head: bool = False, progress: bool = False,
                 free_text: bool = False) -> "pd.DataFrame":
         """Top-k answers to (head, relation, ?) — ``inverse``: (?, relation, head) — as a DataFrame with columns
-        rank, entity, text, score, the rows ``kgc predict`` prints. ``head``: entity id or text (an entity added
-        with ``kgc index --add`` too), or any free text, embedded on the fly (not for a run with a structural model:
-        it scores known entities only) — but a string spelt like an entity's id or name is taken for a typo and
-        raises :class:`kgc.errors.UnknownName` with the near misses, unless ``free_text``;
-        ``relation``: name or text. The head itself is left out of the answers
-        unless ``include_head`` (the evaluation protocol ranks it, as SimKGC does); ``filter_known`` also leaves out
-        the answers the graph already has. A run with a structural model ranks by the fused score, others by cosine
-        over the FAISS index, which is built first if the run has none (or a stale one)."""
+        rank, entity, name, text, score, known (a triple of the graph), the rows ``kgc predict`` prints.
+        ``head``: entity id or text (an entity added with ``kgc index --add`` too), or any free text, embedded
+        on the fly (not for a run with a structural model: it scores known entities only) — but a string spelt
+        like an entity's id or name is taken for a typo and raises :class:`kgc.errors.UnknownName` with the near
+        misses, unless ``free_text``; ``relation``: name or text. The head itself is left out of the answers
+        unless ``include_head`` (the evaluation protocol ranks it, as SimKGC does); ``filter_known`` also leaves
+        out the answers the graph already has. A run with a structural model ranks by the fused score, others by
+        cosine over the FAISS index, which is built first if the run has none (or a stale one)."""
         return self.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known,
                            include_head=include_head, progress=progress, free_text=free_text).frame()
 
@@ -349,6 +357,10 @@ class LinkPredRun(Run):
         Hyper-CL) whose towers are shared borrows the index's embeddings as the heads' sentence states, so a query
         about a known head runs only the conditioner's composition, no encoder pass (as ``kgc evaluate`` does).
         None for the others: they encode the head's text per query."""
+        with self._loading:
+            return self._query_engine()
+
+    def _query_engine(self):
         if "engine" not in self._loaded:
             from kgc.linkpred.model import QueryEngine
 
@@ -373,7 +385,8 @@ class LinkPredRun(Run):
         if cached:
             out[cached] = engine(np.array([queries[i].h for i in cached]),
                                  np.array([queries[i].r for i in cached])).float().cpu().numpy()
-        rest = [i for i in range(len(queries)) if i not in set(cached)]
+        skip = set(cached)
+        rest = [i for i in range(len(queries)) if i not in skip]
         if rest:
             out[rest] = model.encode_query_tokens([queries[i].tokens for i in rest],
                                                   [queries[i].r for i in rest]).float().cpu().numpy()
@@ -410,6 +423,10 @@ class LinkPredRun(Run):
 
     def _fused(self):
         """(structural model, α chosen on dev, entity table with added rows), loaded once."""
+        with self._loading:
+            return self._fused_once()
+
+    def _fused_once(self):
         if "fused" not in self._loaded:
             from kgc.linkpred.structure import choose_alpha, load_structure
 

@@ -2,17 +2,20 @@
 ``POST /entities`` (add entities, as ``kgc index --add``), ``GET /relations`` and the page at ``/``.
 
 Answers are :meth:`LinkPredRun.answer_many`'s — the same code path as ``kgc predict`` — so a query answered
-alone, in a batch, from the page or from the shell gives the same entities and scores.
+alone, in a batch, from the page or from the shell gives the same entities, and scores equal up to float rounding
+(a batch pads its texts to one length; near-ties may then swap places).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import tempfile
 import time
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Union
+from typing import TYPE_CHECKING, Annotated, Any, List, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -26,13 +29,16 @@ if TYPE_CHECKING:
 
 MAX_QUERIES = 1024  # per request
 MAX_TOP_K = 1000
+MAX_ANSWERS = 20_000  # the sum of top_k over a request's queries: one response stays small
+MAX_TEXT = 10_000  # characters of a head or relation (a head is cut to data.max_tokens tokens anyway)
 
 
 class PredictQuery(BaseModel):
     """(head, relation, ?) — or (?, relation, head) with ``inverse``."""
     model_config = ConfigDict(extra="forbid")
-    head: str = Field(..., min_length=1, description="entity id, name or text; or free text with free_text")
-    relation: str = Field(..., min_length=1, description="relation name or text")
+    head: str = Field(..., min_length=1, max_length=MAX_TEXT,
+                      description="entity id, name or text; or free text with free_text")
+    relation: str = Field(..., min_length=1, max_length=MAX_TEXT, description="relation name or text")
     top_k: int = Field(10, ge=1, le=MAX_TOP_K)
     inverse: bool = Field(False, description="ask (?, relation, head)")
     filter_known: bool = Field(False, description="leave out answers the graph already has")
@@ -80,12 +86,17 @@ class LinkPredServing(Serving):
 
     def load(self) -> None:
         with self.lock:
-            self.run.searcher(progress=False)  # model, index (built when missing or stale), added entities
-            self.run.query_engine()
-            self._index_names()
+            self._warm()
+            cache = self.run.model().layer_cache
+            if cache is not None:  # the frozen layers' cache answers the texts it holds; new ones are not kept
+                cache.store = False
 
-    def _index_names(self) -> None:
-        _, graph, _ = self.run.searcher()
+    def _warm(self) -> None:
+        """Load what answers read — model, index, added entities, query engine, the graph's known answers — so
+        that no request pays for it (after POST /entities too)."""
+        _, graph, _ = self.run.searcher(progress=False)  # the index is built first when missing or stale
+        self.run.query_engine()
+        graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
         self._names = [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
 
     def info(self) -> dict[str, Any]:
@@ -152,9 +163,15 @@ class LinkPredServing(Serving):
             path.write_text(tsv([NewEntity(r["id"], r["name"], r.get("description", "")) for r in rows]),
                             encoding="utf-8")
             with self.lock:
-                meta = self.run.add_entities(path, progress=False)
-                self.run.searcher()
-                self._index_names()
+                try:
+                    meta = self.run.add_entities(path, progress=False)
+                except KGCError as exc:  # name the entity of the request, not the temporary file's line
+                    exc.args = (re.sub(re.escape(str(path)) + r":(\d+)",
+                                       lambda m: f"POST /entities, entities[{int(m.group(1)) - 1}]",
+                                       str(exc)).replace(str(path), "POST /entities"),)
+                    raise
+                finally:
+                    self._warm()  # the new index (or, after a failure, the one on disk), loaded before answering
         return {"added": len(rows), "entities": meta["entities"], "ids": [r["id"] for r in rows]}
 
     def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
@@ -173,25 +190,30 @@ class LinkPredServing(Serving):
     # ------------------------------------------------------------ routes
 
     def routes(self, batcher: BatcherFactory) -> "APIRouter":
-        from fastapi import APIRouter, Body, Query as Param
+        from fastapi import APIRouter, Body, Query as Param, Response
         from fastapi.concurrency import run_in_threadpool
 
         answers = batcher(self._answer)
 
         router = APIRouter(tags=["link prediction"])
 
-        @router.post("/predict", summary="Top-k answers to one query or a list of them (batched with other requests)")
-        async def predict(body: Union[PredictQuery, List[PredictQuery]] = Body(...)) -> Any:
+        @router.post("/predict", summary="Top-k answers to one query or a list of them (batched with other requests)",
+                     response_class=Response)
+        async def predict(body: Union[PredictQuery, Annotated[List[PredictQuery], Field(max_length=MAX_QUERIES)]]
+                          = Body(...)):
             many = isinstance(body, list)
             items = body if many else [body]
-            if not items:
-                return []
-            if len(items) > MAX_QUERIES:
-                raise KGCError(f"{len(items)} queries in one request: send at most {MAX_QUERIES}")
-            queries = await run_in_threadpool(self.resolve, [q.model_dump() for q in items])
+            if sum(q.top_k for q in items) > MAX_ANSWERS:
+                raise KGCError(f"{sum(q.top_k for q in items):,} answers asked in one request (the sum of top_k): "
+                               f"ask for at most {MAX_ANSWERS:,}, or split the request")
+            queries = await run_in_threadpool(self.resolve, [q.model_dump() for q in items]) if items else []
             results = await asyncio.gather(*(asyncio.wrap_future(f) for f in answers.submit_many(queries)))
-            out = [a.to_json() for a in results]
-            return out if many else out[0]
+
+            def encode() -> bytes:  # off the event loop: other requests keep being served meanwhile
+                out = [a.to_json() for a in results]
+                return json.dumps(out if many else out[0], ensure_ascii=False).encode()
+
+            return Response(await run_in_threadpool(encode), media_type="application/json")
 
         @router.get("/entities", summary="Entities whose name or id starts with (then contains) q")
         def entities(q: str = Param("", description="what was typed"), limit: int = Param(10, ge=1, le=100)):

@@ -246,12 +246,7 @@ class RunDir:
     def weights_fingerprint(self) -> str:
         """sha256 of the weights file, hashed once per version of it (one command checks an index's freshness
         several times; a long-lived Run that retrains sees the new file's size or time)."""
-        f = self.weights_file()
-        st = f.stat()
-        key = (f, st.st_mtime_ns, st.st_size)
-        if self._weights_hash is None or self._weights_hash[0] != key:
-            self._weights_hash = (key, sha256_file(f))
-        return self._weights_hash[1]
+        return self._sha256(self.weights_file())  # one cache with check_files: best.pt is hashed once per load
 
     @staticmethod
     def weights_mtime(path: str | Path) -> float | None:

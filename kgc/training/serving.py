@@ -23,7 +23,8 @@ BatcherFactory = Callable[..., "MicroBatcher"]
 
 class Serving(ABC):
     """One task's part of ``kgc serve``. ``lock`` serialises the model's work (batches) with writes into the run
-    (e.g. adding entities), which the server may run on other threads."""
+    (e.g. adding entities), which the server may run on other threads; what a run loads once it loads under its
+    own lock, so reads from other threads (name resolution, search) see either the old state or the new."""
 
     def __init__(self, run: "Run") -> None:
         self.run = run
