@@ -271,12 +271,14 @@ def serve(run_dir: Path = typer.Argument(..., help="a run directory (link predic
           max_batch: int = typer.Option(64, "--max-batch", min=1, help="queries answered in one forward pass"),
           max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0,
                                             help="how long a query waits for others to share its batch"),
+          threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                                help="torch threads for the model (default: torch's, every core)"),
           log_level: str = typer.Option("info", "--log-level")) -> None:
     """Serve a trained run over HTTP: POST /predict (batched), a page at /, the OpenAPI page at /docs."""
     import kgc
 
     raise typer.Exit(kgc.api.serve(run_dir, host=host, port=port, device=device, max_batch=max_batch,
-                                   max_wait_ms=max_wait_ms, log_level=log_level, echo=_echo))
+                                   max_wait_ms=max_wait_ms, log_level=log_level, threads=threads, echo=_echo))
 
 
 @app.command()
@@ -393,12 +395,14 @@ def bench_serve(run_dir: Path = typer.Argument(..., help="a trained run (its ind
                 max_requests: int = typer.Option(100_000, "--max-requests", min=1, help="per row, at most"),
                 max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="the server's"),
                 max_wait_ms: Optional[float] = typer.Option(None, "--max-wait-ms", min=0, help="the server's"),
+                threads: Optional[int] = typer.Option(None, "--threads", min=1, help="the server's torch threads"),
                 out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
     """Start `kgc serve RUN` on 127.0.0.1, drive it with N concurrent clients, report answers/s and latency."""
     from kgc import api
 
     extra = ([f"--max-batch={max_batch}"] if max_batch else []) + \
-        ([f"--max-wait-ms={max_wait_ms}"] if max_wait_ms is not None else [])
+        ([f"--max-wait-ms={max_wait_ms}"] if max_wait_ms is not None else []) + \
+        ([f"--threads={threads}"] if threads else [])
     result = api.bench_serve(run_dir, clients=_int_list("--clients", clients), seconds=seconds,
                              max_requests=max_requests, server_args=extra, echo=_echo)
     _echo(f"server stopped (exit {result['server_exit']}); batches: {result['batching']}")

@@ -19,7 +19,9 @@ Errors are JSON: a malformed body 422 (FastAPI's validation), an unknown name 40
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -114,7 +116,7 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
                               "Answers are batched across concurrent requests.")
     app.state.kgc = state
 
-    def require_ready() -> None:
+    async def require_ready() -> None:  # async: FastAPI would run a plain function on its threadpool
         if state.status != "ready":
             detail = "the model is still loading; retry when GET /health says ready" if state.status == "loading" \
                 else f"the run could not be loaded: {state.error}"
@@ -150,6 +152,7 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
         out: dict[str, Any] = {"run": str(run.path), "task": run.task, "status": state.status,
                                "dataset": rec.data.path or rec.data.dataset, "conditioner": rec.model.conditioner,
                                "backbone": rec.model.backbone, "device": str(run.device),
+                               "threads": _torch_threads(),
                                "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms,
                                             **_batch_stats(state.batchers)}}
         results = Path(run.path) / "results.json"
@@ -183,6 +186,13 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
     return app
 
 
+def _torch_threads() -> int | None:
+    import sys
+
+    torch = sys.modules.get("torch")  # loaded with the model; not imported here for it
+    return None if torch is None else torch.get_num_threads()
+
+
 def _batch_stats(batchers: list[MicroBatcher]) -> dict:
     batches = sum(b.stats["batches"] for b in batchers)
     items = sum(b.stats["items"] for b in batchers)
@@ -192,12 +202,20 @@ def _batch_stats(batchers: list[MicroBatcher]) -> dict:
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS, log_level: str = "info",
-          echo=print) -> int:
+          threads: int | None = None, echo=print) -> int:
     """Run the server until SIGINT/SIGTERM (``kgc serve``); 0 after a clean stop, 2 when the run could not be
-    loaded (the message is printed)."""
+    loaded (the message is printed). ``threads``: torch's intra-op threads (default: torch's own choice)."""
     import uvicorn
 
     from kgc.training.task import open_run
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    # the event loop and the batcher's thread share the GIL: a shorter switch interval than Python's 5 ms keeps
+    # the loop answering while the batcher runs Python (resolving names, building answers)
+    sys.setswitchinterval(float(os.environ.get("KGC_SERVE_SWITCH_INTERVAL", "0.001")))
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(levelname)s: %(message)s")
     run = open_run(run_dir, device=device, echo=lambda m: log.info(m))  # not a run: one KGCError, before listening

@@ -144,7 +144,7 @@ class LinkPredRun(Run):
 
     def _forget_index(self) -> None:
         with self._loading:
-            for key in ("search", "engine", "fused"):
+            for key in ("search", "engine", "fused", "table"):
                 self._loaded.pop(key, None)
 
     def _entity_table(self, model) -> torch.Tensor | None:
@@ -413,13 +413,29 @@ class LinkPredRun(Run):
                      for i, (q, x, k) in enumerate(zip(queries, excludes, knowns))]
         else:
             preds = search_many(vectors, index, graph, top_ks=[q.top_k for q in queries], excludes=excludes,
-                                knowns=knowns)
+                                knowns=knowns, table=self._exact_table() if len(queries) > 1 else None)
         seconds = time.perf_counter() - start
         return [Answers(run=self.path, head=graph.entities[q.h] if q.h is not None else "(free text)",
                         relation=graph.relation_label(q.r),
                         head_text=graph.full_texts[q.h] if q.h is not None else q.head,
                         relation_text=graph.relation_text(q.r), predictions=p, seconds=seconds)
                 for q, p in zip(queries, preds)]
+
+    def _exact_table(self) -> torch.Tensor | None:
+        """The vectors of an exact (flat) index as one tensor, for batched searches (:func:`search_many`); None for
+        approximate index types, whose answers must stay theirs."""
+        with self._loading:
+            if "table" not in self._loaded:
+                from kgc.linkpred.index import stored_config
+
+                config = stored_config(self.dir)
+                kind = config.type if config is not None else self.recipe.index.type
+                table = None
+                if kind == "flat" and self.device.type == "cpu":
+                    index, _, _ = self.searcher()
+                    table = torch.from_numpy(index.reconstruct_n(0, index.ntotal))
+                self._loaded["table"] = table
+            return self._loaded["table"]
 
     def _fused(self):
         """(structural model, α chosen on dev, entity table with added rows), loaded once."""

@@ -96,6 +96,7 @@ class LinkPredServing(Serving):
         that no request pays for it (after POST /entities too)."""
         _, graph, _ = self.run.searcher(progress=False)  # the index is built first when missing or stale
         self.run.query_engine()
+        self.run._exact_table()
         graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
         self._names = [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
 
@@ -109,33 +110,40 @@ class LinkPredServing(Serving):
 
     # ------------------------------------------------------------ work
 
-    def _answer(self, queries: "list[Query]") -> "list[Answers | BaseException]":
-        """One batch: every query in one forward pass and one index search; a batch that fails is answered query
-        by query, so one bad query cannot fail the others."""
+    def _answer(self, items: list[dict]) -> "list[bytes | BaseException]":
+        """One batch, on the batcher's thread: each query resolved (a bad name is that query's own error), all
+        answered in one forward pass and one index search, each encoded as JSON — so a request costs the event
+        loop only its parsing and its reply. A batch that fails is answered query by query, so one bad query
+        cannot fail the others."""
         with self.lock:
-            try:
-                return self.run.answer_many(queries)
-            except Exception:  # noqa: BLE001
-                if len(queries) == 1:
-                    raise
-            out: list = []
-            for q in queries:
+            out: list = [None] * len(items)
+            todo: list[tuple[int, "Query"]] = []
+            for i, q in enumerate(items):
                 try:
-                    out.append(self.run.answer_many([q])[0])
-                except Exception as exc:  # noqa: BLE001 — that query's own error, reported to it alone
-                    out.append(exc)
+                    todo.append((i, self.resolve_one(q)))
+                except KGCError as exc:
+                    out[i] = exc
+            try:
+                for (i, _), a in zip(todo, self.run.answer_many([q for _, q in todo])):
+                    out[i] = self._encode(a)
+            except Exception:  # noqa: BLE001
+                if len(todo) == 1:
+                    raise
+                for i, q in todo:
+                    try:
+                        out[i] = self._encode(self.run.answer_many([q])[0])
+                    except Exception as exc:  # noqa: BLE001 — that query's own error, reported to it alone
+                        out[i] = exc
             return out
 
-    def resolve(self, queries: list[dict]) -> "list[Query]":
-        out = []
-        for i, q in enumerate(queries):
-            try:
-                out.append(self.run.resolve(q["head"], q["relation"], q["top_k"], inverse=q["inverse"],
-                                            filter_known=q["filter_known"], include_head=q["include_head"],
-                                            free_text=q["free_text"], note=False))
-            except KGCError as exc:
-                raise (QueryError(i, exc) if len(queries) > 1 else exc) from None
-        return out
+    @staticmethod
+    def _encode(a: "Answers") -> bytes:
+        return json.dumps(a.to_json(), ensure_ascii=False).encode()
+
+    def resolve_one(self, q: dict) -> "Query":
+        return self.run.resolve(q["head"], q["relation"], q["top_k"], inverse=q["inverse"],
+                                filter_known=q["filter_known"], include_head=q["include_head"],
+                                free_text=q["free_text"], note=False)
 
     def search_names(self, q: str, limit: int) -> list[dict]:
         """Entities whose name or id starts with ``q`` (case-insensitive), then those that contain it."""
@@ -191,7 +199,6 @@ class LinkPredServing(Serving):
 
     def routes(self, batcher: BatcherFactory) -> "APIRouter":
         from fastapi import APIRouter, Body, Query as Param, Response
-        from fastapi.concurrency import run_in_threadpool
 
         answers = batcher(self._answer)
 
@@ -206,14 +213,12 @@ class LinkPredServing(Serving):
             if sum(q.top_k for q in items) > MAX_ANSWERS:
                 raise KGCError(f"{sum(q.top_k for q in items):,} answers asked in one request (the sum of top_k): "
                                f"ask for at most {MAX_ANSWERS:,}, or split the request")
-            queries = await run_in_threadpool(self.resolve, [q.model_dump() for q in items]) if items else []
-            results = await asyncio.gather(*(asyncio.wrap_future(f) for f in answers.submit_many(queries)))
-
-            def encode() -> bytes:  # off the event loop: other requests keep being served meanwhile
-                out = [a.to_json() for a in results]
-                return json.dumps(out if many else out[0], ensure_ascii=False).encode()
-
-            return Response(await run_in_threadpool(encode), media_type="application/json")
+            futures = answers.submit_many([q.model_dump() for q in items])
+            done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+            for i, r in enumerate(done):
+                if isinstance(r, BaseException):
+                    raise (QueryError(i, r) if many and isinstance(r, KGCError) else r)
+            return Response(b"[" + b",".join(done) + b"]" if many else done[0], media_type="application/json")
 
         @router.get("/entities", summary="Entities whose name or id starts with (then contains) q")
         def entities(q: str = Param("", description="what was typed"), limit: int = Param(10, ge=1, le=100)):
