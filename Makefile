@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test clean study-umls study-routing wn18rr-cpu
+.PHONY: install quickstart test clean study-umls study-routing wn18rr-cpu study-wn18rr-table
 
 install: $(VENV)/.installed
 
@@ -70,6 +70,30 @@ study-routing: install
 	run csts_synth_csr recipes/csts_synth_csr.yaml; \
 	run csts_synth_csr_top2 recipes/csts_synth_csr.yaml --set model.cross_attend=top --set model.router_layers=2
 	for d in $(ROUTING)/*/; do tail -n 1 $$d/compare.md; done
+
+# Issue 27's WN18RR table: every conditioner trained as recipes/wn18rr_laptop.yaml trains (frozen tail table, top 4
+# query layers over the layer cache, batch 64) for the same 1,563 steps = 100,032 training triple-directions, then the
+# full filtered test evaluation (both directions, 5-hop re-ranking). One `kgc compare` per row, run alone (~35 min each
+# on 2 cores): `make study-wn18rr-table ROWS="biencoder router_k1_paper"` runs some of them.
+TABLE ?= runs/wn18rr_table
+ROWS ?= biencoder router_k1_paper router_k1_query_key router_top2 hypercl_lowrank hypercl_residual hadamard concat
+study-wn18rr-table: install
+	set -e; BUDGET="--set train.max_steps=1563 --set train.max_minutes=null"; \
+	for row in $(ROWS); do \
+	  case $$row in \
+	    biencoder) opts="";; \
+	    router_k1_paper) opts="--set model.conditioner=router --set model.router_layers=1";; \
+	    router_k1_query_key) opts="--set model.conditioner=router --set model.router_layers=1 --set model.scorer=query_key";; \
+	    router_top2) opts="--set model.conditioner=router --set model.router_layers=2 --set model.cross_attend=top";; \
+	    hypercl_lowrank) opts="--set model.conditioner=hypernet --set model.hypernet_form=lowrank";; \
+	    hypercl_residual) opts="--set model.conditioner=hypernet --set model.hypernet_form=residual";; \
+	    hadamard) opts="--set model.conditioner=hadamard";; \
+	    concat) opts="--set model.conditioner=concat";; \
+	    *) echo "unknown row $$row" >&2; exit 2;; \
+	  esac; \
+	  $(BIN)/kgc compare recipes/wn18rr_laptop.yaml $$BUDGET $$opts --set name=$$row --no-progress --out $(TABLE)/$$row; \
+	done
+	for d in $(TABLE)/*/; do tail -n 1 $$d/compare.md; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

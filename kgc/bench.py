@@ -484,6 +484,9 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
                 except subprocess.TimeoutExpired:
                     server.kill()
                     server.wait()
+    import shutil
+
+    shutil.rmtree(log.parent, ignore_errors=True)  # kept only when something failed (the messages name it)
     rec = run.recipe
     return {"run": str(run_dir), "task": run.task, "dataset": rec.data.path or rec.data.dataset,
             "conditioner": rec.model.conditioner, "server_threads": info.get("threads"), "cpus": _cpus(),

@@ -67,9 +67,16 @@ def _headline(results: dict) -> dict:
     return {k: v for k, v in results.items() if isinstance(v, (int, float))}
 
 
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
+
+
 def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
-               load_in_background: bool = True, on_load_error=None):
+               load_in_background: bool = True, on_load_error=None, trusted_hosts: list[str] | None = None):
     """The FastAPI app serving ``run`` (a loaded :class:`kgc.training.run.Run`, e.g. ``kgc.load(RUN)``).
+
+    ``trusted_hosts``: the Host headers answered (others get 400), e.g. :data:`LOOPBACK_NAMES` for a server on
+    127.0.0.1 — a web page elsewhere cannot then reach it by a DNS name that resolves to this machine (DNS
+    rebinding) and write into the run through ``POST /entities``. None: every host.
 
     The model and index load in a background thread when the app starts (``load_in_background``; otherwise
     before it answers anything); ``on_load_error(message)`` is called if that fails (``kgc serve`` stops)."""
@@ -115,6 +122,10 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
                   description=f"{run.task} run `{run.path}` ({run.recipe.model.conditioner}). "
                               "Answers are batched across concurrent requests.")
     app.state.kgc = state
+    if trusted_hosts is not None:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(trusted_hosts))
 
     async def require_ready() -> None:  # async: FastAPI would run a plain function on its threadpool
         if state.status != "ready":
@@ -227,7 +238,12 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, dev
         if server is not None:
             server.should_exit = True
 
-    app = create_app(run, max_batch=max_batch, max_wait_ms=max_wait_ms, on_load_error=stop)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    app = create_app(run, max_batch=max_batch, max_wait_ms=max_wait_ms, on_load_error=stop,
+                     trusted_hosts=LOOPBACK_NAMES if loopback else None)
+    if not loopback:
+        echo(f"warning: listening on {host}: any machine that reaches it may query the run and add entities to it "
+             "(kgc serve has no authentication; put it behind a proxy that has)")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)

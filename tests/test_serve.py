@@ -216,6 +216,8 @@ def test_post_entities_adds_and_persists(tiny_bert, tmp_path, data_home):
         assert c.get("/entities", params={"q": "influenza"}).json()[0]["id"] == "n_flu"
         a = c.post("/predict", json={"head": "n_flu", "relation": "causes"})
         assert a.status_code == 200 and a.json()["head"] == "n_flu"
+        ex = c.post("/explain", json={"head": "n_flu", "relations": ["causes"]})
+        assert ex.status_code == 400 and "biencoder" in ex.json()["detail"]  # found; a bi-encoder has nothing to show
         b = c.post("/predict", json={"head": "virus", "relation": "isa", "top_k": 136})
         assert "n_flu" in [p["entity"] for p in b.json()["predictions"]]
         dup = c.post("/entities", json={"entities": [{"id": "n_mumps", "name": "mumps virus"},

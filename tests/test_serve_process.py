@@ -132,6 +132,16 @@ def test_page_in_a_real_browser(server, lp_run):
         driver.quit()
 
 
+def test_only_loopback_host_names_are_answered(server):
+    """A server on 127.0.0.1 answers Host headers that name this machine, not a DNS name a web page elsewhere could
+    have pointed here (DNS rebinding) to write into the run."""
+    ok = httpx.get(server["url"] + "/health", headers={"host": "localhost:8000"}, timeout=5)
+    assert ok.status_code == 200
+    bad = httpx.post(server["url"] + "/entities", headers={"host": "evil.example"}, timeout=5,
+                     json={"entities": [{"id": "x", "name": "x"}]})
+    assert bad.status_code == 400 and "Invalid host header" in bad.text
+
+
 def test_kgc_predict_asks_a_running_server(server, lp_run):
     import json
 

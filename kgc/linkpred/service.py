@@ -594,8 +594,10 @@ class LinkPredRun(Run):
             graph.relation_ids(inverse=inverse)
         ids, subject = None, ""
         if head is not None:
-            h = graph.find_entity(head)
-            ids, subject = model.bank.entity_ids(h), f"{graph.entities[h]}, {graph.full_texts[h]}"
+            # with the index loaded (kgc serve), entities added to it are heads too; otherwise the run's own graph
+            _, heads, bank = self._loaded.get("search") or (None, graph, model.bank)
+            h = heads.find_entity(head)
+            ids, subject = bank.entity_ids(h), f"{heads.entities[h]}, {heads.full_texts[h]}"
         return ExplainInputs(model.conditioner, self.tokenizer(), ids, subject,
                              [model.bank.relation_ids[r] for r in rels], [graph.relation_label(r) for r in rels],
                              "give --head (an entity id or text): the router weighs the tokens of its text")

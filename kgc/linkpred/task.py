@@ -83,7 +83,7 @@ class LinkPredTask(Task):
     metric = "dev_mrr"
     recipe_keys = KEYS
     splits = ("test", "dev")
-    compare_columns = ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "dev MRR",
+    compare_columns = ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "head above gold", "dev MRR",
                        "trainable params", "total params", "train triples/s", "train seconds", "eval seconds",
                        "query seconds", "cache bytes"]
     compare_metric = "MRR"
@@ -157,7 +157,8 @@ class LinkPredTask(Task):
     def compare_row(cls, run, results: dict, summary: dict, seconds: float) -> dict:
         both = results["both"]["realistic"]
         return {"MRR": both["inverse_harmonic_mean_rank"], "H@1": both["hits_at_1"], "H@3": both["hits_at_3"],
-                "H@10": both["hits_at_10"], "train triples/s": summary["triples_per_s"],
+                "H@10": both["hits_at_10"], "head above gold": results["kgc"].get("head_above_gold"),
+                "train triples/s": summary["triples_per_s"],
                 "train seconds": round(seconds, 1), "dev MRR": summary.get("best_dev_mrr"),
                 "query seconds": results["kgc"].get("query_encoding_seconds")}
 
