@@ -18,7 +18,7 @@ import kgc
 from kgc.batching import MicroBatcher
 from kgc.errors import KGCError
 from tests.conftest import cli
-from tests.test_api import tiny_linkpred
+from tests.test_api import _cache, tiny_linkpred  # noqa: F401 — _cache: every test's own layer cache (autouse)
 from tests.test_csts_cli import write_recipe as write_csts_recipe
 
 pytest.importorskip("fastapi")
@@ -31,11 +31,6 @@ QUERIES = [  # (head, relation, options): ids, names, inverse, filters
     ("lipid", "isa", {"filter_known": True}),
     ("body part organ or organ component", "location_of", {"include_head": True, "top_k": 4}),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")
