@@ -20,7 +20,6 @@ index written before ``files`` existed is checked by what it records (the FAISS 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -29,7 +28,8 @@ import numpy as np
 import torch
 
 from kgc.errors import KGCError
-from kgc.fileio import run_lock, sha256_file, write_error, write_json, write_npy, write_text, write_with
+from kgc.fileio import (run_lock, sha256_cached, sha256_file, write_error, write_json, write_npy, write_text,
+                        write_with)
 from kgc.data.graph import KnowledgeGraph
 from kgc.linkpred import index_types
 from kgc.linkpred.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
@@ -62,16 +62,6 @@ def _read_meta(folder: Path) -> dict | None:
 
 HASH_LIMIT = 1 << 30  # files larger than this are checked by size only (a sha256 of 1 GiB takes ~1 s)
 RECORDED = ("entities.npy", "entities.faiss", ADDED_FILE)  # the files meta.json records the size and sha256 of
-_HASHES: dict[tuple, str] = {}  # (path, size, mtime, inode) -> sha256: each version of a file is hashed once
-
-
-def _sha256(path: Path, st: os.stat_result) -> str:
-    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    if key not in _HASHES:
-        _HASHES[key] = sha256_file(path)
-    return _HASHES[key]
-
-
 def _file_records(folder: Path) -> dict[str, dict]:
     """``{file: {"bytes", "sha256"}}`` of the index's files that exist, for meta.json's ``files``."""
     out = {}
@@ -79,7 +69,7 @@ def _file_records(folder: Path) -> dict[str, dict]:
         f = folder / name
         if f.is_file():
             st = f.stat()
-            out[name] = {"bytes": st.st_size, "sha256": _sha256(f, st)}
+            out[name] = {"bytes": st.st_size, "sha256": sha256_cached(f, st)}
     return out
 
 
@@ -107,7 +97,7 @@ def damage_reason(folder: Path, meta: dict, names: tuple[str, ...] = RECORDED) -
             continue  # an edited list of added entities is re-read by a rebuild (added_stale_reason), not damage
         if rec.get("bytes") is not None and st.st_size != rec["bytes"]:
             return f"{name} is damaged (size {st.st_size}, expected {rec['bytes']})"
-        if rec.get("sha256") and st.st_size <= HASH_LIMIT and _sha256(f, st) != rec["sha256"]:
+        if rec.get("sha256") and st.st_size <= HASH_LIMIT and sha256_cached(f, st) != rec["sha256"]:
             return f"{name} is damaged (its sha256 differs from the one recorded when it was written)"
     return None
 
@@ -117,6 +107,22 @@ def _damaged(run: RunDir, what: str, exc: BaseException) -> KGCError:
     detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
     return KGCError(f"{run.index / what}: damaged, cannot be read ({detail}). Rebuild the index with "
                     f"`kgc index {run.path} --force`.")
+
+
+def _read_table(run: RunDir, **load) -> np.ndarray:
+    """The index's entities.npy (``load``: np.load's options); an unreadable one is :func:`_damaged`."""
+    try:
+        return np.load(run.index / "entities.npy", **load)
+    except (OSError, ValueError, EOFError) as exc:  # damaged in a way its size and checksum did not show
+        raise _damaged(run, "entities.npy", exc) from None
+
+
+def _read_faiss(run: RunDir) -> "faiss.Index":
+    """The index's entities.faiss; an unreadable one (truncated, foreign) is :func:`_damaged`."""
+    try:
+        return faiss.read_index(str(run.index / "entities.faiss"))
+    except RuntimeError as exc:  # faiss: a truncated or foreign file
+        raise _damaged(run, "entities.faiss", exc) from None
 
 
 def stored_params(meta: dict) -> dict:
@@ -268,18 +274,16 @@ def _check_fresh(run: RunDir, model: LinkPredictor) -> Path:
     return folder
 
 
-def load_embeddings(run: RunDir, model: LinkPredictor) -> np.ndarray | None:
-    """(entities, dim) from a fresh index, or None when there is none (a stale one is an error)."""
+def load_embeddings(run: RunDir, model: LinkPredictor, *, added: bool = False) -> np.ndarray | None:
+    """(entities, dim) from a fresh index — the run's graph's rows, then with ``added`` those of the entities added
+    to it — or None when there is none (a stale one is an error)."""
     if not (run.index / "meta.json").is_file():
         return None
-    folder = _check_fresh(run, model)
-    try:
-        table = np.load(folder / "entities.npy")
-    except (OSError, ValueError, EOFError) as exc:  # damaged in a way its size and checksum did not show
-        raise _damaged(run, "entities.npy", exc) from None
+    _check_fresh(run, model)
+    table = _read_table(run)
     if table.ndim != 2 or table.shape[0] < model.bank.graph.num_entities:
         raise _damaged(run, "entities.npy", ValueError(f"shape {table.shape}"))
-    return table[: model.bank.graph.num_entities]  # not added ones
+    return table if added else table[: model.bank.graph.num_entities]
 
 
 def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, ef_search: int | None = None,
@@ -290,10 +294,7 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
     folder = _check_fresh(run, model)
     meta = _read_meta(folder)
     params = dict(stored_params(meta))
-    try:
-        index = faiss.read_index(str(folder / "entities.faiss"))
-    except RuntimeError as exc:  # faiss: a truncated or foreign file
-        raise _damaged(run, "entities.faiss", exc) from None
+    index = _read_faiss(run)
     found = index_types.type_of(index)
     if found != params["type"] or ("nlist" in params and faiss.extract_index_ivf(index).nlist != params["nlist"]):
         raise KGCError(f"{folder}: meta.json records a {_describe(params)} index, entities.faiss holds "
@@ -353,14 +354,8 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
     parts = [model.encode_entities(ids[s: s + batch_size], bank=bank).float().cpu()
              for s in tqdm(range(0, len(ids), batch_size), desc="new entities", disable=not progress, leave=False)]
     vectors = torch.cat(parts).numpy().astype(np.float32)  # (new, dim)
-    try:
-        table = np.load(folder / "entities.npy", mmap_mode="r")  # read once, by the concatenate below
-    except (OSError, ValueError, EOFError) as exc:
-        raise _damaged(run, "entities.npy", exc) from None
-    try:
-        index = faiss.read_index(str(folder / "entities.faiss"))
-    except RuntimeError as exc:
-        raise _damaged(run, "entities.faiss", exc) from None
+    table = _read_table(run, mmap_mode="r")  # read once, by the concatenate below
+    index = _read_faiss(run)
     if not table.shape[0] == index.ntotal == graph.num_entities + len(before):
         raise KGCError(f"{folder}: entities.faiss holds {index.ntotal} vectors and entities.npy {table.shape[0]} "
                        f"rows; expected {graph.num_entities + len(before)}. Rebuild it with "

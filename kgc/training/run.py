@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from kgc.errors import KGCError, ResultsNotSaved
-from kgc.fileio import sha256_file
+from kgc.fileio import sha256_cached
 from kgc.recipe import Recipe, load_recipe
 
 Echo = Callable[[str], None]
@@ -98,8 +98,6 @@ class RunDir:
         if not self.recipe_file.is_file():
             raise KGCError(self.not_a_run(self.path))
         self.recipe: Recipe = load_recipe(self.recipe_file, saved=True)
-        self._weights_hash: tuple | None = None  # ((file, mtime, size), sha256): see weights_fingerprint
-        self._hashes: dict[tuple, str] = {}  # (file, size, mtime, inode) -> sha256: see check_files
 
     recipe_file = property(lambda self: self.path / "recipe.yaml")
     backbone = property(lambda self: self.backbone_folder(self.path))
@@ -196,15 +194,8 @@ class RunDir:
         """``{path in the run: {"bytes", "sha256"}}`` of the files a finished run's model is built from (best.pt and
         backbone/*), for train_summary.json's ``files``."""
         paths = [self.best] + sorted(f for f in self.backbone.rglob("*") if f.is_file())
-        return {str(f.relative_to(self.path)): {"bytes": f.stat().st_size, "sha256": self._sha256(f)}
+        return {str(f.relative_to(self.path)): {"bytes": f.stat().st_size, "sha256": sha256_cached(f)}
                 for f in paths if f.is_file()}
-
-    def _sha256(self, f: Path) -> str:
-        st = f.stat()
-        key = (str(f), st.st_size, st.st_mtime_ns, st.st_ino)
-        if key not in self._hashes:
-            self._hashes[key] = sha256_file(f)
-        return self._hashes[key]
 
     def check_files(self, weights_fix: str = "") -> None:
         """The model's files (best.pt, backbone/*) against the sizes and sha256 train_summary.json recorded when
@@ -232,7 +223,7 @@ class RunDir:
             if size != rec.get("bytes"):
                 raise KGCError(f"{f}: damaged (size {size}, expected {rec.get('bytes')}, as train_summary.json "
                                f"recorded when training finished). {fix}")
-            if self._sha256(f) != rec.get("sha256"):
+            if sha256_cached(f) != rec.get("sha256"):
                 raise KGCError(f"{f}: damaged (its sha256 differs from the one train_summary.json recorded when "
                                f"training finished). {fix}")
 
@@ -246,7 +237,7 @@ class RunDir:
     def weights_fingerprint(self) -> str:
         """sha256 of the weights file, hashed once per version of it (one command checks an index's freshness
         several times; a long-lived Run that retrains sees the new file's size or time)."""
-        return self._sha256(self.weights_file())  # one cache with check_files: best.pt is hashed once per load
+        return sha256_cached(self.weights_file())  # the cache check_files uses: best.pt is hashed once per load
 
     @staticmethod
     def weights_mtime(path: str | Path) -> float | None:
