@@ -144,7 +144,7 @@ class LinkPredRun(Run):
 
     def _forget_index(self) -> None:
         with self._loading:
-            for key in ("search", "engine", "fused", "table"):
+            for key in ("search", "engine", "fused", "table", "exact"):
                 self._loaded.pop(key, None)
 
     def _entity_table(self, model) -> torch.Tensor | None:
@@ -366,10 +366,8 @@ class LinkPredRun(Run):
 
             model, engine = self.model(), None
             if model.conditioner.enters_at == "pooled" and model.query_encoder is model.tail_encoder:
-                self.searcher()  # the index (built first when missing or stale) holds the table
-                table = self._entity_table(model)
-                if table is not None:
-                    engine = QueryEngine(model, batch_size=self.recipe.eval.batch_size, entity_table=table)
+                engine = QueryEngine(model, batch_size=self.recipe.eval.batch_size,
+                                     entity_table=self._index_table()[: self.graph().num_entities])
             self._loaded["engine"] = engine
         return self._loaded["engine"]
 
@@ -421,21 +419,29 @@ class LinkPredRun(Run):
                         relation_text=graph.relation_text(q.r), predictions=p, seconds=seconds)
                 for q, p in zip(queries, preds)]
 
-    def _exact_table(self) -> torch.Tensor | None:
-        """The vectors of an exact (flat) index as one tensor, for batched searches (:func:`search_many`); None for
-        approximate index types, whose answers must stay theirs."""
+    def _index_table(self) -> torch.Tensor:
+        """(index rows, dim): every entity's embedding as the index holds it (the run's graph, then added entities),
+        the index built first when missing or stale; loaded once, for the query engine, batched exact searches and
+        fused scores alike."""
         with self._loading:
             if "table" not in self._loaded:
+                from kgc.linkpred.index import load_embeddings
+
+                self.searcher()
+                self._loaded["table"] = torch.from_numpy(load_embeddings(self.dir, self.model(), added=True))
+            return self._loaded["table"]
+
+    def _exact_table(self) -> torch.Tensor | None:
+        """The index's vectors for batched searches (:func:`search_many`) when the index is exact (flat) and on the
+        CPU; None for approximate index types, whose answers must stay theirs."""
+        with self._loading:
+            if "exact" not in self._loaded:  # decided once per loaded index, not per batch
                 from kgc.linkpred.index import stored_config
 
                 config = stored_config(self.dir)
                 kind = config.type if config is not None else self.recipe.index.type
-                table = None
-                if kind == "flat" and self.device.type == "cpu":
-                    index, _, _ = self.searcher()
-                    table = torch.from_numpy(index.reconstruct_n(0, index.ntotal))
-                self._loaded["table"] = table
-            return self._loaded["table"]
+                self._loaded["exact"] = self._index_table() if kind == "flat" and self.device.type == "cpu" else None
+            return self._loaded["exact"]
 
     def _fused(self):
         """(structural model, α chosen on dev, entity table with added rows), loaded once."""
@@ -449,8 +455,7 @@ class LinkPredRun(Run):
             structure = load_structure(self.dir.structure)
             alpha = choose_alpha(self.dir.structure, self.model(), self.graph(), structure,
                                  batch_size=self.recipe.eval.batch_size)["alpha"]
-            table = torch.from_numpy(np.load(self.dir.index / "entities.npy")).float()  # graph rows, then added
-            self._loaded["fused"] = (structure, alpha, table)
+            self._loaded["fused"] = (structure, alpha, self._index_table().float())  # graph rows, then added
         return self._loaded["fused"]
 
     # ------------------------------------------------------------ the index
@@ -617,9 +622,9 @@ class LinkPredRun(Run):
         """``kgc predict RUN --input FILE``: answer every question of a query file (``head<TAB>relation`` lines, or
         JSONL objects that may set their own options) with one model load, ``batch_size`` questions per forward pass.
         Every line is resolved before anything is answered, so a bad name stops the run at once, naming its line.
-        Answers go to ``out`` (written atomically) or, with ``out`` None, line by line through ``echo``; ``format``
-        ``jsonl`` (one object per question, the default) or ``tsv`` (one row per answer; default for a ``.tsv``
-        ``out``). Returns {"questions", "answers", "seconds", "per_second"}."""
+        Answers go to ``out`` (written atomically) or, with ``out`` None, through ``echo`` once all are answered;
+        ``format`` ``jsonl`` (one object per question, the default) or ``tsv`` (one row per answer; default for a
+        ``.tsv`` ``out``). Returns {"questions", "answers", "seconds", "per_second"}."""
         import json
 
         from tqdm.auto import tqdm
@@ -642,26 +647,19 @@ class LinkPredRun(Run):
                                             **{**defaults, **q.options}))
             except KGCError as exc:
                 raise KGCError(f"{path}:{q.line}: {exc}") from None
-        start, chunks, count, header_done = time.perf_counter(), [], 0, False
-        emit = echo if out is None and echo is not None else None
+        start, records, rows = time.perf_counter(), [], []
         for s in tqdm(range(0, len(queries), batch_size), desc="questions", unit="batch", disable=not progress,
                       leave=False):
-            answers = self.answer_many(queries[s: s + batch_size])
-            for q, a in zip(lines[s: s + batch_size], answers):
-                count += len(a.predictions)
+            for q, a in zip(lines[s: s + batch_size], self.answer_many(queries[s: s + batch_size])):
                 if fmt == "jsonl":
-                    text = json.dumps(answer_record(q, a), ensure_ascii=False) + "\n"
-                else:
-                    text = tsv_text(answer_rows(q, a), ANSWER_COLUMNS)
-                    text = text.split("\n", 1)[1] if header_done else text  # the header once
-                    header_done = True
-                if emit is not None:
-                    if text.strip():
-                        emit(text.rstrip("\n"))
-                else:
-                    chunks.append(text)
+                    records.append(json.dumps(answer_record(q, a), ensure_ascii=False) + "\n")
+                rows += answer_rows(q, a)  # one per answer: the TSV's rows, and the count
         seconds = time.perf_counter() - start
+        text = "".join(records) if fmt == "jsonl" else tsv_text(rows, ANSWER_COLUMNS)
         if out is not None:
-            write_text(out, "".join(chunks))
+            write_text(out, text)
+        elif echo is not None and text.strip():
+            echo(text.rstrip("\n"))
+        count = len(rows)
         return {"questions": len(queries), "answers": count, "seconds": round(seconds, 3),
                 "per_second": round(len(queries) / max(seconds, 1e-9), 1), "format": fmt}
