@@ -193,6 +193,15 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
     def page():
         return serving.page()
 
+    @app.get("/kgc.js", include_in_schema=False)
+    def page_script():  # what every task's page shares (kgc/page.js)
+        from importlib import resources
+
+        from fastapi.responses import Response
+
+        return Response(resources.files("kgc").joinpath("page.js").read_text(encoding="utf-8"),
+                        media_type="text/javascript")
+
     app.include_router(serving.routes(batcher), dependencies=[Depends(require_ready)])
     return app
 

@@ -192,6 +192,9 @@ def test_entities_relations_info_and_pages(client, lp_run):
     assert info["conditioner"] == "biencoder" and info["entities"] == 135 and info["task"] == "linkpred"
     page = client.get("/")
     assert page.status_code == 200 and 'id="head"' in page.text and "/predict" in page.text
+    script = client.get("/kgc.js")  # what the task pages share: call() and waitReady()
+    assert '<script src="/kgc.js">' in page.text and script.status_code == 200
+    assert "async function call(" in script.text and "async function waitReady(" in script.text
     assert client.get("/docs").status_code == 200
     assert "/predict" in client.get("/openapi.json").json()["paths"]
     r = client.post("/explain", json={"head": "virus", "relations": ["causes"]})

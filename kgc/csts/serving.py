@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any, List, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kgc.errors import KGCError
 from kgc.training.serving import BatcherFactory, Serving
 
 if TYPE_CHECKING:
