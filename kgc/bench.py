@@ -12,7 +12,7 @@ cache with one untimed pass over those batches, so the figure is the steady stat
 of any run after the first that uses the same backbone).
 
 ``kgc bench index``: the entity index types (flat, ivf, hnsw, ivfpq) on synthetic clustered unit vectors at a
-chosen scale (1M × 384 is the README's figure): build time, index bytes, queries/s of one batched search
+chosen scale (1M × 384 is the figure in docs/scale.md): build time, index bytes, queries/s of one batched search
 (best of ``repeats``, FAISS on every core) and recall@10 against the exact flat search, with a sweep over the
 search-time parameter (nprobe, ef_search) of each approximate type.
 """

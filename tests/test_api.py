@@ -1,16 +1,11 @@
-"""The Python API (kgc.train / kgc.load / kgc.Run) with a tiny random BERT, and the README's Python example.
+"""The Python API (kgc.train / kgc.load / kgc.Run) with a tiny random BERT.
 
-The README example is the fenced ```python block after the line holding ``<!-- api-example -->``; the test fails
-when README.md lacks the marker or the block (there is no copy kept here to fall back on, so README drift shows).
-The example trains the real quickstart recipe; here, and only here, ``kgc.train`` is wrapped so that
-``model.backbone`` is the tiny BERT fixture (everything else — recipe, calls, output — is the example's own),
-which keeps the test near 30 s on 2 CPU cores.
+The README's Python example, and every other example in the README and docs/, is run by tests/test_docs.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -22,19 +17,6 @@ from tests.conftest import linkpred_model
 from tests.test_csts_cli import write_recipe as write_csts_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = "<!-- api-example -->"
-
-
-def readme_example(readme: Path = ROOT / "README.md") -> str | None:
-    """The ```python block following the marker line in README.md, or None when there is none."""
-    if not readme.is_file():
-        return None
-    text = readme.read_text(encoding="utf-8")
-    at = next((m.end() for m in re.finditer(r"^.*" + re.escape(MARKER) + r".*$", text, flags=re.M)), None)
-    if at is None:
-        return None
-    block = re.match(r"\s*```python[^\n]*\n(.*?)^```", text[at:], flags=re.S | re.M)
-    return block.group(1) if block else None
 
 
 def tiny_linkpred(backbone: Path, **train) -> dict:
@@ -55,27 +37,6 @@ def _cache(tmp_path, monkeypatch):
 def lp_run(tiny_bert, tmp_path_factory, data_home):
     out = tmp_path_factory.mktemp("api") / "run"
     return kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=3)
-
-
-def test_readme_example_runs(tiny_bert, tmp_path, monkeypatch, capsys, data_home):
-    code = readme_example()
-    assert code is not None, f"README.md has no ```python block after a {MARKER} line"
-    assert "kgc.train(" in code and "run.evaluate()" in code and "run.predict(" in code
-    real_train = kgc.train
-
-    def train_with_tiny_backbone(recipe, out=None, **kwargs):
-        overrides = dict(kwargs.pop("overrides", None) or {})
-        return real_train(recipe, out, overrides={**overrides, "model.backbone": str(tiny_bert),
-                                                  "train.num_threads": 1}, **kwargs)
-
-    monkeypatch.setattr(kgc, "train", train_with_tiny_backbone)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
-    exec(compile(code, "README.md <!-- api-example -->", "exec"), {"__name__": "__api_example__"})
-    out = capsys.readouterr().out
-    assert "MRR" in out and "rank" in out and "(2, " in out
-    runs = list((tmp_path / "runs").iterdir())
-    assert len(runs) == 1 and (runs[0] / "results.json").is_file() and (runs[0] / "index" / "meta.json").is_file()
 
 
 def test_overrides_and_bad_keys(tiny_bert):
@@ -292,12 +253,3 @@ def test_csts_similarity(tiny_bert, tmp_path):
         run.similarity(["a", "b"], ["c"] * 3, "d")
     with pytest.raises(KGCError, match="task csts"):
         kgc.train(recipe, tmp_path / "run3", data=object())
-
-
-def test_readme_marker_extraction(tmp_path):
-    readme = tmp_path / "README.md"
-    assert readme_example(readme) is None
-    readme.write_text("# x\n```python\nnot this\n```\n<!-- api-example -->\n\n```python\nprint(1)\n```\nafter\n")
-    assert readme_example(readme) == "print(1)\n"
-    readme.write_text("<!-- api-example -->\nno block\n")
-    assert readme_example(readme) is None

@@ -5,9 +5,9 @@ layer t = T − k (``router_layers`` k, default 1) the condition's [CLS] *query*
 tokens' *keys*, a softmax turns the scores into one weight w per token, and in each of the top k layers the
 tokens are weighted by (1 + w) (CSR's Eq. 1).
 
-**Routing that depends on the condition (the defaults since 2026-11-24).** Read literally (w over every token,
-the factor on each token's attention context), trained routers put ≈ 0.9 of w on [CLS] under every condition and
-w moved < 0.1 % between relations (``kgc explain``'s "moved"; README "A router that routes"). Three choices, each
+**Routing that depends on the condition (the defaults).** Read literally (w over every token, the factor on each
+token's attention context), trained routers put ≈ 0.9 of w on [CLS] under every condition and w moved < 0.1 %
+between relations (``kgc explain``'s "moved"; docs/results/routing.md, "A router that routes"). Three choices, each
 needed on the synthetic "condition decides" graph (``kgc data synth-routing``), make w depend on the condition,
 and a fourth keeps a w that has nothing to choose from a no-op:
 
@@ -41,7 +41,7 @@ The authors' released code (``utils/sts/modeling_router.py``) does more, and ``c
 * ``all`` — that cross-attention in every layer, as the released code is written: nothing below is
   condition-free, so every query runs the whole encoder (results.json records the entry layer 0).
 
-Scorers: ``paper`` (the default, above); ``query_key`` (the default before 2026-11-24) — q^c read at layer t with
+Scorers: ``paper`` (the default, above); ``query_key`` (the earlier default) — q^c read at layer t with
 layer t's query projection, per-head scaled dot products with layer t's keys, per-head softmaxes averaged, one w for
 every router layer; ``hidden`` (hidden-state dot product / √H), ``heavy`` (new trainable W_q, W_k initialised from
 the layer's own projections) — both read once at layer t, like ``query_key``; ``learned`` (the released code's

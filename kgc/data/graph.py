@@ -285,13 +285,13 @@ def text_lines(path: Path) -> Iterator[tuple[int, str]]:
     path = Path(path)
     if path.is_dir():
         raise KGCError(f"{path}: a folder where a text file belongs. Put the {path.name} file there instead "
-                       "(README, \"Your own graph\").")
+                       "(docs/own-graph.md).")
     try:
         with open(path, encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, 1):
                 if "\x00" in line:
                     raise KGCError(f"{path}:{lineno}: a NUL byte: this is a binary file, not tab-separated UTF-8 "
-                                   "text. Point the dataset at its text files (README, \"Your own graph\").")
+                                   "text. Point the dataset at its text files (docs/own-graph.md).")
                 line = line.rstrip("\n").rstrip("\r")
                 if line.strip():
                     yield lineno, line
@@ -408,7 +408,7 @@ def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[
     folder = Path(folder)
     if not folder.is_dir():
         raise KGCError(f"{folder}: not a folder. A dataset is a folder of train/dev/test triples and texts "
-                       "(README, \"Your own graph\").")
+                       "(docs/own-graph.md).")
     paths = {s: _split_path(folder, s) for s in SPLIT_FILES
              if s not in optional_splits or any((folder / f).exists() for f in SPLIT_FILES[s])}
     ent_file, rel_file, long_file = (folder / "entity2text.txt", folder / "relation2text.txt",
