@@ -286,7 +286,8 @@ def structure(run_dir: Path = typer.Argument(..., help="a link-prediction run di
               set_: List[str] = typer.Option([], "--set", help="override a structure key, e.g. "
                                                                "--set structure.epochs=200"),
               progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
-    """(Re)train only the structural PyKEEN model of a run (RUN/structure/); the text model is untouched.
+    """(Re)train only the structural model of a run (RUN/structure/: a PyKEEN model, or rules mined from the train
+    graph with --set structure.model=rules); the text model is untouched.
     Settings: the run's `structure:` section, then --set structure.KEY=VALUE (a run without one gets defaults)."""
     import kgc
 

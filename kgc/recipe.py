@@ -202,7 +202,9 @@ class IndexConfig(_Section):
 class StructureConfig(_Section):
     """A PyKEEN model trained beside the text model on the same train triples (``kgc.linkpred.structure``);
     evaluation and ``kgc predict`` fuse α·z(text cosine) + (1 − α)·z(structural score), α chosen on dev."""
-    model: str = Field("RotatE", description="a PyKEEN model name (RotatE, TransE, ComplEx, DistMult, ...)")
+    model: str = Field("RotatE", description="a PyKEEN model name (RotatE, TransE, ComplEx, DistMult, ...), or "
+                                             "rules: closed path rules counted from the train graph (AnyBURL's "
+                                             "form; kgc.linkpred.rules), no training")
     dim: int = Field(200, ge=1, description="embedding_dim")
     epochs: int = Field(100, ge=1, description="the structural model's training epochs")
     batch_size: int = Field(256, ge=1, description="its training batch")
@@ -218,11 +220,35 @@ class StructureConfig(_Section):
     device: Optional[str] = Field(None, description="default: train.device")
     alphas: list[float] = Field(default_factory=lambda: [round(0.1 * i, 1) for i in range(11)],
                                 description="the α grid tried on dev (1: text only, 0: structure only)")
+    alpha_per: Literal["all", "relation"] = Field(
+        "all", description="one α for every query (all), or one per query relation chosen on dev (relation: "
+                           "relations with fewer dev queries than alpha_min_queries keep the one α)")
+    alpha_min_queries: int = Field(50, ge=1, description="alpha_per relation: dev queries a relation needs for "
+                                                         "an α of its own")
+    rule_length: int = Field(2, ge=1, le=2, description="model rules: the longest rule body (1: r(x,y) ⇐ b(x,y); "
+                                                         "2: also r(x,y) ⇐ b1(x,z) ∧ b2(z,y))")
+    rule_min_support: int = Field(2, ge=1, description="model rules: a rule is kept when its body and head hold "
+                                                        "together on at least this many train pairs")
+    rule_unseen: float = Field(5.0, ge=0, description="model rules: confidence = support / (body pairs + this) "
+                                                      "(AnyBURL's constant)")
+    rule_min_confidence: float = Field(0.01, ge=0, le=1, description="model rules: rules below it are dropped")
+    rule_max_per_relation: Optional[int] = Field(50, ge=1, description="model rules: the most confident rules "
+                                                                       "kept per relation (unset: all)")
+    rule_aggregation: Literal["noisy_or", "max"] = Field(
+        "noisy_or", description="model rules: an entity's score from the rules that reach it: 1 − Π(1 − conf) "
+                                "(noisy_or) or the highest conf (max)")
+
+    @property
+    def is_rules(self) -> bool:
+        """The structural side is mined rules, not a PyKEEN model."""
+        return self.model.lower() == "rules"
 
     @model_validator(mode="after")
     def _known_to_pykeen(self, info: ValidationInfo) -> "StructureConfig":
         if not self.alphas or any(not 0 <= a <= 1 for a in self.alphas):
             raise ValueError(f"structure.alphas={self.alphas}: give weights in [0, 1]")
+        if self.is_rules:  # nothing of PyKEEN's is used
+            return self
         if (info.context or {}).get("saved"):  # a run's own recipe: checked when it was made (and pykeen is slow to
             return self                          # import; `kgc predict` on a fused run does not need it)
         from pykeen.losses import loss_resolver
@@ -235,7 +261,8 @@ class StructureConfig(_Section):
                 resolver.lookup(name)
             except (KeyError, ValueError):
                 raise ValueError(f"structure.{kind}={name!r} is not a PyKEEN {kind}. Choose one of: "
-                                 f"{', '.join(sorted(c.__name__ for c in resolver))}") from None
+                                 f"{', '.join(sorted(c.__name__ for c in resolver))}"
+                                 + (" (or rules: mined from the train graph)" if kind == "model" else "")) from None
         return self
 
 

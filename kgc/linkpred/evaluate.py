@@ -166,7 +166,10 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
                       "score_block": list(score_blocks(chunk_rows, graph.num_entities, max_score_bytes)),
                       "sampled": max_triples is not None and max_triples < len(graph.splits[split]),
                       "inductive": None, "structure": None, "components": None}
-    return Evaluation(results=results, ranks=rows, seconds=seconds, variants=variants)
+    variant_ranks = {v: np.concatenate([np.concatenate(ev.ranks[(t, "realistic")]) for t in directions])
+                     for v, ev in evaluators.items()}
+    return Evaluation(results=results, ranks=rows, seconds=seconds, variants=variants, variant_ranks=variant_ranks,
+                      query_relations=np.concatenate([q[:, 1] for q in directions.values()]))
 
 
 def _search_ranks(query_vectors, table, graph: KnowledgeGraph, queries: np.ndarray, known, search, counts):

@@ -38,6 +38,8 @@ class Evaluation:
     ranks: list[dict]
     seconds: float
     variants: dict = field(default_factory=dict)
+    variant_ranks: dict = field(default_factory=dict)  # variant -> (queries,) realistic ranks, in ``ranks``' order
+    query_relations: np.ndarray | None = None  # (queries,) each query's relation id (0..2R-1), in that order
 
     def metric(self, side: str = "both", rank_type: str = "realistic", key: str = "inverse_harmonic_mean_rank"):
         return float(self.results[side][rank_type][key])

@@ -227,7 +227,7 @@ class LinkPredRun(Run):
         """α on dev, then ``split`` fused (the main result) with ``kgc.components`` text-only (α = 1) and
         structure-only (α = 0), all ranked in one pass per split through the ranking protocol."""
         from kgc.linkpred.evaluate import entity_states, evaluate
-        from kgc.linkpred.structure import FORMULA, choose_alpha, fused_scorer, load_structure
+        from kgc.linkpred.structure import FORMULA, alpha_of, choose_alpha, fused_scorer, load_structure
 
         start = time.perf_counter()
         model, graph = self.model(), self.graph()
@@ -237,13 +237,15 @@ class LinkPredRun(Run):
                                           entity_table=self._entity_table(model))  # once, for dev and test
         choice = choose_alpha(self.dir.structure, model, graph, structure, batch_size=batch_size, entity_table=table,
                               progress=progress, engine=engine, max_score_bytes=budget)
-        alpha = choice["alpha"]
+        alpha = alpha_of(choice)
         ev = evaluate(model, graph, split, batch_size=batch_size, entity_table=table, progress=progress, engine=engine,
                       scorer=fused_scorer(structure, list(dict.fromkeys([alpha, 1.0, 0.0]))), max_score_bytes=budget)
         ev.seconds = time.perf_counter() - start
         ev.results["kgc"]["evaluation_seconds"] = round(ev.seconds, 3)
-        ev.results["kgc"]["structure"] = {"model": structure.name, "alpha": alpha, "grid": choice["grid"],
-                                          "formula": FORMULA, "params": structure.meta["params"]}
+        ev.results["kgc"]["structure"] = {"model": structure.name, "alpha": choice["alpha"], "grid": choice["grid"],
+                                          "formula": FORMULA, "params": structure.meta["params"],
+                                          **{k: choice[k] for k in ("per_relation", "per_relation_dev_mrr")
+                                             if k in choice}}
         ev.results["kgc"]["components"] = {"text": ev.variants[1.0], "structure": ev.variants[0.0]}
         return ev
 
@@ -450,11 +452,11 @@ class LinkPredRun(Run):
 
     def _fused_once(self):
         if "fused" not in self._loaded:
-            from kgc.linkpred.structure import choose_alpha, load_structure
+            from kgc.linkpred.structure import alpha_of, choose_alpha, load_structure
 
             structure = load_structure(self.dir.structure)
-            alpha = choose_alpha(self.dir.structure, self.model(), self.graph(), structure,
-                                 batch_size=self.recipe.eval.batch_size)["alpha"]
+            alpha = alpha_of(choose_alpha(self.dir.structure, self.model(), self.graph(), structure,
+                                          batch_size=self.recipe.eval.batch_size))
             self._loaded["fused"] = (structure, alpha, self._index_table().float())  # graph rows, then added
         return self._loaded["fused"]
 

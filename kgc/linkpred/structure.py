@@ -1,4 +1,5 @@
-"""Structure beside text: a PyKEEN model trained on the same train triples, its scores fused with the text's.
+"""Structure beside text: a PyKEEN model trained on the same train triples (or rules mined from them,
+``structure.model: rules``: :mod:`kgc.linkpred.rules`), its scores fused with the text's.
 
 Text models cannot tell ``person17`` from ``person42`` (Kinships: names carry no meaning); a structural
 model learns them from the graph alone. A run whose recipe has a ``structure:`` section trains one through
@@ -37,8 +38,10 @@ FORMULA = ("fused = alpha * z(text cosine) + (1 - alpha) * z(structural score); 
 EPS = 1e-12
 
 def has_structure(folder: Path) -> bool:
-    """``folder`` (a run's ``structure/``) holds a trained structural model."""
-    return (Path(folder) / "model.pt").is_file()
+    """``folder`` (a run's ``structure/``) holds a trained structural model (PyKEEN's or mined rules)."""
+    from kgc.linkpred.rules import RULES_FILE
+
+    return (Path(folder) / "model.pt").is_file() or (Path(folder) / RULES_FILE).is_file()
 
 
 def _factory(triples: np.ndarray, graph: KnowledgeGraph, inverse: bool = True):
@@ -80,6 +83,8 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, folder: str 
 
     folder = Path(folder)  # the run's structure/ folder (RunDir.structure)
     folder.mkdir(parents=True, exist_ok=True)
+    if config.is_rules:
+        return _mine_rules(config, graph, folder, echo=echo)
     dev = pick_device(config.device or device)
     seed = config.seed if config.seed is not None else seed
     echo(f"training the structural model {config.model} (dim {config.dim}, {config.epochs} epochs) with PyKEEN "
@@ -99,9 +104,37 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, folder: str 
                     "filtered_with": "train and dev (PyKEEN's pipeline; kgc evaluate also filters test triples)"},
             "entities": graph.num_entities, "relations": graph.num_relations, "device": str(dev),
             "pykeen_version": pykeen.get_version(), "trained_at": time.time()}
+    for stale in ("alpha.json", "rules.tsv", "edges.npy"):  # the previous structural model's
+        (folder / stale).unlink(missing_ok=True)
     write_json(folder / "meta.json", meta)
-    (folder / "alpha.json").unlink(missing_ok=True)  # chosen for the previous structural model
     echo(f"structural model trained in {seconds:.1f}s, dev MRR {meta['dev']['mrr']:.4f} (PyKEEN) → {folder}")
+    return meta
+
+
+def _mine_rules(config: StructureConfig, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
+    """``structure.model: rules``: mine, save and rank dev with the rules alone (kgc's filtered protocol)."""
+    from kgc.linkpred.rules import mine, rule_summary
+
+    for stale in ("alpha.json", "model.pt"):  # the previous structural model's
+        (folder / stale).unlink(missing_ok=True)
+    model, seconds = mine(config, graph, folder, echo=echo)
+    meta = {"model": "rules", "params": config.model_dump(mode="json"), "seed": None,
+            "train_seconds": round(seconds, 2), "seconds": round(seconds, 2), "rules": len(model.rules),
+            "entities": graph.num_entities, "relations": graph.num_relations, "device": "cpu",
+            "trained_at": time.time()}
+    structure = RuleStructure(model=model, meta=meta)
+    if len(graph.splits.get("dev", ())):
+        start = time.perf_counter()
+        result = rank_structure(structure, graph, "dev")
+        meta["dev"] = {"mrr": mrr(result), "hits_at_10": float(result["both"]["realistic"]["hits_at_10"]),
+                       "hits_at_1": float(result["both"]["realistic"]["hits_at_1"]),
+                       "seconds": round(time.perf_counter() - start, 2),
+                       "filtered_with": "train, dev and test (kgc's protocol; rules alone, ties ranked realistically)"}
+    write_json(folder / "meta.json", meta)
+    for line in rule_summary(model, graph):
+        echo(f"  {line}")
+    dev = f", dev MRR {meta['dev']['mrr']:.4f} alone" if "dev" in meta else ""
+    echo(f"{len(model.rules)} rules mined in {seconds:.1f}s{dev} → {folder}")
     return meta
 
 
@@ -148,18 +181,47 @@ class Structure:
         return out
 
 
+class RuleStructure(Structure):
+    """Mined rules (:class:`kgc.linkpred.rules.RuleModel`) in the place of a PyKEEN model."""
+
+    @torch.no_grad()
+    def scores(self, heads: np.ndarray, rels: np.ndarray) -> torch.Tensor:
+        """(batch, structural entities) rule scores of (head, relation in 0..2R-1, ?)."""
+        return self.model.scores(heads, rels)
+
+
+def rank_structure(structure: Structure, graph: KnowledgeGraph, split: str, *, batch_size: int = 256) -> dict:
+    """The structural model alone on ``split`` (both directions, filtered, realistic ranks): PyKEEN's metrics."""
+    from kgc.linkpred.ranking import new_evaluator, query_directions, rank_queries, record_ranks
+
+    evaluator = new_evaluator()
+    for target, queries in query_directions(graph, graph.splits[split]).items():
+        for s in range(0, len(queries), batch_size):
+            chunk = queries[s: s + batch_size]
+            scores = structure.scores(chunk[:, 0], chunk[:, 1])
+            known = graph.all_answers[graph.hr_keys(chunk[:, 0], chunk[:, 1])]
+            ranks = rank_queries(lambda r0, r1, c0, c1: scores[r0:r1, c0:c1].clone(), chunk, known,
+                                 graph.num_entities)
+            record_ranks(evaluator, target, ranks, graph.num_entities)
+    return evaluator.finalize().to_dict()
+
+
 def load_structure(folder: Path, device: str | torch.device = "cpu") -> Structure:
     """The structural model in a run's ``structure/`` folder; a missing or unreadable file is one KGCError."""
     from kgc.training.run import read_json
 
     folder = Path(folder)
     run = folder.parent
-    if not (folder / "model.pt").is_file():
+    if not has_structure(folder):
         raise KGCError(f"{run} has no structural model; train one with `kgc structure {run}`")
     fix = f"Retrain the structural model with `kgc structure {run}`."
     meta = read_json(folder / "meta.json", fix)
     if not isinstance(meta, dict) or any(k not in meta for k in ("model", "entities", "relations", "params")):
         raise KGCError(f"{folder / 'meta.json'}: not the description kgc writes of a structural model. {fix}")
+    if meta["model"] == "rules":
+        from kgc.linkpred.rules import RuleModel
+
+        return RuleStructure(model=RuleModel.load(folder, meta, fix), meta=meta)
     try:
         model = torch.load(folder / "model.pt", map_location=device, weights_only=False).eval()
     except Exception as exc:  # truncated file, pickle error: torch raises many kinds
@@ -173,12 +235,13 @@ def standardise(x: torch.Tensor) -> torch.Tensor:
     return (x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True, unbiased=False) + EPS)
 
 
-def fused_scores(text: torch.Tensor, structural: torch.Tensor | None, alpha: float,
+def fused_scores(text: torch.Tensor, structural: torch.Tensor | None, alpha: "float | torch.Tensor",
                  heads: np.ndarray | None = None, num_structural: int | None = None) -> torch.Tensor:
-    """(batch, entities) α·z(text) + (1 − α)·z(structural). ``structural`` (batch, n ≤ entities) covers the
-    first n entities; the others, and rows whose head is ≥ n, are z(text) alone."""
+    """(batch, entities) α·z(text) + (1 − α)·z(structural); ``alpha`` one number or (batch, 1), one per row.
+    ``structural`` (batch, n ≤ entities) covers the first n entities; the others, and rows whose head is ≥ n,
+    are z(text) alone."""
     zt = standardise(text)
-    if structural is None or alpha == 1.0:
+    if structural is None or (not isinstance(alpha, torch.Tensor) and alpha == 1.0):
         return zt
     n = structural.size(1)
     zs = standardise(structural)
@@ -188,6 +251,26 @@ def fused_scores(text: torch.Tensor, structural: torch.Tensor | None, alpha: flo
         unseen = torch.as_tensor(np.asarray(heads) >= (num_structural or n))
         out[unseen] = zt[unseen]
     return out
+
+
+@dataclass(frozen=True)
+class RelationAlphas:
+    """One α per query relation (ids 0..2R-1, inverses included), chosen on dev (``structure.alpha_per:
+    relation``): a variant of :class:`FusedScores` like a single α."""
+    alphas: tuple[float, ...]
+
+    def rows(self, rels: np.ndarray) -> torch.Tensor:
+        """(batch, 1) the α of each query's relation."""
+        return torch.tensor([self.alphas[int(r)] for r in np.asarray(rels)], dtype=torch.float32).unsqueeze(1)
+
+    def __str__(self) -> str:
+        return "per relation"
+
+
+def alpha_of(choice: dict) -> "float | RelationAlphas":
+    """The α a stored choice (``alpha.json``) fuses with: one for every query, or one per relation."""
+    per = choice.get("per_relation")
+    return RelationAlphas(tuple(float(x["alpha"]) for x in per)) if per else float(choice["alpha"])
 
 
 class FusedScores:
@@ -203,7 +286,7 @@ class FusedScores:
         struct = self.structure.scores(queries[:, 0], queries[:, 1])  # (batch, entities)
         out = {}
         for a in self.variants:
-            fused = fused_scores(text, struct, a)
+            fused = fused_scores(text, struct, a.rows(queries[:, 1]) if isinstance(a, RelationAlphas) else a)
             out[a] = lambda r0, r1, c0, c1, f=fused: f[r0:r1, c0:c1].clone()
         return out
 
@@ -243,15 +326,38 @@ def choose_alpha(folder: Path, model, graph: KnowledgeGraph, structure: Structur
     best = max(grid, key=lambda g: (g["dev_mrr"], g["alpha"]))
     choice = {"alpha": best["alpha"], "grid": grid, "model": structure.name, "formula": FORMULA,
               "structure_trained_at": structure.meta.get("trained_at")}
+    params = structure.meta.get("params", {})
+    if params.get("alpha_per") == "relation":
+        choice.update(per_relation_alphas(ev, graph, alphas, best["alpha"], params.get("alpha_min_queries", 50)))
     write_json(path, choice)
     return choice
 
 
+def per_relation_alphas(ev, graph: KnowledgeGraph, alphas: list[float], fallback: float, min_queries: int) -> dict:
+    """``structure.alpha_per: relation``: for each query relation (inverses apart) the α of the grid with the
+    best dev MRR over that relation's dev queries (ties: the larger α); a relation with fewer than
+    ``min_queries`` dev queries keeps ``fallback`` (the one α of the grid). Returns {per_relation: [{relation,
+    alpha, queries}] for ids 0..2R-1, per_relation_dev_mrr}."""
+    rels = ev.query_relations  # (queries,) relation id of each dev query, in ev's order
+    recip = {a: 1.0 / ev.variant_ranks[a] for a in alphas}
+    per, total = [], np.zeros(len(rels))
+    for r in range(2 * graph.num_relations):
+        mine = rels == r
+        a = fallback
+        if mine.sum() >= min_queries:
+            a = max(alphas, key=lambda x: (float(recip[x][mine].mean()), x))
+        per.append({"relation": graph.relation_label(r), "alpha": a, "queries": int(mine.sum())})
+        total[mine] = recip[a][mine]
+    return {"per_relation": per, "per_relation_dev_mrr": round(float(total.mean()), 5) if len(total) else None}
+
+
 @torch.no_grad()
-def predict_fused(query_vector: torch.Tensor, table: torch.Tensor, structure: Structure, alpha: float, *, head: int,
-                  relation: int) -> torch.Tensor:
+def predict_fused(query_vector: torch.Tensor, table: torch.Tensor, structure: Structure,
+                  alpha: "float | RelationAlphas", *, head: int, relation: int) -> torch.Tensor:
     """(entities,) fused scores of one query over every entity of ``table`` (added ones too: text alone for
     them; a head the structural model never saw: text alone)."""
+    if isinstance(alpha, RelationAlphas):
+        alpha = alpha.alphas[int(relation)]
     text = query_vector.float().cpu().reshape(1, -1) @ table.t()  # (1, entities incl. added)
     struct = structure.scores([head], [relation]) if head < structure.num_entities else None
     return fused_scores(text, struct, alpha, heads=np.array([head]), num_structural=structure.num_entities)[0]

@@ -147,8 +147,13 @@ class LinkPredTask(Task):
         if fused:  # a run with a structural model: both components, then the fused result
             for name, part in (("text only", "text"), (f"structure only ({fused['model']})", "structure")):
                 lines += [f"{name}:", format_table(k["components"][part])]
-            lines.append(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: "
-                         + ", ".join(f"{g['alpha']}: {g['dev_mrr']:.4f}" for g in fused["grid"]) + "):")
+            grid = ", ".join(f"{g['alpha']}: {g['dev_mrr']:.4f}" for g in fused["grid"])
+            if fused.get("per_relation"):
+                each = ", ".join(f"{p['relation']} {p['alpha']}" for p in fused["per_relation"])
+                lines.append(f"fused, alpha per relation (dev MRR {fused['per_relation_dev_mrr']:.4f}; one alpha "
+                             f"for all: {grid}; chosen: {each}):")
+            else:
+                lines.append(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: {grid}):")
         kind = "inductive" if k.get("inductive") else None
         lines += [format_table(r), f"wrote {run.dir.results(split, kind)} and {run.dir.table('ranks', split, kind)}"]
         return lines

@@ -1,0 +1,197 @@
+"""Rules counted from the train graph (structure.model: rules): mined and applied as a brute force over paths
+would, saved and read back, fused with the text scores through `kgc train` / `kgc structure` / `kgc evaluate`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kgc.errors import KGCError
+from kgc.linkpred.rules import Rule, RuleModel, mine_rules
+from tests.conftest import cli as kgc
+
+
+def _random_edges(seed: int, entities: int = 14, relations: int = 3, triples: int = 45) -> np.ndarray:
+    """(n, 3) train triples in both directions over 2R relation ids (r + R: r read backwards)."""
+    rng = np.random.default_rng(seed)
+    t = np.stack([rng.integers(0, entities, triples), rng.integers(0, relations, triples),
+                  rng.integers(0, entities, triples)], 1)
+    t = t[t[:, 0] != t[:, 2]]
+    sym = t[t[:, 1] == 0]  # relation 0 mostly symmetric, so length-1 rules have something to find
+    t = np.concatenate([t, sym[:, ::-1][: len(sym) * 2 // 3]])
+    return np.concatenate([t, np.stack([t[:, 2], t[:, 1] + relations, t[:, 0]], 1)])
+
+
+def _brute_rules(edges: np.ndarray, r2: int, min_support: int, unseen: float, min_conf: float) -> dict:
+    """{(relation, body): (support, body pairs)} by enumerating paths in Python sets."""
+    facts = {(int(h), int(r), int(t)) for h, r, t in edges}
+    by_rel = {r: {(h, t) for h, rr, t in facts if rr == r} for r in range(r2)}
+    bodies = {(b,): {(x, y) for x, y in by_rel[b] if x != y} for b in range(r2)}
+    for b1, b2 in itertools.product(range(r2), repeat=2):
+        bodies[(b1, b2)] = {(x, y) for x, z in by_rel[b1] for z2, y in by_rel[b2] if z == z2 and x != y}
+    out = {}
+    for body, pairs in bodies.items():
+        for r in range(r2):
+            if body == (r,) or not pairs:
+                continue
+            support = len(pairs & by_rel[r])
+            if support >= min_support and support / (len(pairs) + unseen) >= min_conf:
+                out[(r, body)] = (support, len(pairs))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mined_rules_equal_a_brute_force_count(seed):
+    edges = _random_edges(seed)
+    rules = mine_rules(edges, 14, 6, min_support=1, unseen=2.0, min_confidence=0.05)
+    want = _brute_rules(edges, 6, 1, 2.0, 0.05)
+    assert {(x.relation, x.body): (x.support, x.body_pairs) for x in rules} == want
+    assert all(x.confidence == pytest.approx(x.support / (x.body_pairs + 2.0)) for x in rules)
+    # sorted by relation, then confidence; the cap keeps each relation's best
+    assert [x.relation for x in rules] == sorted(x.relation for x in rules)
+    capped = mine_rules(edges, 14, 6, min_support=1, unseen=2.0, min_confidence=0.05, max_per_relation=2)
+    for r in range(6):
+        assert [x for x in capped if x.relation == r] == [x for x in rules if x.relation == r][:2]
+
+
+def test_a_symmetric_relation_by_hand():
+    # sim: 0-1, 1-0, 2-3, 3-2, 4-5 (5-4 missing); R = 1, so id 1 is "sim read backwards"
+    fwd = np.array([[0, 0, 1], [1, 0, 0], [2, 0, 3], [3, 0, 2], [4, 0, 5]])
+    edges = np.concatenate([fwd, np.stack([fwd[:, 2], fwd[:, 1] + 1, fwd[:, 0]], 1)])
+    rules = {(x.relation, x.body): x for x in mine_rules(edges, 6, 2, max_length=1, min_support=1, unseen=5)}
+    sym = rules[(0, (1,))]  # sim(x, y) ⇐ sim(y, x): body pairs (1,0) (0,1) (3,2) (2,3) (5,4); 4 of them hold
+    assert (sym.support, sym.body_pairs) == (4, 5) and sym.confidence == pytest.approx(4 / 10)
+    model = RuleModel(list(rules.values()), edges, 6, 2)
+    s = model.scores(np.array([5, 0]), np.array([0, 0]))  # (5, sim, ?): 4, by the rule; (0, sim, ?): 1
+    assert s[0, 4] == pytest.approx(0.4) and s[0].sum() == pytest.approx(0.4)
+    assert s[1, 1] == pytest.approx(0.4) and s[1, 0] == 0  # never the head itself
+    assert model.explain(5, 0, 4) == [sym] and model.explain(5, 0, 3) == []
+
+
+@pytest.mark.parametrize("aggregation", ["noisy_or", "max"])
+def test_scores_equal_a_brute_force_over_paths(aggregation):
+    edges = _random_edges(7, entities=12, triples=40)
+    rules = mine_rules(edges, 12, 6, min_support=1, unseen=1.0, min_confidence=0.0)
+    model = RuleModel(rules, edges, 12, 6, aggregation=aggregation)
+    facts = {(int(h), int(r), int(t)) for h, r, t in edges}
+    heads = np.repeat(np.arange(12), 6)
+    rels = np.tile(np.arange(6), 12)
+    got = model.scores(heads, rels)
+    for i, (h, r) in enumerate(zip(heads, rels)):
+        want = np.zeros(12)
+        confs = {e: [] for e in range(12)}
+        for rule in (x for x in rules if x.relation == r):
+            ends = {h}
+            for b in rule.body:
+                ends = {t for (x, rr, t) in facts for e in ends if x == e and rr == b}
+            for e in ends:
+                confs[e].append(rule.confidence)
+        for e, cs in confs.items():
+            if cs and e != h:
+                want[e] = max(cs) if aggregation == "max" else 1 - math.prod(1 - c for c in cs)
+        assert got[i].numpy() == pytest.approx(want, abs=1e-6), (h, r)
+
+
+def test_saved_rules_read_back_and_damage_is_named(tmp_path):
+    edges = _random_edges(3)
+    rules = mine_rules(edges, 14, 6, min_support=1)
+    model = RuleModel(rules, edges, 14, 6)
+    model.save(tmp_path, lambda r: f"rel{r}")
+    meta = {"entities": 14, "relations": 3, "params": {"rule_aggregation": "noisy_or"}}
+    back = RuleModel.load(tmp_path, meta, "fix it")
+    assert back.rules == [Rule(x.relation, x.body, x.support, x.body_pairs, round(x.confidence, 6)) for x in rules]
+    q = (np.arange(14), np.full(14, 2))
+    assert torch.allclose(back.scores(*q), model.scores(*q), atol=1e-5)
+    with pytest.raises(KGCError, match="entities added"):
+        model.scores(np.array([14]), np.array([0]))
+    lines = (tmp_path / "rules.tsv").read_text().splitlines()
+    (tmp_path / "rules.tsv").write_text("\n".join(lines[:2] + ["rel0\tx\tmany"]) + "\n")
+    with pytest.raises(KGCError, match=r"rules.*unreadable.*line 3.*fix it"):
+        RuleModel.load(tmp_path, meta, "fix it")
+    model.save(tmp_path, lambda r: f"rel{r}")
+    with pytest.raises(KGCError, match="do not fit a graph of 10 entities"):
+        RuleModel.load(tmp_path, {**meta, "entities": 10}, "fix it")
+
+
+@pytest.fixture(scope="module")
+def rules_run(tiny_bert, tmp_path_factory, data_home):
+    tmp = tmp_path_factory.mktemp("rules")
+    recipe = tmp / "tiny.yaml"
+    recipe.write_text(
+        "name: tiny\n"
+        "data: {dataset: umls, neighbor_text: false, max_tokens: 16}\n"
+        f"model: {json.dumps({'backbone': str(tiny_bert), 'conditioner': 'biencoder'})}\n"
+        "train: {epochs: 1, max_steps: 2, batch_size: 64, lr: 1.0e-3, warmup_steps: 1, num_threads: 1}\n"
+        "eval: {batch_size: 256, validate_every_epoch: false}\n"
+        "structure: {model: rules, alphas: [0.0, 0.5, 0.9, 1.0], alpha_per: relation, alpha_min_queries: 8}\n")
+    run = tmp / "run"
+    out = kgc("train", recipe, "--out", run, "--no-progress")
+    assert "rules mined" in out.stdout
+    return run
+
+
+def test_alpha_per_relation_is_each_relations_best_on_dev(rules_run):
+    from kgc.linkpred.evaluate import evaluate
+    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.structure import RelationAlphas, alpha_of, choose_alpha, fused_scorer, load_structure
+
+    run = LinkPredRun(rules_run, device="cpu", echo=None)
+    model, graph, st = run.model(), run.graph(), load_structure(run.dir.structure)
+    choice = choose_alpha(run.dir.structure, model, graph, st)
+    grid = [0.0, 0.5, 0.9, 1.0]
+    per = {a: evaluate(model, graph, "dev", scorer=fused_scorer(st, [a])).ranks for a in grid}  # one α at a time
+    own = 0
+    for r, chosen in enumerate(choice["per_relation"]):
+        label = graph.relation_label(r)
+        rows = {a: [1 / x["rank"] for x in per[a] if x["relation"] == label] for a in grid}
+        assert chosen["relation"] == label and chosen["queries"] == len(rows[0.0])
+        if len(rows[0.0]) >= 8:
+            own += 1
+            best = max(grid, key=lambda a: (np.mean(rows[a]), a))
+            assert chosen["alpha"] == best, label
+        else:
+            assert chosen["alpha"] == choice["alpha"]  # too few dev queries: the one α
+    assert own >= 5
+    picked = [choice["per_relation"][int(rel)]["alpha"] for rel in graph.both_directions("dev")[:, 1]]
+    by_query = {a: [1 / x["rank"] for x in per[a]] for a in grid}
+    assert choice["per_relation_dev_mrr"] == pytest.approx(
+        np.mean([by_query[a][i] for i, a in enumerate(picked)]), abs=1e-5)
+    # on test, each query ranks as under its relation's α alone
+    alpha = alpha_of(choice)
+    assert isinstance(alpha, RelationAlphas)
+    fused = evaluate(model, graph, "test", scorer=fused_scorer(st, [alpha])).ranks
+    single = {a: evaluate(model, graph, "test", scorer=fused_scorer(st, [a])).ranks for a in set(alpha.alphas)}
+    rels = graph.both_directions("test")[:, 1]
+    assert [x["rank"] for x in fused] == pytest.approx(
+        [single[alpha.alphas[int(r)]][i]["rank"] for i, r in enumerate(rels)])
+
+
+def test_rules_fused_through_the_cli(rules_run):
+    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.structure import load_structure, rank_structure
+
+    meta = json.loads((rules_run / "structure" / "meta.json").read_text())
+    assert meta["model"] == "rules" and meta["rules"] > 0 and 0 < meta["dev"]["mrr"] <= 1
+    out = kgc("evaluate", rules_run, "--no-progress")
+    assert "structure only (rules)" in out.stdout and "alpha per relation" in out.stdout
+    res = json.loads((rules_run / "results.json").read_text())
+    assert res["kgc"]["structure"]["model"] == "rules" and len(res["kgc"]["structure"]["per_relation"]) == 92
+    # α = 0 is the rules alone, ranked by the same protocol as rank_structure
+    run = LinkPredRun(rules_run, device="cpu", echo=None)
+    alone = rank_structure(load_structure(run.dir.structure), run.graph(), "test")
+    mrr = lambda d: d["both"]["realistic"]["inverse_harmonic_mean_rank"]  # noqa: E731
+    assert mrr(res["kgc"]["components"]["structure"]) == pytest.approx(mrr(alone), abs=1e-6)
+    pred = kgc("predict", rules_run, "--head", "acquired_abnormality", "--relation", "location_of", "--top-k", "5",
+               "--json", "--no-progress")
+    assert len(json.loads(pred.stdout)["predictions"]) == 5
+    # back to a PyKEEN model: the rules' files go
+    kgc("structure", rules_run, "--set", "structure.model=DistMult", "--set", "structure.dim=4",
+        "--set", "structure.epochs=1", "--no-progress")
+    assert not (rules_run / "structure" / "rules.tsv").exists() and (rules_run / "structure" / "model.pt").exists()
+    bad = kgc("structure", rules_run, "--set", "structure.rule_aggregation=sum", check=False)
+    assert bad.returncode != 0 and "rule_aggregation" in bad.stdout + bad.stderr
