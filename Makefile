@@ -87,7 +87,7 @@ study-routing: install
 # 5-hop re-ranking). One `kgc compare` per row, run alone (~35 min each on 2 cores):
 # `make study-wn18rr-table ROWS="biencoder router_k1_paper"` runs some of them.
 TABLE ?= runs/wn18rr_table
-ROWS ?= biencoder router_k1_paper router_k1_query_key router_top2 hypercl_lowrank hypercl_residual hadamard concat
+ROWS ?= biencoder router_k1_paper router_k1_query_key router_top2 hypercl_lowrank hypercl_residual hadamard concat case
 study-wn18rr-table: install
 	set -e; BUDGET="--set train.max_steps=1563 --set train.max_minutes=null"; \
 	for row in $(ROWS); do \
@@ -100,6 +100,7 @@ study-wn18rr-table: install
 	    hypercl_residual) opts="--set model.conditioner=hypernet --set model.hypernet_form=residual";; \
 	    hadamard) opts="--set model.conditioner=hadamard";; \
 	    concat) opts="--set model.conditioner=concat";; \
+	    case) opts="--set model.conditioner=case";; \
 	    *) echo "unknown row $$row" >&2; exit 2;; \
 	  esac; \
 	  $(BIN)/kgc compare recipes/wn18rr_laptop.yaml $$BUDGET $$opts --set name=$$row --no-progress --out $(TABLE)/$$row; \
