@@ -61,6 +61,10 @@ def export_run(run: Any, out: str | Path, *, format: str = "sentence-transformer
         raise KGCError(f"model.pooling={pooling}: sentence-transformers' Pooling module supports "
                        f"{' and '.join(ST_POOLINGS)} only; export with --format hf (the pooling's weights are "
                        "written beside the encoder and kgc.json describes it)")
+    if run.recipe.model.tail_map_rank:
+        raise KGCError(f"{run.path} has a tail map (model.tail_map_rank: t' = normalise(t + U Vᵀ t) after the tail "
+                       "tower), which kgc export does not write: its entity vectors would differ from the run's. "
+                       "Serve or predict with the run itself (kgc serve / kgc predict)")
     model, graph, tokenizer = _load(run)
     with atomic_dir(out, replace=True) as stage:  # an earlier export is replaced only by a complete one
         meta = _write(stage, run, model, graph, tokenizer, format)

@@ -57,6 +57,11 @@ class ModelConfig(_Section):
     backbone: str = Field(DEFAULT_BACKBONE, description="Hugging Face id or local folder")
     conditioner: str = Field("biencoder", description="how the relation conditions the head (registry name)")
     shared_towers: bool = Field(False, description="one encoder for query and tail towers (SimKGC: separate)")
+    tail_map_rank: Optional[int] = Field(
+        None, ge=1, description="link prediction: a trainable low-rank residual map after the tail tower, "
+                                "t' = normalise(t + U Vᵀ t) of rank r (U starts at 0: the identity); with a tail "
+                                "tower that does not train (loss.table_tails) the one part of the tail side that "
+                                "learns, applied to the whole entity table at every step (unset: none)")
     pooling: Literal["mean", "cls", "s2sent"] = Field("mean", description="token states to one vector: mean, [CLS], "
                                                   "or S²Sent (the last blocks fused, kgc/encoding/pooling.py)")
     s2sent_blocks: int = Field(3, ge=1, description="s2sent: the last n blocks fused")

@@ -17,7 +17,8 @@ Logits for query i (row) against candidate tails (columns), all cosines of unit 
 * ``table_tails`` (with the table): the batch's tails are read from that table too, so no tail tower runs between
   refreshes: the in-batch block and the table block together are one softmax over every entity (the gold with its
   margin, known answers masked), and the head's self-negative is its own row of the table (no separate column,
-  which would count it twice). Only the queries carry gradients.
+  which would count it twice). Only the queries carry gradients — and the tail map, when the model has one
+  (``table_map``, ``model.tail_map_rank``): the table's rows pass through it at every step.
 
 Everything is scaled by the learnable ``1/τ`` (stored as ``log 1/τ``, clamped to
 ``[1/max_temperature, 1/min_temperature]`` after each optimiser step, as CLIP does: :meth:`SimKGCLoss.clamp_`). Loss = CE(rows) + CE(in-batch block transposed) — the
@@ -68,6 +69,7 @@ class SimKGCLoss(nn.Module):
         self.table: torch.Tensor | None = None  # (E, d) every entity's tail-tower embedding, no gradient
         self.table_tails = table_tails  # the batch's tails come from the table (no tail tower in the step)
         self.log_self_weight = math.log(self_negative_weight)  # the head counts as w negatives: its logit + log w
+        self.table_map: nn.Module | None = None  # model.tail_map: the table's rows mapped with gradients, per step
 
     @property
     def inv_t(self) -> torch.Tensor:
@@ -98,10 +100,13 @@ class SimKGCLoss(nn.Module):
         """
         from kgc.training import distributed as dist
 
+        table = self.table
+        if table is not None and self.table_map is not None:
+            table = self.table_map(table.to(query.dtype))  # (E, d): the tail map learns through every row
         if self.table_tails:
-            if self.table is None:
+            if table is None:
                 raise RuntimeError("loss.table_tails: the entity table must be set before the first step")
-            tail, head = self.table[tails].to(query.dtype), None  # (b, d), no gradient; the head is a table row
+            tail, head = table[tails].to(query.dtype), None  # (b, d); the head is a table row
         b = query.size(0)
         inv_t = self.inv_t
         hr = heads * num_relations2 + rels  # (b,)
@@ -119,9 +124,9 @@ class SimKGCLoss(nn.Module):
             if self.mask_false_negatives:
                 pre = pre.masked_fill(~false_negative_mask(hr, tails, old_ids, train_keys, num_entities), MASKED)
             blocks.append(pre)
-        if self.table is not None:
-            tab = (query @ self.table.to(query.dtype).t()) * inv_t  # (b, E): no gradient reaches the table
-            entities = torch.arange(self.table.size(0), device=query.device)
+        if table is not None:
+            tab = (query @ table.to(query.dtype).t()) * inv_t  # (b, E): gradient reaches the table's map only
+            entities = torch.arange(table.size(0), device=query.device)
             keep = false_negative_mask(hr, tails, entities, train_keys, num_entities)  # gold and known answers out
             keep[:, tails_all] = False  # the batch's tails score in the in-batch block, with their gradients
             if self.table_tails and self.self_negative and self.log_self_weight:  # the head's own row, weighted

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from kgc.conditioning.base import build_conditioner
 from kgc.conditioning.engine import PairEncoder
@@ -21,12 +23,34 @@ from kgc.recipe import Recipe
 from kgc.training.setup import TaskModel, build_encoders, conditioner_options
 
 
+class TailMap(nn.Module):
+    """``model.tail_map_rank`` r: t' = normalise(t + U (Vᵀ t)) on the tail tower's unit vectors, U, V (dim, r);
+    U starts at zero (the map starts as the identity, as LoRA's B does), V ~ N(0, 1/dim). It lets the tail side
+    learn when the tail tower does not (``loss.table_tails``): the loss maps the whole frozen table at every step,
+    O(entities · dim · r)."""
+
+    def __init__(self, dim: int, rank: int) -> None:
+        super().__init__()
+        self.u = nn.Parameter(torch.zeros(dim, rank))
+        self.v = nn.Parameter(torch.randn(dim, rank) / dim ** 0.5)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """(n, dim) unit vectors → (n, dim) unit vectors."""
+        mapped = t + (t @ self.v.to(t.dtype)) @ self.u.t().to(t.dtype)
+        return F.normalize(mapped, dim=-1)
+
+    def matrix(self) -> torch.Tensor:
+        """(dim, dim) the linear part, I + U Vᵀ (before the normalisation)."""
+        return torch.eye(self.u.size(0)) + self.u.detach().cpu() @ self.v.detach().cpu().t()
+
+
 class LinkPredictor(TaskModel):
     def __init__(self, query_encoder: TextEncoder, tail_encoder: TextEncoder, bank: TextBank, conditioner: str,
-                 **options) -> None:
+                 tail_map_rank: int | None = None, **options) -> None:
         super().__init__()
         self.query_encoder = query_encoder
         self.tail_encoder = tail_encoder  # may be the same module (shared towers)
+        self.tail_map = TailMap(tail_encoder.dim, tail_map_rank) if tail_map_rank else None
         self.bank = bank
         self.conditioner = build_conditioner(conditioner, encoder=query_encoder, special=bank.special,
                                              max_tokens=bank.max_tokens, **options)
@@ -60,17 +84,26 @@ class LinkPredictor(TaskModel):
                         bank: TextBank | None = None) -> torch.Tensor:
         """(batch, dim) tail-tower embeddings; identical texts in the batch are encoded once."""
         batch = {k: v.to(self.device) for k, v in (bank or self.bank).entity_inputs(entities, excludes).items()}
-        return self.tail_encoder.encode_unique(batch)
+        return self.map_table(self.tail_encoder.encode_unique(batch), grad=True)
+
+    def map_table(self, table: torch.Tensor, *, grad: bool = False) -> torch.Tensor:
+        """The tail tower's (n, dim) outputs through the tail map (``model.tail_map_rank``; unchanged without)."""
+        if self.tail_map is None:
+            return table
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            return self.tail_map(table.to(self.tail_map.u.device)).to(table.device)
 
     @torch.no_grad()
-    def entity_table(self, batch_size: int = 256, progress: bool = False) -> torch.Tensor:
-        """(entities, dim) for every entity, evaluation-time texts (all neighbours)."""
+    def entity_table(self, batch_size: int = 256, progress: bool = False, *, mapped: bool = True) -> torch.Tensor:
+        """(entities, dim) for every entity, evaluation-time texts (all neighbours); ``mapped=False``: the tail
+        tower's own outputs, before the tail map."""
         from tqdm.auto import tqdm
 
         out = torch.empty(self.bank.graph.num_entities, self.tail_encoder.dim)
         for idx in tqdm(self.bank.length_batches(batch_size), desc="entities", disable=not progress, leave=False):
-            out[idx] = self.encode_entities(idx).float().cpu()
-        return out
+            batch = {k: v.to(self.device) for k, v in self.bank.entity_inputs(idx).items()}
+            out[idx] = self.tail_encoder.encode_unique(batch).float().cpu()
+        return self.map_table(out) if mapped else out
 
 
 class QueryEngine(PairEncoder):
@@ -87,7 +120,8 @@ class QueryEngine(PairEncoder):
                  entity_table: torch.Tensor | None = None) -> None:
         self.model = model
         bank, cond = model.bank, model.conditioner
-        self.shares_entity_table = cond.enters_at == "pooled" and model.query_encoder is model.tail_encoder
+        self.shares_entity_table = (cond.enters_at == "pooled" and model.query_encoder is model.tail_encoder
+                                    and model.tail_map is None)  # a tail map makes entities ≠ sentence states
         super().__init__(cond, [bank.entity_ids(e) for e in range(bank.graph.num_entities)], bank.relation_ids,
                          batch_size=batch_size, progress=progress,
                          sentence_table=entity_table if self.shares_entity_table else None)
@@ -104,5 +138,6 @@ def build_model(recipe: Recipe, graph: KnowledgeGraph, backbone_folder: Path, *,
                     max_neighbors=recipe.data.max_neighbors,
                     short_description_words=recipe.data.short_description_words)
     query, tail = build_encoders(recipe, backbone_folder, pretrained=pretrained, shared=recipe.model.shared_towers)
-    model = LinkPredictor(query, tail, bank, recipe.model.conditioner, **conditioner_options(recipe))
+    model = LinkPredictor(query, tail, bank, recipe.model.conditioner, tail_map_rank=recipe.model.tail_map_rank,
+                          **conditioner_options(recipe))
     return model, tokenizer

@@ -57,7 +57,7 @@ def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray", train_keys: 
 
 KEYS = frozenset({
     "data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
-    "model.shared_towers", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight", "loss.self_negative",
+    "model.shared_towers", "model.tail_map_rank", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight", "loss.self_negative",
     "loss.self_negative_weight",
     "loss.margin", "loss.temperature", "loss.learn_temperature", "loss.min_temperature", "loss.max_temperature",
     "loss.mask_false_negatives", "loss.symmetric", "loss.table_negatives", "loss.table_tails",
@@ -228,7 +228,8 @@ class LinkPredTask(Task):
 
         ev = evaluate(model, self.graph, "dev", batch_size=self.recipe.eval.batch_size,
                       max_triples=self.recipe.eval.dev_queries, seed=self.recipe.train.seed, progress=False,
-                      entity_table=self.fixed_table,  # a tail tower that does not train: its table, not a re-encode
+                      # a tail tower that does not train: its table (through the tail map), not a re-encode
+                      entity_table=None if self.fixed_table is None else model.map_table(self.fixed_table),
                       max_score_bytes=self.recipe.eval.max_score_bytes)
         mrr, h10 = ev.metric(), ev.metric(key="hits_at_10")
         return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_head_above_gold": ev.results["kgc"]["head_above_gold"],
@@ -245,10 +246,12 @@ class LinkPredTask(Task):
         and a resumed run reads it from the checkpoint)."""
         every = self.recipe.loss.table_negatives
         frozen = not any(p.requires_grad for p in model.tail_encoder.parameters())
+        criterion.table_map = model.tail_map  # the loss maps its table (the tail tower's outputs) with gradients
         if every and step % every == 0 and not (frozen and criterion.table is not None):  # a frozen tower: once
             was = model.training
             model.eval()
-            criterion.set_table(model.entity_table(self.recipe.eval.batch_size).to(self.train_keys.device))
+            criterion.set_table(model.entity_table(self.recipe.eval.batch_size, mapped=False)
+                                .to(self.train_keys.device))
             model.train(was)
         self.fixed_table = criterion.table if frozen else None  # the same tensor, no copy: read by validate
 
