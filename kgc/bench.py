@@ -304,6 +304,9 @@ def bench_structure(recipe_path: Path, *, overrides: list[str] | None = None, se
     config = recipe.structure
     if config is None:
         raise KGCError(f"{recipe_path}: no `structure:` section to run with PyKEEN alone (see recipes/*_fused.yaml)")
+    if config.is_rules:
+        raise KGCError(f"{recipe_path}: structure.model=rules is not a PyKEEN model; `kgc structure RUN` mines the "
+                       "rules in seconds and prints their dev MRR alone")
     name = PYKEEN_BUNDLED.get(recipe.data.dataset) if recipe.data.path is None else None
     if name is None:
         raise KGCError(f"{recipe_path}: data.dataset={recipe.data.dataset!r} is not one PyKEEN ships in its wheel "
