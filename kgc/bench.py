@@ -341,8 +341,10 @@ def structure_table(result: dict, run_results: dict | None = None) -> str:
         comps = run_results.get("kgc", {}).get("components")
         if comps:
             out += fmt("kgc: text only", pick(comps["text"]))
-            out += fmt(f"kgc: structure only ({result['model']})", pick(comps["structure"]))
-            out += fmt(f"kgc: fused (alpha {run_results['kgc']['structure']['alpha']})", pick(run_results))
+            fused = run_results["kgc"]["structure"]
+            alpha = "alpha per relation" if fused.get("per_relation") else f"alpha {fused['alpha']}"
+            out += fmt(f"kgc: structure only ({fused.get('model', result['model'])})", pick(comps["structure"]))
+            out += fmt(f"kgc: fused ({alpha})", pick(run_results))
         else:
             out += fmt("kgc run", pick(run_results))
     return out.rstrip("\n")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from kgc.errors import KGCError
 from kgc.linkpred.loss import SimKGCLoss
 from kgc.linkpred.model import TailMap
-from tests.test_end_to_end import write_recipe
+from tests.test_end_to_end import assert_resume_reproduces, write_recipe
 
 
 def test_tail_map_by_hand():
@@ -40,7 +40,8 @@ def test_the_loss_maps_its_table_with_gradients():
         m.u.normal_(std=0.3)
     mapped = SimKGCLoss(table_negatives=10, table_tails=True).double()
     mapped.set_table(table)
-    mapped.table_map = m
+    mapped.set_table_map(m)
+    assert not list(mapped.parameters())[1:] and set(mapped.state_dict()) == {"log_inv_t"}
     plain = SimKGCLoss(table_negatives=10, table_tails=True).double()
     plain.set_table(m(table).detach())
     got = mapped(query, None, None, **ids)
@@ -92,3 +93,47 @@ def test_tail_map_learns_beside_a_frozen_tail_tower(tiny_bert, tmp_path, data_ho
     with pytest.raises(KGCError, match="tail map"):
         export_run(loaded, tmp_path / "export")
     assert np.isfinite(results["both"]["realistic"]["arithmetic_mean_rank"])
+
+
+def test_a_tail_map_run_resumes_bit_identical(tiny_bert, tmp_path, data_home, monkeypatch):
+    from kgc.recipe import load_recipe
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=4, checkpoint_every=1),
+                         ["loss.table_negatives=2", "loss.table_tails=true", "model.tail_map_rank=4",
+                          "eval.validate_every_steps=null"])
+    assert_resume_reproduces(recipe, tmp_path, monkeypatch, at_step=2, steps=4)
+    last = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=False)
+    assert "tail_map.u" in last["model"] and set(last["loss"]) == {"log_inv_t"}
+
+
+def test_embedded_and_added_entities_go_through_the_map(tiny_bert, tmp_path, data_home, monkeypatch):
+    import kgc
+    from kgc.recipe import load_recipe
+    from kgc.training.loop import train
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=3),
+                         ["loss.table_negatives=2", "loss.table_tails=true", "model.tail_map_rank=4", "train.lr=0.01",
+                          "eval.validate_every_steps=null"])
+    run = kgc.load(train(recipe, out=tmp_path / "run", progress=False, echo=lambda *_: None), echo=None)
+    model = run.model()
+    assert model.tail_map.u.abs().sum() > 0
+    table = model.entity_table(64)
+    got = run.embed_entities([model.bank.graph.entities[3], model.bank.graph.entities[7]])
+    np.testing.assert_allclose(got, table[[3, 7]].numpy(), atol=1e-4)
+    text = "a tiny infectious agent"
+    (tmp_path / "new.tsv").write_text(f"new_agent\t{text}\n")
+    run.index(progress=False)
+    run.add_entities(tmp_path / "new.tsv", progress=False)
+    vec = run.embed_entities([text])
+    index_rows = run._index_table()  # the index's table: the graph's entities, then the added one
+    assert index_rows.shape[0] == model.bank.graph.num_entities + 1
+    np.testing.assert_allclose(index_rows[-1].numpy(), vec[0], atol=1e-4)
+    np.testing.assert_allclose(index_rows[3].numpy(), table[3].numpy(), atol=1e-4)
+    with torch.no_grad():
+        raw = model.tail_encoder.encode_unique({k: v for k, v in model.bank.special.pad(
+            [model.bank.special.wrap(run.tokenizer()([text], add_special_tokens=False)["input_ids"][0],
+                                     model.bank.max_tokens)]).items()})
+        want = model.tail_map(raw).numpy()
+    np.testing.assert_allclose(vec, want, atol=1e-5)

@@ -69,7 +69,17 @@ class SimKGCLoss(nn.Module):
         self.table: torch.Tensor | None = None  # (E, d) every entity's tail-tower embedding, no gradient
         self.table_tails = table_tails  # the batch's tails come from the table (no tail tower in the step)
         self.log_self_weight = math.log(self_negative_weight)  # the head counts as w negatives: its logit + log w
-        self.table_map: nn.Module | None = None  # model.tail_map: the table's rows mapped with gradients, per step
+        self._table_map: tuple = (None,)  # model.tail_map (kept out of this module's parameters and state_dict)
+
+    @property
+    def table_map(self) -> "nn.Module | None":
+        """The model's tail map (``model.tail_map_rank``): the table's rows pass through it, with gradients, at every
+        step. Held by reference, not as a submodule: it belongs to the model, and the loss's state stays τ."""
+        return self._table_map[0]
+
+    def set_table_map(self, module: "nn.Module | None") -> None:
+        """Hold ``module`` as the table's map (a plain attribute assignment would register it as a submodule)."""
+        self._table_map = (module,)
 
     @property
     def inv_t(self) -> torch.Tensor:

@@ -91,7 +91,7 @@ class LinkPredictor(TaskModel):
         if self.tail_map is None:
             return table
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            return self.tail_map(table.to(self.tail_map.u.device)).to(table.device)
+            return self.tail_map(table.to(self.tail_map.u.device)).to(table.device, table.dtype)
 
     @torch.no_grad()
     def entity_table(self, batch_size: int = 256, progress: bool = False, *, mapped: bool = True) -> torch.Tensor:
@@ -102,8 +102,9 @@ class LinkPredictor(TaskModel):
         out = torch.empty(self.bank.graph.num_entities, self.tail_encoder.dim)
         for idx in tqdm(self.bank.length_batches(batch_size), desc="entities", disable=not progress, leave=False):
             batch = {k: v.to(self.device) for k, v in self.bank.entity_inputs(idx).items()}
-            out[idx] = self.tail_encoder.encode_unique(batch).float().cpu()
-        return self.map_table(out) if mapped else out
+            vectors = self.tail_encoder.encode_unique(batch)
+            out[idx] = (self.map_table(vectors) if mapped else vectors).float().cpu()
+        return out
 
 
 class QueryEngine(PairEncoder):

@@ -367,7 +367,8 @@ class LinkPredRun(Run):
             from kgc.linkpred.model import QueryEngine
 
             model, engine = self.model(), None
-            if model.conditioner.enters_at == "pooled" and model.query_encoder is model.tail_encoder:
+            if (model.conditioner.enters_at == "pooled" and model.query_encoder is model.tail_encoder
+                    and model.tail_map is None):  # with a tail map, entity vectors are not the sentence states
                 engine = QueryEngine(model, batch_size=self.recipe.eval.batch_size,
                                      entity_table=self._index_table()[: self.graph().num_entities])
             self._loaded["engine"] = engine
@@ -559,7 +560,7 @@ class LinkPredRun(Run):
         for s in range(0, len(rows), batch_size):
             batch = bank.special.pad([bank.special.wrap(r, bank.max_tokens) for r in rows[s: s + batch_size]])
             batch = {k: v.to(model.device) for k, v in batch.items()}
-            out[s: s + batch_size] = model.tail_encoder.encode_unique(batch).float().cpu().numpy()
+            out[s: s + batch_size] = model.map_table(model.tail_encoder.encode_unique(batch)).float().cpu().numpy()
         return out
 
     @torch.no_grad()

@@ -76,15 +76,14 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, folder: str 
                     device: str = "auto", progress: bool = False, echo=print) -> dict:
     """Train ``config.model`` with PyKEEN's pipeline on ``graph``'s train triples (kgc's ids), evaluate it on dev
     (PyKEEN's filtered evaluation), save ``RUN/structure/{model.pt, meta.json}``; return the meta."""
-    import pykeen
-    from pykeen.pipeline import pipeline
-
-    from kgc.training.common import pick_device
-
     folder = Path(folder)  # the run's structure/ folder (RunDir.structure)
     folder.mkdir(parents=True, exist_ok=True)
     if config.is_rules:
         return _mine_rules(config, graph, folder, echo=echo)
+    import pykeen
+    from pykeen.pipeline import pipeline
+
+    from kgc.training.common import pick_device
     dev = pick_device(config.device or device)
     seed = config.seed if config.seed is not None else seed
     echo(f"training the structural model {config.model} (dim {config.dim}, {config.epochs} epochs) with PyKEEN "
@@ -265,6 +264,9 @@ class RelationAlphas:
 
     def __str__(self) -> str:
         return "per relation"
+
+    def __repr__(self) -> str:
+        return f"RelationAlphas({len(self.alphas)} relations)"
 
 
 def alpha_of(choice: dict) -> "float | RelationAlphas":

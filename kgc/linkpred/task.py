@@ -246,7 +246,7 @@ class LinkPredTask(Task):
         and a resumed run reads it from the checkpoint)."""
         every = self.recipe.loss.table_negatives
         frozen = not any(p.requires_grad for p in model.tail_encoder.parameters())
-        criterion.table_map = model.tail_map  # the loss maps its table (the tail tower's outputs) with gradients
+        criterion.set_table_map(model.tail_map)  # the loss maps its table (the tail tower's outputs) with gradients
         if every and step % every == 0 and not (frozen and criterion.table is not None):  # a frozen tower: once
             was = model.training
             model.eval()
