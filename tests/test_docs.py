@@ -197,16 +197,9 @@ def test_marker_and_block_extraction(tmp_path):
 def tiny_bert6(tmp_path_factory, tokenizer) -> Path:
     """A 6-layer, 32-wide BERT with random weights and MiniLM's tokenizer: as deep as MiniLM, so every recipe's
     ``encoder.trainable_layers`` and ``model.router_layers`` fit."""
-    import torch
-    from transformers import BertConfig, BertModel
+    from tests.conftest import save_tiny_bert
 
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny_bert6")
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=6,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
-    BertModel(config, add_pooling_layer=False).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert6"), tokenizer, 6)
 
 
 def small_train(real_train, backbone: Path):

@@ -120,18 +120,11 @@ def test_saved_rules_read_back_and_damage_is_named(tmp_path):
 
 @pytest.fixture(scope="module")
 def rules_run(tiny_bert, tmp_path_factory, data_home):
-    tmp = tmp_path_factory.mktemp("rules")
-    recipe = tmp / "tiny.yaml"
-    recipe.write_text(
-        "name: tiny\n"
-        "data: {dataset: umls, neighbor_text: false, max_tokens: 16}\n"
-        f"model: {json.dumps({'backbone': str(tiny_bert), 'conditioner': 'biencoder'})}\n"
-        "train: {epochs: 1, max_steps: 2, batch_size: 64, lr: 1.0e-3, warmup_steps: 1, num_threads: 1}\n"
-        "eval: {batch_size: 256, validate_every_epoch: false}\n"
-        "structure: {model: rules, alphas: [0.0, 0.5, 0.9, 1.0], alpha_per: relation, alpha_min_queries: 8}\n")
-    run = tmp / "run"
-    out = kgc("train", recipe, "--out", run, "--no-progress")
-    assert "rules mined" in out.stdout
+    from tests.test_structure import train_fused
+
+    run, out = train_fused(tiny_bert, tmp_path_factory.mktemp("rules"), {
+        "model": "rules", "alphas": [0.0, 0.5, 0.9, 1.0], "alpha_per": "relation", "alpha_min_queries": 8})
+    assert "rules mined" in out
     return run
 
 

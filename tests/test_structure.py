@@ -16,20 +16,25 @@ STRUCTURE = {"model": "TransE", "dim": 8, "epochs": 2, "batch_size": 512, "lr": 
              "alphas": [0.0, 0.5, 1.0]}
 
 
-@pytest.fixture(scope="module")
-def fused_run(tiny_bert, tmp_path_factory, data_home):
-    tmp = tmp_path_factory.mktemp("structure")
-    recipe = tmp / "tiny.yaml"
+def train_fused(tiny_bert, folder, structure: dict):
+    """`kgc train` of a 2-step UMLS bi-encoder on ``tiny_bert`` with ``structure`` as its structure: section, into
+    ``folder``/run; returns (run, the command's stdout)."""
+    recipe = folder / "tiny.yaml"
     recipe.write_text(
         "name: tiny\n"
         "data: {dataset: umls, neighbor_text: false, max_tokens: 16}\n"
         f"model: {json.dumps({'backbone': str(tiny_bert), 'conditioner': 'biencoder'})}\n"
         "train: {epochs: 1, max_steps: 2, batch_size: 64, lr: 1.0e-3, warmup_steps: 1, num_threads: 1}\n"
         "eval: {batch_size: 256, validate_every_epoch: false}\n"
-        f"structure: {json.dumps(STRUCTURE)}\n")
-    run = tmp / "run"
-    out = kgc("train", recipe, "--out", run, "--no-progress")
-    assert "structural model trained" in out.stdout
+        f"structure: {json.dumps(structure)}\n")
+    out = kgc("train", recipe, "--out", folder / "run", "--no-progress")
+    return folder / "run", out.stdout
+
+
+@pytest.fixture(scope="module")
+def fused_run(tiny_bert, tmp_path_factory, data_home):
+    run, out = train_fused(tiny_bert, tmp_path_factory.mktemp("structure"), STRUCTURE)
+    assert "structural model trained" in out
     return run
 
 
