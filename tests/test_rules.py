@@ -123,7 +123,8 @@ def rules_run(tiny_bert, tmp_path_factory, data_home):
     from tests.test_structure import train_fused
 
     run, out = train_fused(tiny_bert, tmp_path_factory.mktemp("rules"), {
-        "model": "rules", "alphas": [0.0, 0.5, 0.9, 1.0], "alpha_per": "relation", "alpha_min_queries": 8})
+        "model": "rules", "alphas": [0.0, 0.5, 0.9, 1.0], "alpha_per": "relation", "alpha_min_queries": 8,
+        "rule_max_per_relation": 10})
     assert "rules mined" in out
     return run
 
