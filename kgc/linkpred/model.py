@@ -83,8 +83,13 @@ class LinkPredictor(TaskModel):
     def encode_entities(self, entities: Sequence[int], excludes: Sequence[int | None] | None = None, *,
                         bank: TextBank | None = None) -> torch.Tensor:
         """(batch, dim) tail-tower embeddings; identical texts in the batch are encoded once."""
-        batch = {k: v.to(self.device) for k, v in (bank or self.bank).entity_inputs(entities, excludes).items()}
-        return self.map_table(self.tail_encoder.encode_unique(batch), grad=True)
+        return self.encode_tail_inputs((bank or self.bank).entity_inputs(entities, excludes))
+
+    def encode_tail_inputs(self, batch: dict[str, torch.Tensor], *, mapped: bool = True) -> torch.Tensor:
+        """(batch, dim) the tail tower over tokenised inputs (``input_ids``, ``attention_mask``), then the tail map
+        (``mapped=False``: the tower's own outputs)."""
+        vectors = self.tail_encoder.encode_unique({k: v.to(self.device) for k, v in batch.items()})
+        return self.map_table(vectors, grad=True) if mapped else vectors
 
     def map_table(self, table: torch.Tensor, *, grad: bool = False) -> torch.Tensor:
         """The tail tower's (n, dim) outputs through the tail map (``model.tail_map_rank``; unchanged without)."""
@@ -101,9 +106,7 @@ class LinkPredictor(TaskModel):
 
         out = torch.empty(self.bank.graph.num_entities, self.tail_encoder.dim)
         for idx in tqdm(self.bank.length_batches(batch_size), desc="entities", disable=not progress, leave=False):
-            batch = {k: v.to(self.device) for k, v in self.bank.entity_inputs(idx).items()}
-            vectors = self.tail_encoder.encode_unique(batch)
-            out[idx] = (self.map_table(vectors) if mapped else vectors).float().cpu()
+            out[idx] = self.encode_tail_inputs(self.bank.entity_inputs(idx), mapped=mapped).float().cpu()
         return out
 
 

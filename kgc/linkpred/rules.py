@@ -7,8 +7,8 @@ prediction)::
     length 1:   r(x, y) ⇐ b(x, y)                   (b ≠ r; b = r + R is symmetry: r(x, y) ⇐ r(y, x))
     length 2:   r(x, y) ⇐ b1(x, z) ∧ b2(z, y)
 
-over the train triples in both directions, x ≠ y (and z ≠ x, z ≠ y: self-loops are in no body). A rule's confidence is AnyBURL's
-``support / (body + k)``: ``body`` the (x, y) pairs its body connects, ``support`` those of them that also hold
+over the train triples in both directions, x ≠ y (and z ≠ x, z ≠ y: self-loops are in no body). A rule's
+confidence is AnyBURL's ``support / (body + k)``: ``body`` the (x, y) pairs its body connects, ``support`` those of them that also hold
 ``r(x, y)``, and ``k`` (``structure.rule_unseen``, 5) pairs added to the denominator so that a rule seen twice
 does not score 1. Rules with support ≥ ``structure.rule_min_support`` and confidence ≥
 ``structure.rule_min_confidence`` are kept.
@@ -128,20 +128,15 @@ class RuleModel:
     model's, over the first ``num_entities`` entity ids."""
 
     def __init__(self, rules: list[Rule], edges: np.ndarray, num_entities: int, num_relations2: int,
-                 aggregation: str = "noisy_or", meta: dict | None = None) -> None:
+                 aggregation: str = "noisy_or") -> None:
         if aggregation not in AGGREGATIONS:
             raise KGCError(f"structure.rule_aggregation={aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
         self.rules, self.edges, self.aggregation = rules, edges, aggregation
-        self._entities, self._relations2 = int(num_entities), int(num_relations2)
-        self.meta = meta or {}
+        self.num_entities = int(num_entities)
         self.adj = adjacency(edges, num_entities, num_relations2)
         self.by_relation: dict[int, list[Rule]] = {}
         for rule in rules:
             self.by_relation.setdefault(rule.relation, []).append(rule)
-
-    @property
-    def num_entities(self) -> int:
-        return self._entities
 
     def reached(self, rule: Rule, heads: np.ndarray) -> sp.csr_matrix:
         """(len(heads), entities) 0/1-or-more: the entities ``rule``'s body reaches from each head."""
@@ -154,13 +149,13 @@ class RuleModel:
     def scores(self, heads: np.ndarray, rels: np.ndarray) -> torch.Tensor:
         """(batch, entities) rule scores of (head, relation in 0..2R-1, ?), in [0, 1]; the head itself 0."""
         heads, rels = np.asarray(heads, dtype=np.int64), np.asarray(rels, dtype=np.int64)
-        if (heads >= self._entities).any():
+        if (heads >= self.num_entities).any():
             raise KGCError("the mined rules know no edges of entities added after they were mined")
-        out = np.zeros((len(heads), self._entities), dtype=np.float32)
+        out = np.zeros((len(heads), self.num_entities), dtype=np.float32)
         for r in np.unique(rels):
             idx = np.flatnonzero(rels == r)
             h = heads[idx]
-            acc = np.zeros((len(idx), self._entities), dtype=np.float64)
+            acc = np.zeros((len(idx), self.num_entities), dtype=np.float64)
             for rule in self.by_relation.get(int(r), []):
                 hit = self.reached(rule, h).tocoo()  # canonical: one entry per (row, entity)
                 if self.aggregation == "noisy_or":
@@ -217,8 +212,7 @@ class RuleModel:
                 not 0 <= r.relation < relations2 or any(not 0 <= b < relations2 for b in r.body) for r in rules):
             raise KGCError(f"{folder}: the mined rules do not fit a graph of {entities} entities and "
                            f"{relations2 // 2} relations. {fix}")
-        return cls(rules, edges, entities, relations2, aggregation=meta["params"].get("rule_aggregation", "noisy_or"),
-                   meta=meta)
+        return cls(rules, edges, entities, relations2, aggregation=meta["params"].get("rule_aggregation", "noisy_or"))
 
 
 def mine(config, graph, folder: Path, *, echo=print) -> tuple["RuleModel", float]:

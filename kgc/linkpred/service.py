@@ -559,8 +559,7 @@ class LinkPredRun(Run):
         out = np.empty((len(items), model.tail_encoder.dim), dtype=np.float32)
         for s in range(0, len(rows), batch_size):
             batch = bank.special.pad([bank.special.wrap(r, bank.max_tokens) for r in rows[s: s + batch_size]])
-            batch = {k: v.to(model.device) for k, v in batch.items()}
-            out[s: s + batch_size] = model.map_table(model.tail_encoder.encode_unique(batch)).float().cpu().numpy()
+            out[s: s + batch_size] = model.encode_tail_inputs(batch).float().cpu().numpy()
         return out
 
     @torch.no_grad()

@@ -57,8 +57,8 @@ def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray", train_keys: 
 
 KEYS = frozenset({
     "data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
-    "model.shared_towers", "model.tail_map_rank", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight", "loss.self_negative",
-    "loss.self_negative_weight",
+    "model.shared_towers", "model.tail_map_rank", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight",
+    "loss.self_negative", "loss.self_negative_weight",
     "loss.margin", "loss.temperature", "loss.learn_temperature", "loss.min_temperature", "loss.max_temperature",
     "loss.mask_false_negatives", "loss.symmetric", "loss.table_negatives", "loss.table_tails",
     "eval.rerank", "eval.max_score_bytes", "index", "structure"})
