@@ -230,6 +230,13 @@ def bench_train(recipe: str | Path, **options: Any) -> dict:
     return run(Path(recipe), **options)
 
 
+def bench_loss(recipe: str | Path, **options: Any) -> dict:
+    """``kgc bench loss``: the objective's s/step, masks by binary search against ``torch.isin`` (kgc.bench)."""
+    from kgc.bench import bench_loss as run
+
+    return run(Path(recipe), **options)
+
+
 def bench_serve(run_dir: str | Path, **options: Any) -> dict:
     """``kgc bench serve``: answers/s and latency of ``kgc serve RUN`` under 1, 8, 32 … concurrent clients."""
     from kgc.bench import bench_serve as run

@@ -11,6 +11,11 @@ query; the tri-encoders and Hyper-CL one pass per relation and a composition per
 cache with one untimed pass over those batches, so the figure is the steady state of epoch ≥ 2 (or
 of any run after the first that uses the same backbone).
 
+``kgc bench loss``: the recipe's SimKGC objective alone (forward and backward) on batches of the recipe's graph, random
+unit vectors in place of the towers: the false-negative masks by binary search in the sorted train keys (what
+training runs) against the same masks by ``torch.isin`` (the reference they replaced), equal losses checked, s/step
+of each and their ratio.
+
 ``kgc bench index``: the entity index types (flat, ivf, hnsw, ivfpq) on synthetic clustered unit vectors at a
 chosen scale (1M × 384 is the figure in docs/scale.md): build time, index bytes, queries/s of one batched search
 (best of ``repeats``, FAISS on every core) and recall@10 against the exact flat search, with a sweep over the
@@ -137,6 +142,74 @@ def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5,
     ratio = rows[1]["triples_per_s"] / rows[0]["triples_per_s"]
     echo(f"speed-up of trainable_layers={trainable_layers} over full fine-tuning: {ratio:.2f}x")
     return {"recipe": str(recipe_path), "rows": rows, "speedup": round(ratio, 2), "threads": torch.get_num_threads()}
+
+
+# ---------------------------------------------------------------- kgc bench loss
+
+
+def _isin_masks():
+    """A context in which the loss builds its masks with ``torch.isin`` over every (query, candidate) key, the
+    reference :func:`kgc.linkpred.loss.is_known` and :func:`~kgc.linkpred.loss.false_negative_mask_all` replaced."""
+    import contextlib
+
+    from kgc.linkpred import loss
+
+    @contextlib.contextmanager
+    def patched():
+        saved = loss.is_known, loss.false_negative_mask_all
+        loss.is_known = lambda keys, train_keys: torch.isin(keys, train_keys)
+        loss.false_negative_mask_all = lambda hr, gold, train_keys, n: loss.false_negative_mask(
+            hr, gold, torch.arange(n, device=hr.device), train_keys, n)
+        try:
+            yield
+        finally:
+            loss.is_known, loss.false_negative_mask_all = saved
+    return patched()
+
+
+def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = None,
+               overrides: list[str] | None = None, echo=print) -> dict:
+    import contextlib
+
+    from kgc.linkpred.task import make_loss
+
+    recipe = load_recipe(recipe_path, overrides or [])
+    graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
+    b = batch_size or recipe.train.batch_size
+    keys = torch.as_tensor(graph.train_keys)
+    r2, n, dim = 2 * graph.num_relations, graph.num_entities, 384
+    gen = torch.Generator().manual_seed(recipe.train.seed)
+    rows = torch.as_tensor(np.asarray(graph.train_keys))[torch.randint(0, keys.numel(), (steps, b), generator=gen)]
+    batches = [(k // n // r2, k // n % r2, k % n) for k in rows]  # (heads, rels, tails) of real train triples
+    unit = lambda *shape: torch.nn.functional.normalize(torch.randn(*shape, dim, generator=gen), dim=-1)
+    table = unit(n) if recipe.loss.table_negatives else None
+    vectors = [(unit(b), unit(b), unit(b)) for _ in range(steps)]
+    figures, losses = {}, {}
+    for name, context in (("binary search", contextlib.nullcontext), ("torch.isin", _isin_masks)):
+        criterion = make_loss(recipe)
+        criterion.set_table(table)
+        out = []
+        with context():
+            start = time.perf_counter()
+            for (heads, rels, tails), (q, t, h) in zip(batches, vectors):
+                q = q.clone().requires_grad_(True)
+                tail, head = (None, None) if criterion.table_tails else (t, h)
+                loss = criterion(q, tail, head, heads=heads, rels=rels, tails=tails, train_keys=keys,
+                                 num_entities=n, num_relations2=r2)
+                loss.backward()
+                out.append(float(loss.detach()))
+            figures[name] = (time.perf_counter() - start) / steps
+        losses[name] = out
+    if losses["binary search"] != losses["torch.isin"]:
+        raise KGCError("kgc bench loss: the two masks gave different losses (a bug in kgc.linkpred.loss)")
+    ratio = figures["torch.isin"] / figures["binary search"]
+    for name, sec in figures.items():
+        echo(f"{name:<14} {1000 * sec:9.2f} ms/step (batch {b}, {n:,} entities, {keys.numel():,} train keys"
+             + (", the entity-table block" if table is not None else "") + ")")
+    echo(f"binary search over torch.isin: {ratio:.1f}x faster; losses equal over {steps} steps")
+    return {"recipe": str(recipe_path), "batch_size": b, "entities": n, "train_keys": int(keys.numel()),
+            "table": table is not None, "ms_per_step": {k: round(1000 * v, 3) for k, v in figures.items()},
+            "speedup": round(ratio, 2), "threads": torch.get_num_threads()}
 
 
 # ---------------------------------------------------------------- kgc bench index

@@ -426,6 +426,20 @@ def bench_train(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_csr
         api.write_json(out, result)
 
 
+@bench_app.command("loss")
+def bench_loss(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_laptop.yaml"),
+               steps: int = typer.Option(20, "--steps", min=1),
+               batch_size: Optional[int] = typer.Option(None, "--batch-size", help="default: the recipe's"),
+               set_: List[str] = typer.Option([], "--set"),
+               out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
+    """The objective alone: false-negative masks by binary search (training's) against torch.isin, s/step."""
+    from kgc import api
+
+    result = api.bench_loss(recipe, steps=steps, batch_size=batch_size, overrides=set_, echo=_echo)
+    if out:
+        api.write_json(out, result)
+
+
 @bench_app.command("structure")
 def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a structure: section, on a dataset PyKEEN "
                                                             "ships (umls, kinships, nations)"),

@@ -63,3 +63,18 @@ def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, 
         assert 0 < own <= parts["step"] * 1.001
     assert "layer cache lookup (misses computed)" in top["seconds_per_step"]
     assert "layer cache lookup (misses computed)" not in full["seconds_per_step"]
+
+
+def test_bench_loss_times_both_masks_on_the_recipes_graph(tiny_bert, tmp_path, data_home):
+    """`kgc bench loss`: the objective with the binary-search masks and with torch.isin's, on the recipe's train
+    keys (with and without the entity-table block); the losses must agree or the bench fails."""
+    from kgc.bench import bench_loss
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_bert)
+    plain = bench_loss(recipe, steps=3, batch_size=8, echo=lambda m: None)
+    table = bench_loss(recipe, steps=3, batch_size=8, overrides=["loss.table_negatives=100", "loss.table_tails=true"],
+                       echo=lambda m: None)
+    assert plain["table"] is False and table["table"] is True
+    for result in (plain, table):
+        assert result["batch_size"] == 8 and result["entities"] == 135 and result["train_keys"] > 0
+        assert set(result["ms_per_step"]) == {"binary search", "torch.isin"} and result["speedup"] > 0

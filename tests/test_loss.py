@@ -9,7 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kgc.linkpred.loss import SimKGCLoss, false_negative_mask
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kgc.linkpred.loss import SimKGCLoss, false_negative_mask, false_negative_mask_all, is_known
 
 E, R2 = 6, 2  # entities, relations incl. inverses
 
@@ -142,6 +145,22 @@ def test_false_negative_mask_matches_loops():
         for j in range(15):
             bad = int(cands[j]) == int(gold[i]) or (int(heads[i]), int(rels[i]), int(cands[j])) in triples
             assert bool(mask[i, j]) == (not bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.integers(1, 12), st.integers(0, 60), st.integers(0, 2**31 - 1))
+def test_the_masks_by_binary_search_equal_isin(ents, r2, b, n_train, seed):
+    """is_known is torch.isin on a sorted key list; the all-entity mask is the per-candidate mask over arange(E)
+    (repeated queries, queries with no known answer, an empty train set included)."""
+    g = torch.Generator().manual_seed(seed)
+    hr = torch.randint(0, ents * r2, (b,), generator=g)
+    gold = torch.randint(0, ents, (b,), generator=g)
+    train = torch.unique(torch.randint(0, ents * r2 * ents, (n_train,), generator=g))
+    keys = torch.randint(0, ents * r2 * ents, (b, 5), generator=g)
+    assert torch.equal(is_known(keys, train), torch.isin(keys, train))
+    reference = ~((gold.unsqueeze(1) == torch.arange(ents)) | torch.isin(hr.unsqueeze(1) * ents + torch.arange(ents), train))
+    assert torch.equal(false_negative_mask(hr, gold, torch.arange(ents), train, ents), reference)
+    assert torch.equal(false_negative_mask_all(hr, gold, train, ents), reference)
 
 
 def numpy_reference(*, tau: float, gamma: float = 0.02, w_pre: float = 0.5, in_batch: bool = True,

@@ -37,17 +37,46 @@ from torch import nn
 MASKED = -1e4  # SimKGC's fill value: exp(-1e4 / τ) is exactly 0 in fp32
 
 
+def is_known(keys: torch.Tensor, train_keys: torch.Tensor) -> torch.Tensor:
+    """``torch.isin(keys, train_keys)`` for a sorted ``train_keys``, by binary search: exact, and for the (B, E)
+    keys of the entity-table block about 10× faster than ``isin``, which sorts every key each call."""
+    if train_keys.numel() == 0:
+        return torch.zeros_like(keys, dtype=torch.bool)
+    at = torch.searchsorted(train_keys, keys).clamp_(max=train_keys.numel() - 1)
+    return train_keys[at] == keys
+
+
 def false_negative_mask(hr_keys: torch.Tensor, gold: torch.Tensor, candidates: torch.Tensor,
                         train_keys: torch.Tensor, num_entities: int) -> torch.Tensor:
     """``mask[i, j]`` is False where candidate ``j`` is a true answer of query ``i`` other than the gold.
 
     hr_keys (B,) = ``h * 2R + r``; gold (B,) tail ids; candidates (C,) entity ids; train_keys sorted
-    (n,) of ``hr_key * E + t``. Vectorised: one broadcast comparison and one ``isin``.
+    (n,) of ``hr_key * E + t``. Vectorised: one broadcast comparison and one binary search per key.
     """
     same_tail = gold.unsqueeze(1) == candidates.unsqueeze(0)  # (B, C)
     keys = hr_keys.unsqueeze(1) * num_entities + candidates.unsqueeze(0)  # (B, C)
-    known = torch.isin(keys, train_keys)  # (B, C)
-    return ~(same_tail | known)
+    return ~(same_tail | is_known(keys, train_keys))
+
+
+def false_negative_mask_all(hr_keys: torch.Tensor, gold: torch.Tensor, train_keys: torch.Tensor,
+                            num_entities: int) -> torch.Tensor:
+    """:func:`false_negative_mask` with every entity as the candidates (``candidates = arange(E)``), built from
+    each query's known answers instead of B × E lookups: the answers of ``hr`` are the run of sorted
+    ``train_keys`` in ``[hr·E, (hr + 1)·E)``, two binary searches per query; a (B, E) mask of ones gets them
+    and the gold set to False. The same mask, 30–100× less work than testing every (query, entity) key."""
+    b = hr_keys.size(0)
+    keep = torch.ones(b, num_entities, dtype=torch.bool, device=hr_keys.device)
+    rows = torch.arange(b, device=hr_keys.device)
+    keep[rows, gold] = False
+    start = torch.searchsorted(train_keys, hr_keys * num_entities)
+    count = torch.searchsorted(train_keys, (hr_keys + 1) * num_entities) - start  # (B,) known answers per query
+    total = int(count.sum())
+    if total:
+        row = torch.repeat_interleave(rows, count)  # (total,) the query each known answer belongs to
+        first = torch.repeat_interleave(count.cumsum(0) - count, count)  # (total,) where its query's run starts
+        at = torch.repeat_interleave(start, count) + torch.arange(total, device=hr_keys.device) - first
+        keep[row, train_keys[at] - hr_keys[row] * num_entities] = False
+    return keep
 
 
 class SimKGCLoss(nn.Module):
@@ -136,8 +165,7 @@ class SimKGCLoss(nn.Module):
             blocks.append(pre)
         if table is not None:
             tab = (query @ table.to(query.dtype).t()) * inv_t  # (b, E): gradient reaches the table's map only
-            entities = torch.arange(table.size(0), device=query.device)
-            keep = false_negative_mask(hr, tails, entities, train_keys, num_entities)  # gold and known answers out
+            keep = false_negative_mask_all(hr, tails, train_keys, num_entities)  # gold and known answers out
             keep[:, tails_all] = False  # the batch's tails score in the in-batch block, with their gradients
             if self.table_tails and self.self_negative and self.log_self_weight:  # the head's own row, weighted
                 tab = tab.index_put((torch.arange(b, device=query.device), heads),
@@ -145,7 +173,7 @@ class SimKGCLoss(nn.Module):
             blocks.append(tab.masked_fill(~keep, MASKED))
         if self.self_negative and head is not None:
             self_logit = (query * head).sum(-1) * inv_t + self.log_self_weight  # (b,)
-            head_is_answer = torch.isin(hr * num_entities + heads, train_keys)  # (b,)
+            head_is_answer = is_known(hr * num_entities + heads, train_keys)  # (b,)
             blocks.append(self_logit.masked_fill(head_is_answer, MASKED).unsqueeze(1))
         all_logits = torch.cat(blocks, dim=1)  # (b, B + K + 1)
         loss = F.cross_entropy(all_logits, own)
