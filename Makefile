@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test docs docs-serve clean study-umls study-routing wn18rr-cpu study-wn18rr-table
+.PHONY: install quickstart test docs docs-serve clean study-umls study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace
 
 install: $(VENV)/.installed
 
@@ -88,10 +88,8 @@ study-routing: install
 # `make study-wn18rr-table ROWS="biencoder router_k1_paper"` runs some of them.
 TABLE ?= runs/wn18rr_table
 ROWS ?= biencoder router_k1_paper router_k1_query_key router_top2 hypercl_lowrank hypercl_residual hadamard concat case
-study-wn18rr-table: install
-	set -e; BUDGET="--set train.max_steps=1563 --set train.max_minutes=null"; \
-	for row in $(ROWS); do \
-	  case $$row in \
+# the --set options of each row
+TABLE_OPTS = case $$row in \
 	    biencoder) opts="";; \
 	    router_k1_paper) opts="--set model.conditioner=router --set model.router_layers=1";; \
 	    router_k1_query_key) opts="--set model.conditioner=router --set model.router_layers=1 --set model.scorer=query_key";; \
@@ -102,10 +100,23 @@ study-wn18rr-table: install
 	    concat) opts="--set model.conditioner=concat";; \
 	    case) opts="--set model.conditioner=case";; \
 	    *) echo "unknown row $$row" >&2; exit 2;; \
-	  esac; \
+	  esac
+study-wn18rr-table: install
+	set -e; BUDGET="--set train.max_steps=1563 --set train.max_minutes=null"; \
+	for row in $(ROWS); do \
+	  $(TABLE_OPTS); \
 	  $(BIN)/kgc compare recipes/wn18rr_laptop.yaml $$BUDGET $$opts --set name=$$row --no-progress --out $(TABLE)/$$row; \
 	done
 	for d in $(TABLE)/*/; do tail -n 1 $$d/compare.md; done
+
+# each row's training pace alone on an idle machine (the table's triples/s column): `kgc bench train --no-full`,
+# 20 timed steps of 64 after 20 that fill the layer cache, into $(TABLE)/<row>/pace.json (~4 min a row)
+study-wn18rr-pace: install
+	set -e; for row in $(ROWS); do \
+	  $(TABLE_OPTS); mkdir -p $(TABLE)/$$row; \
+	  $(BIN)/kgc bench train recipes/wn18rr_laptop.yaml --no-full --trainable-layers 4 --batch-size 64 --steps 20 \
+	    $$opts --out $(TABLE)/$$row/pace.json; \
+	done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site

@@ -83,13 +83,16 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
                                                  "e.g. hnsw), re-scored exactly: what a deployed search returns"),
              top_k: Optional[int] = typer.Option(None, "--top-k", help="with --use-index: candidates retrieved per "
                                                                       "query (default 100)"),
+             text_only: bool = typer.Option(False, "--text-only",
+                                            help="a run with a structural model: rank by its text model alone (its "
+                                                 "re-ranking applies), into results.text.json"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Evaluate a run on a split: filtered link prediction (both directions) or C-STS similarity."""
     import kgc
 
     run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
     options = {"rerank": rerank, "entities_from": entities_from, "candidates": candidates,
-               "use_index": use_index or None, "top_k": top_k}
+               "use_index": use_index or None, "top_k": top_k, "text_only": text_only or None}
     split = split or "test"
     try:
         ev, unsaved = run.evaluation(split, batch_size=batch_size, progress=progress,
@@ -416,12 +419,14 @@ def bench_train(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_csr
                 trainable_layers: int = typer.Option(2, "--trainable-layers"),
                 steps: int = typer.Option(5, "--steps"), batch_size: int = typer.Option(32, "--batch-size"),
                 set_: List[str] = typer.Option([], "--set"),
+                full: bool = typer.Option(True, "--full/--no-full",
+                                          help="--no-full: only the top-n row (a recipe's own pace), no speed-up"),
                 out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
     """Training triples/s: full fine-tuning vs the top n layers over the layer cache."""
     from kgc import api
 
     result = api.bench_train(recipe, trainable_layers=trainable_layers, steps=steps, batch_size=batch_size, overrides=set_,
-                 echo=_echo)
+                             full=full, echo=_echo)
     if out:
         api.write_json(out, result)
 

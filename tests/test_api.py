@@ -72,6 +72,8 @@ def test_train_load_evaluate_predict(lp_run, tiny_bert):
     assert free.head == "(free text)" and free.head_text == "no such thing at all" and len(free.predictions) == 10
     with pytest.raises(KGCError, match="split 'validation': choose test or dev"):
         run.evaluate("validation")
+    with pytest.raises(KGCError, match="has no structural model.*drop text_only"):
+        run.evaluation("test", text_only=True)
 
 
 def test_embeddings(lp_run):

@@ -63,6 +63,8 @@ def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, 
         assert 0 < own <= parts["step"] * 1.001
     assert "layer cache lookup (misses computed)" in top["seconds_per_step"]
     assert "layer cache lookup (misses computed)" not in full["seconds_per_step"]
+    alone = bench_train(recipe, trainable_layers=1, steps=2, batch_size=8, full=False, echo=lambda m: None)
+    assert [r["trainable_layers"] for r in alone["rows"]] == [1] and alone["speedup"] is None  # the recipe's own pace
 
 
 def test_bench_loss_times_both_masks_on_the_recipes_graph(tiny_bert, tmp_path, data_home):

@@ -180,6 +180,12 @@ def test_rules_fused_through_the_cli(rules_run):
     alone = rank_structure(load_structure(run.dir.structure), run.graph(), "test")
     mrr = lambda d: d["both"]["realistic"]["inverse_harmonic_mean_rank"]  # noqa: E731
     assert mrr(res["kgc"]["components"]["structure"]) == pytest.approx(mrr(alone), abs=1e-6)
+    # --text-only: the text model alone, into results.text.json; the fused results stay
+    text = kgc("evaluate", rules_run, "--text-only", "--no-rerank", "--no-progress")
+    assert "the text model alone" in text.stdout and "results.text.json" in text.stdout
+    assert mrr(json.loads((rules_run / "results.text.json").read_text())) == pytest.approx(
+        mrr(res["kgc"]["components"]["text"]), abs=1e-6)
+    assert json.loads((rules_run / "results.json").read_text()) == res
     pred = kgc("predict", rules_run, "--head", "acquired_abnormality", "--relation", "location_of", "--top-k", "5",
                "--json", "--no-progress")
     assert len(json.loads(pred.stdout)["predictions"]) == 5

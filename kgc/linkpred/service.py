@@ -158,7 +158,7 @@ class LinkPredRun(Run):
 
     def evaluation(self, split: str | None = None, *, batch_size: int | None = None, rerank: bool | None = None,
                    progress: bool = False, entities_from: str | Path | None = None, candidates: str | None = None,
-                   use_index: bool = False, top_k: int | None = None) -> "Evaluation":
+                   use_index: bool = False, top_k: int | None = None, text_only: bool = False) -> "Evaluation":
         """Filtered ranks of ``split`` (test or dev), both directions, in PyKEEN's layout: ``.results``
         (``results["both"]["realistic"]["inverse_harmonic_mean_rank"]`` and a ``"kgc"`` block), ``.ranks``,
         ``.seconds``; ``results[.split].json`` and ``ranks[.split].tsv`` are written into the run.
@@ -167,7 +167,9 @@ class LinkPredRun(Run):
         folder, e.g. from ``kgc data inductive-split``) ranks its ``split`` triples over its own entities, unseen
         in training — ``candidates`` ``"split"`` (the entities of the split's triples, SimKGC's protocol) or
         ``"all"`` — into ``results.inductive[.split].json``; ``use_index`` ranks within the top ``top_k`` (100)
-        of the run's FAISS index, re-scored exactly."""
+        of the run's FAISS index, re-scored exactly. ``text_only``: a run with a structural model ranked by its
+        text model alone, as a run without one is (its ``eval.rerank`` applies), into ``results.text[.split].json``
+        — the fused results stay."""
         from kgc.linkpred.evaluate import evaluate
         from kgc.linkpred.structure import has_structure
 
@@ -203,10 +205,15 @@ class LinkPredRun(Run):
         if not len(graph.splits[split]):
             raise KGCError(f"{graph.source}: the {split} split has no triples to rank (train with testing= / "
                            "validation= factories, or a dataset with that split)")
-        if has_structure(self.dir.structure):
+        fused = has_structure(self.dir.structure)
+        if text_only and not fused:
+            raise KGCError(f"{self.path} has no structural model: its evaluation is the text model's already; "
+                           "drop text_only (--text-only)")
+        if fused and not text_only:
             if use_index or rerank:
                 raise KGCError(f"{self.path} has a structural model: its evaluation fuses text and structure over "
-                               "every entity; drop --use-index / --rerank (or remove its structure/ folder)")
+                               "every entity; drop --use-index / --rerank, or rank by the text model alone with "
+                               "--text-only")
             return self._write(self._evaluate_fused(split, bs, progress), split)
         model = self.model()
         search = None
@@ -221,7 +228,9 @@ class LinkPredRun(Run):
                       entity_table=self._entity_table(model), max_score_bytes=budget, search=search)
         if use_index:
             ev.results["kgc"]["search"]["index"] = index_params(self.dir, model)
-        return self._write(ev, split)
+        if text_only:
+            ev.results["kgc"]["text_only"] = True  # the run's structural model left out
+        return self._write(ev, split, "text" if text_only else None)
 
     def _evaluate_fused(self, split: str, batch_size: int, progress: bool) -> "Evaluation":
         """α on dev, then ``split`` fused (the main result) with ``kgc.components`` text-only (α = 1) and

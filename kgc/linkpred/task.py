@@ -141,8 +141,9 @@ class LinkPredTask(Task):
             search = k["search"]
             how = "" if search is None else (f", within the top {search['top_k']} of its {search['index']['type']} "
                                              f"index (gold not retrieved for {search['gold_missed']:.1%})")
-            lines.append(f"{k['dataset']} {split}: {len(evaluation.ranks)} queries, filtered, realistic ranks{how} "
-                         f"({evaluation.seconds:.1f}s)")
+            alone = ", the text model alone (its structural model left out)" if k.get("text_only") else ""
+            lines.append(f"{k['dataset']} {split}: {len(evaluation.ranks)} queries, filtered, realistic ranks{how}"
+                         f"{alone} ({evaluation.seconds:.1f}s)")
         fused = k.get("structure")
         if fused:  # a run with a structural model: both components, then the fused result
             for name, part in (("text only", "text"), (f"structure only ({fused['model']})", "structure")):
@@ -154,7 +155,7 @@ class LinkPredTask(Task):
                              f"for all: {grid}; chosen: {each}):")
             else:
                 lines.append(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: {grid}):")
-        kind = "inductive" if k.get("inductive") else None
+        kind = "inductive" if k.get("inductive") else "text" if k.get("text_only") else None
         lines += [format_table(r), f"wrote {run.dir.results(split, kind)} and {run.dir.table('ranks', split, kind)}"]
         return lines
 
