@@ -24,6 +24,7 @@ search-time parameter (nprobe, ef_search) of each approximate type.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -150,30 +151,24 @@ def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5,
 # ---------------------------------------------------------------- kgc bench loss
 
 
+@contextlib.contextmanager
 def _isin_masks():
     """A context in which the loss builds its masks with ``torch.isin`` over every (query, candidate) key, the
     reference :func:`kgc.linkpred.loss.is_known` and :func:`~kgc.linkpred.loss.false_negative_mask_all` replaced."""
-    import contextlib
-
     from kgc.linkpred import loss
 
-    @contextlib.contextmanager
-    def patched():
-        saved = loss.is_known, loss.false_negative_mask_all
-        loss.is_known = lambda keys, train_keys: torch.isin(keys, train_keys)
-        loss.false_negative_mask_all = lambda hr, gold, train_keys, n: loss.false_negative_mask(
-            hr, gold, torch.arange(n, device=hr.device), train_keys, n)
-        try:
-            yield
-        finally:
-            loss.is_known, loss.false_negative_mask_all = saved
-    return patched()
+    saved = loss.is_known, loss.false_negative_mask_all
+    loss.is_known = lambda keys, train_keys: torch.isin(keys, train_keys)
+    loss.false_negative_mask_all = lambda hr, gold, train_keys, n: loss.false_negative_mask(
+        hr, gold, torch.arange(n, device=hr.device), train_keys, n)
+    try:
+        yield
+    finally:
+        loss.is_known, loss.false_negative_mask_all = saved
 
 
 def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = None,
                overrides: list[str] | None = None, echo=print) -> dict:
-    import contextlib
-
     from kgc.linkpred.task import make_loss
 
     recipe = load_recipe(recipe_path, overrides or [])
@@ -182,7 +177,7 @@ def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = N
     keys = torch.as_tensor(graph.train_keys)
     r2, n, dim = 2 * graph.num_relations, graph.num_entities, 384
     gen = torch.Generator().manual_seed(recipe.train.seed)
-    rows = torch.as_tensor(np.asarray(graph.train_keys))[torch.randint(0, keys.numel(), (steps, b), generator=gen)]
+    rows = keys[torch.randint(0, keys.numel(), (steps, b), generator=gen)]
     batches = [(k // n // r2, k // n % r2, k % n) for k in rows]  # (heads, rels, tails) of real train triples
     unit = lambda *shape: torch.nn.functional.normalize(torch.randn(*shape, dim, generator=gen), dim=-1)
     table = unit(n) if recipe.loss.table_negatives else None

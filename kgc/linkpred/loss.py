@@ -38,8 +38,8 @@ MASKED = -1e4  # SimKGC's fill value: exp(-1e4 / τ) is exactly 0 in fp32
 
 
 def is_known(keys: torch.Tensor, train_keys: torch.Tensor) -> torch.Tensor:
-    """``torch.isin(keys, train_keys)`` for a sorted ``train_keys``, by binary search: exact, and for the (B, E)
-    keys of the entity-table block about 10× faster than ``isin``, which sorts every key each call."""
+    """``torch.isin(keys, train_keys)`` for a sorted ``train_keys``, by binary search: exact, without the sort of
+    every key that ``isin`` does each call."""
     if train_keys.numel() == 0:
         return torch.zeros_like(keys, dtype=torch.bool)
     at = torch.searchsorted(train_keys, keys).clamp_(max=train_keys.numel() - 1)
@@ -63,7 +63,8 @@ def false_negative_mask_all(hr_keys: torch.Tensor, gold: torch.Tensor, train_key
     """:func:`false_negative_mask` with every entity as the candidates (``candidates = arange(E)``), built from
     each query's known answers instead of B × E lookups: the answers of ``hr`` are the run of sorted
     ``train_keys`` in ``[hr·E, (hr + 1)·E)``, two binary searches per query; a (B, E) mask of ones gets them
-    and the gold set to False. The same mask, 30–100× less work than testing every (query, entity) key."""
+    and the gold set to False. The same mask; with it the laptop recipe's objective takes 74 instead of 246 ms per
+    step of 64 (``kgc bench loss recipes/wn18rr_laptop.yaml``)."""
     b = hr_keys.size(0)
     keep = torch.ones(b, num_entities, dtype=torch.bool, device=hr_keys.device)
     rows = torch.arange(b, device=hr_keys.device)
