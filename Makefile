@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test docs docs-serve clean study-umls study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace
+.PHONY: install quickstart test docs docs-serve clean study-umls study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
 
 install: $(VENV)/.installed
 
@@ -117,6 +117,14 @@ study-wn18rr-pace: install
 	  $(BIN)/kgc bench train recipes/wn18rr_laptop.yaml --no-full --trainable-layers 4 --batch-size 64 --steps 20 \
 	    $$opts --out $(TABLE)/$$row/pace.json; \
 	done
+
+# every row's dev curve in one figure (by triples seen and by training minutes), from the rows trained so far
+study-wn18rr-figure: install
+	set -e; runs=""; for row in $(ROWS); do \
+	  if [ -f $(TABLE)/$$row/$$row/metrics.jsonl ]; then runs="$$runs $(TABLE)/$$row/$$row"; fi; \
+	done; \
+	if [ -z "$$runs" ]; then echo "no row of $(TABLE) has trained yet: make study-wn18rr-table first" >&2; exit 2; fi; \
+	$(BIN)/kgc curves $$runs --out $(TABLE)/curves.png
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site

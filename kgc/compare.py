@@ -31,6 +31,7 @@ from kgc.training.run import RunDir
 from kgc.training.task import open_run, task_class
 
 METRICS = {"MRR", "H@1", "H@3", "H@10", "dev MRR", "Spearman", "Pearson", "pair accuracy"}
+SHARES = {"head above gold"}  # a share of the test queries, 0..1: three decimals (one would print 0.8933 as 0.9)
 
 
 def _fmt_int(n: int) -> str:
@@ -124,6 +125,8 @@ def markdown_table(rows: list[dict], task: str = "linkpred") -> str:
                 cells.append("—")
             elif col in METRICS:
                 cells.append(f"{v:.4f}")
+            elif col in SHARES:
+                cells.append(f"{v:.3f}")
             elif col.endswith("params"):
                 cells.append(_fmt_int(v) if v else "—")
             elif col == "cache bytes":

@@ -80,3 +80,18 @@ def test_bench_loss_times_both_masks_on_the_recipes_graph(tiny_bert, tmp_path, d
     for result in (plain, table):
         assert result["batch_size"] == 8 and result["entities"] == 135 and result["train_keys"] > 0
         assert set(result["ms_per_step"]) == {"binary search", "torch.isin"} and result["speedup"] > 0
+
+
+def test_compare_table_prints_shares_and_metrics_to_their_digits():
+    """The head-above-gold share keeps three decimals (0.8933 once printed as 0.9), metrics four, params in M/k."""
+    from kgc.compare import markdown_table
+
+    row = {"recipe": "r", "conditioner": "router", "pooling": "mean", "MRR": 0.231397, "H@1": 0.0788, "H@3": 0.3133,
+           "H@10": 0.523, "head above gold": 0.8933, "dev MRR": 0.2246, "trainable params": 7097857,
+           "total params": 45130753, "train triples/s": 26.26, "train seconds": 4537.5, "eval seconds": 232.007,
+           "query seconds": 9.145, "cache bytes": 5784786032}
+    header, rule, line = markdown_table([row]).splitlines()
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in line.strip("|").split("|")]))
+    assert cells["head above gold"] == "0.893" and cells["MRR"] == "0.2314" and cells["H@10"] == "0.5230"
+    assert cells["trainable params"] == "7.10M" and cells["train seconds"] == "4537.5"
+    assert cells["cache bytes"] == "5516.8 MiB"
