@@ -79,7 +79,7 @@ study-routing: install
 	run csr_top_k3 recipes/umls_csr.yaml $$NEW; \
 	run csts_synth_csr recipes/csts_synth_csr.yaml; \
 	run csts_synth_csr_top2 recipes/csts_synth_csr.yaml --set model.cross_attend=top --set model.router_layers=2
-	for d in $(ROUTING)/*/; do tail -n 1 $$d/compare.md; done
+	for d in $(ROUTING)/*/; do if [ -f $$d/compare.md ]; then tail -n 1 $$d/compare.md; fi; done
 
 # Issue 27's WN18RR table (docs/results/wn18rr.md, "Conditioners at the laptop training"): every conditioner trained
 # as recipes/wn18rr_laptop.yaml trains (frozen tail table, top 4 query layers over the layer cache, batch 64) for the
@@ -107,7 +107,7 @@ study-wn18rr-table: install
 	  $(TABLE_OPTS); \
 	  $(BIN)/kgc compare recipes/wn18rr_laptop.yaml $$BUDGET $$opts --set name=$$row --no-progress --out $(TABLE)/$$row; \
 	done
-	for d in $(TABLE)/*/; do tail -n 1 $$d/compare.md; done
+	for d in $(TABLE)/*/; do if [ -f $$d/compare.md ]; then tail -n 1 $$d/compare.md; fi; done
 
 # each row's training pace alone on an idle machine (the table's triples/s column): `kgc bench train --no-full`,
 # 20 timed steps of 64 after 20 that fill the layer cache, into $(TABLE)/<row>/pace.json (~4 min a row)
