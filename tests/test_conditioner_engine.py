@@ -49,6 +49,27 @@ def test_pair_engine_equals_calling_the_conditioner(case, encoder, special, monk
         assert engine.passes["sentences"] == len(SENTENCES)
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pair_engine_encodes_only_the_sentences_asked_for(case, encoder, special):  # noqa: F811
+    """``only``: those sentences' states up front, the others the first time a pair needs them, each once; the
+    vectors are the ones the engine that encodes every sentence up front gives."""
+    cond = make(case, encoder, special)
+    with torch.no_grad():
+        full = PairEncoder(cond, SENTENCES, CONDITIONS, batch_size=2)(SENTENCE_INDEX, CONDITION_INDEX)
+        engine = PairEncoder(cond, SENTENCES, CONDITIONS, batch_size=2, only=[3, 1, 3])
+        before = dict(engine.passes)
+        first = engine(SENTENCE_INDEX[:4], CONDITION_INDEX[:4])  # sentences 5 and 0 are new, 3 and 1 are not
+        after_first = dict(engine.passes)
+        rest = engine(SENTENCE_INDEX[4:], CONDITION_INDEX[4:])  # 4 and 2 are new
+    torch.testing.assert_close(torch.cat([first, rest]), full, atol=2e-3 if CASES[case][0] in FP16_TABLES else 1e-5,
+                               rtol=0)
+    if cond.enters_at == "input":
+        assert engine.passes["sentences"] == 0 and engine.ensure([0, 1]) == 0
+    else:
+        assert before["sentences"] == 2 and after_first["sentences"] == 4
+        assert engine.passes["sentences"] == len(SENTENCES) and engine.ensure(range(len(SENTENCES))) == 0
+
+
 @pytest.fixture()
 def sharp(tiny_bert):
     """The 2-layer random BERT with peaked attention, so w is far from uniform."""

@@ -54,35 +54,53 @@ class PairEncoder:
 
     ``sentences`` and ``conditions`` are token ids without special tokens. ``sentence_table``
     (sentences, dim), when given, *is* the sentence state (pooled conditioners whose sentence tower is the
-    one that produced it), so no sentence is encoded again.
+    one that produced it), so no sentence is encoded again. ``only``: encode the states of these sentences now
+    and of any other the first time a pair asks for it (:meth:`ensure`), instead of every sentence up front —
+    an evaluation on a sample of queries needs the states of its own heads, not of the whole graph.
     """
 
     def __init__(self, cond: Conditioner, sentences: Sequence[Sequence[int]], conditions: Sequence[Sequence[int]], *,
                  batch_size: int = 256, progress: bool = False, sentence_table: torch.Tensor | None = None,
-                 unit: str = "queries") -> None:
-        from tqdm.auto import tqdm
-
+                 unit: str = "queries", only: Sequence[int] | None = None) -> None:
         self.cond, self.tokens, self.unit = cond, sentences, unit
+        self.batch_size, self.progress = batch_size, progress
         self.passes = {"sentences": 0, "conditions": 0, f"{unit}_full": 0, f"{unit}_top_layers": 0}
         self.conditions = cat_any([cond.encode_conditions(conditions[s: s + batch_size])
                                    for s in range(0, len(conditions), batch_size)])
         if cond.encodes_conditions:
             self.passes["conditions"] = len(conditions)
-        self.sentences, self.row, self.borrowed = None, None, False
+        self.sentences, self.row, self.borrowed, self.rows = None, None, False, 0
         if cond.enters_at == "input":
             return
         n = len(sentences)
         if sentence_table is not None:
             self.sentences, self.row, self.borrowed = sentence_table.to(cond.device), torch.arange(n), True
+            self.rows = n
             return
-        order = sorted(range(n), key=lambda i: len(sentences[i]))  # similar lengths batch with little padding
-        batches = [order[s: s + batch_size] for s in range(0, n, batch_size)]
-        chunks = [cond.encode_sentences([sentences[i] for i in idx])
-                  for idx in tqdm(batches, desc="sentence states", disable=not progress, leave=False)]
-        self.sentences = cond.cat_states(chunks)  # rows in length order
-        self.row = torch.empty(n, dtype=torch.long)  # sentence index → row of self.sentences
-        self.row[torch.tensor(order, dtype=torch.long)] = torch.arange(n)
-        self.passes["sentences"] = n
+        self.row = torch.full((n,), -1, dtype=torch.long)  # sentence index → row of self.sentences (-1: not yet)
+        self.ensure(range(n) if only is None else only)
+
+    def ensure(self, sentence_index) -> int:
+        """Encode the states of the sentences in ``sentence_index`` that have none yet; returns how many."""
+        if self.row is None or self.borrowed:
+            return 0
+        from tqdm.auto import tqdm
+
+        want = np.unique(np.fromiter((int(i) for i in sentence_index), dtype=np.int64))
+        missing = want[(self.row[torch.from_numpy(want)] < 0).numpy()]
+        if not len(missing):
+            return 0
+        order = sorted(missing.tolist(), key=lambda i: len(self.tokens[i]))  # similar lengths batch with little padding
+        b = self.batch_size
+        batches = [order[s: s + b] for s in range(0, len(order), b)]
+        chunks = [self.cond.encode_sentences([self.tokens[i] for i in idx])
+                  for idx in tqdm(batches, desc="sentence states", disable=not self.progress, leave=False)]
+        # rows in length order, appended after those encoded before
+        self.sentences = self.cond.cat_states(chunks if self.sentences is None else [self.sentences, *chunks])
+        self.row[torch.tensor(order, dtype=torch.long)] = torch.arange(self.rows, self.rows + len(order))
+        self.rows += len(order)
+        self.passes["sentences"] += len(order)
+        return len(order)
 
     @property
     def state_bytes(self) -> int:
@@ -92,9 +110,10 @@ class PairEncoder:
     def __call__(self, sentence_index, condition_index) -> torch.Tensor:
         s = np.asarray(sentence_index)
         c = torch.as_tensor(np.asarray(condition_index), device=self.cond.device)
-        if self.sentences is None:  # the condition enters at the input: the whole encoder per pair
+        if self.cond.enters_at == "input":  # the condition enters at the input: the whole encoder per pair
             self.passes[f"{self.unit}_full"] += len(s)
             return self.cond.combine(self.cond.encode_sentences([self.tokens[int(i)] for i in s]), self.conditions, c)
+        self.ensure(s)  # sentences outside ``only``: their states now, once
         if self.cond.enters_at == "layer":
             self.passes[f"{self.unit}_{'full' if self.cond.entry_layer == 0 else 'top_layers'}"] += len(s)
         return self.cond.combine(self.cond.take(self.sentences, self.row[torch.as_tensor(s)]), self.conditions, c)

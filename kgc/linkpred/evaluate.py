@@ -63,12 +63,16 @@ def sample_triples(graph: KnowledgeGraph, split: str, max_triples: int | None, s
 
 
 def entity_states(model: LinkPredictor, *, batch_size: int = 256, progress: bool = False,
-                  entity_table: torch.Tensor | None = None, engine: QueryEngine | None = None):
+                  entity_table: torch.Tensor | None = None, engine: QueryEngine | None = None,
+                  heads: np.ndarray | None = None):
     """(engine, entity table (entities, dim), where the table came from, seconds for states, seconds for the
-    table): what every evaluation computes once before its queries."""
+    table): what every evaluation computes once before its queries. ``heads``: the entities the queries start
+    from; only their states are computed (an engine passed in computes those it lacks), None: every entity's."""
     start = time.perf_counter()
     if engine is None:
-        engine = QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=entity_table)
+        engine = QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=entity_table, heads=heads)
+    elif heads is not None:
+        engine.ensure(heads)
     state_seconds = time.perf_counter() - start  # every relation's and (layer/pooled) every entity's state, once
     source = "index" if entity_table is not None else "computed"
     if entity_table is None and engine.entity_table is not None:
@@ -98,10 +102,11 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
     start = time.perf_counter()
     model.eval()
     triples = sample_triples(graph, split, max_triples, seed)
-    engine, entity_table, entity_source, state_seconds, table_seconds = entity_states(
-        model, batch_size=batch_size, progress=progress, entity_table=entity_table, engine=engine)
-    table = entity_table.to(model.device)  # (entities, dim), scored on the model's device
     directions = query_directions(graph, triples)
+    heads = np.unique(np.concatenate([q[:, 0] for q in directions.values()]))  # the states the queries need
+    engine, entity_table, entity_source, state_seconds, table_seconds = entity_states(
+        model, batch_size=batch_size, progress=progress, entity_table=entity_table, engine=engine, heads=heads)
+    table = entity_table.to(model.device)  # (entities, dim), scored on the model's device
     rerank = rerank or {}
     if (search is not None or scorer is not None) and rerank.get("enabled"):
         raise KGCError("graph re-ranking adds to every entity's score of the text model; it runs neither over an "

@@ -121,14 +121,17 @@ class QueryEngine(PairEncoder):
     """
 
     def __init__(self, model: "LinkPredictor", *, batch_size: int = 256, progress: bool = False,
-                 entity_table: torch.Tensor | None = None) -> None:
+                 entity_table: torch.Tensor | None = None, heads: Sequence[int] | None = None) -> None:
+        """``heads``: the entities whose states to compute now (the others when a query first asks for one); None:
+        every entity's, as a service wants them. A shared sentence table covers every entity whatever ``heads``."""
         self.model = model
         bank, cond = model.bank, model.conditioner
         self.shares_entity_table = (cond.enters_at == "pooled" and model.query_encoder is model.tail_encoder
                                     and model.tail_map is None)  # a tail map makes entities ≠ sentence states
         super().__init__(cond, [bank.entity_ids(e) for e in range(bank.graph.num_entities)], bank.relation_ids,
                          batch_size=batch_size, progress=progress,
-                         sentence_table=entity_table if self.shares_entity_table else None)
+                         sentence_table=entity_table if self.shares_entity_table else None,
+                         only=None if self.shares_entity_table else heads)
 
     @property
     def entity_table(self) -> torch.Tensor | None:

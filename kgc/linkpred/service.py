@@ -242,8 +242,9 @@ class LinkPredRun(Run):
         model, graph = self.model(), self.graph()
         structure = load_structure(self.dir.structure, self.device)
         budget = self.recipe.eval.max_score_bytes
-        engine, table, *_ = entity_states(model, batch_size=batch_size, progress=progress,
-                                          entity_table=self._entity_table(model))  # once, for dev and test
+        engine, table, *_ = entity_states(model, batch_size=batch_size, progress=progress,  # once, for dev and test;
+                                          entity_table=self._entity_table(model),  # each split's evaluation
+                                          heads=np.empty(0, dtype=np.int64))  # adds its heads' states
         choice = choose_alpha(self.dir.structure, model, graph, structure, batch_size=batch_size, entity_table=table,
                               progress=progress, engine=engine, max_score_bytes=budget)
         alpha = alpha_of(choice)
