@@ -73,7 +73,7 @@ def entity_states(model: LinkPredictor, *, batch_size: int = 256, progress: bool
         engine = QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=entity_table, heads=heads)
     elif heads is not None:
         engine.ensure(heads)
-    state_seconds = time.perf_counter() - start  # every relation's and (layer/pooled) every entity's state, once
+    state_seconds = time.perf_counter() - start  # every relation's state and (layer/pooled) the heads', once
     source = "index" if entity_table is not None else "computed"
     if entity_table is None and engine.entity_table is not None:
         entity_table, source = engine.entity_table, "sentence states (shared towers)"
