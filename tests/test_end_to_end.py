@@ -268,8 +268,6 @@ def test_every_conditioner_through_the_cli(model, encoder, tiny_bert, tmp_path, 
     kgc("evaluate", run, "--no-progress")
     res = json.loads((run / "results.json").read_text())["kgc"]
     passes = res["encoder_passes_by_kind"]
-    import numpy as np
-
     from kgc.data.graph import load_graph
 
     test = load_graph("umls").splits["test"]

@@ -69,13 +69,12 @@ class PairEncoder:
                                    for s in range(0, len(conditions), batch_size)])
         if cond.encodes_conditions:
             self.passes["conditions"] = len(conditions)
-        self.sentences, self.row, self.borrowed, self.rows = None, None, False, 0
+        self.sentences, self.row, self.borrowed = None, None, False
         if cond.enters_at == "input":
             return
         n = len(sentences)
         if sentence_table is not None:
             self.sentences, self.row, self.borrowed = sentence_table.to(cond.device), torch.arange(n), True
-            self.rows = n
             return
         self.row = torch.full((n,), -1, dtype=torch.long)  # sentence index → row of self.sentences (-1: not yet)
         self.ensure(range(n) if only is None else only)
@@ -86,7 +85,7 @@ class PairEncoder:
             return 0
         from tqdm.auto import tqdm
 
-        want = np.unique(np.fromiter((int(i) for i in sentence_index), dtype=np.int64))
+        want = np.unique(np.asarray(sentence_index, dtype=np.int64))
         missing = want[(self.row[torch.from_numpy(want)] < 0).numpy()]
         if not len(missing):
             return 0
@@ -95,10 +94,9 @@ class PairEncoder:
         batches = [order[s: s + b] for s in range(0, len(order), b)]
         chunks = [self.cond.encode_sentences([self.tokens[i] for i in idx])
                   for idx in tqdm(batches, desc="sentence states", disable=not self.progress, leave=False)]
-        # rows in length order, appended after those encoded before
+        start = int((self.row >= 0).sum())  # rows in length order, appended after those encoded before
         self.sentences = self.cond.cat_states(chunks if self.sentences is None else [self.sentences, *chunks])
-        self.row[torch.tensor(order, dtype=torch.long)] = torch.arange(self.rows, self.rows + len(order))
-        self.rows += len(order)
+        self.row[torch.tensor(order, dtype=torch.long)] = torch.arange(start, start + len(order))
         self.passes["sentences"] += len(order)
         return len(order)
 
