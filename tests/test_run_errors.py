@@ -222,7 +222,10 @@ def _truncate(path, keep=None):
 def test_index_meta_records_sizes_and_checksums(copy):
     from kgc.fileio import sha256_file
 
-    kgc("index", copy, "--no-progress")
+    kgc("index", copy, "--no-progress")  # flat: entities.npy is the whole index
+    files = json.loads((copy / "index" / "meta.json").read_text())["files"]
+    assert set(files) == {"entities.npy"} and not (copy / "index" / "entities.faiss").exists()
+    kgc("index", copy, "--type", "hnsw", "--no-progress")  # a FAISS type: its file is recorded too
     files = json.loads((copy / "index" / "meta.json").read_text())["files"]
     for name in ("entities.npy", "entities.faiss"):
         f = copy / "index" / name
@@ -230,7 +233,7 @@ def test_index_meta_records_sizes_and_checksums(copy):
 
 
 def test_a_damaged_index_is_rebuilt_where_it_can_be_and_named_where_not(copy, tmp_path):
-    kgc("index", copy, "--no-progress")
+    kgc("index", copy, "--type", "hnsw", "--no-progress")  # a FAISS type, so that there is an entities.faiss
     answer = kgc("predict", copy, "--head", "e_dog", "--relation", "hypernym", "--no-progress").stdout
     faiss_file, npy = copy / "index" / "entities.faiss", copy / "index" / "entities.npy"
     size = faiss_file.stat().st_size
@@ -261,7 +264,7 @@ def test_a_damaged_index_is_rebuilt_where_it_can_be_and_named_where_not(copy, tm
 
 
 def test_an_old_index_without_checksums_loads_and_unreadable_files_are_one_message(copy):
-    kgc("index", copy, "--no-progress")
+    kgc("index", copy, "--type", "hnsw", "--no-progress")
     meta_file = copy / "index" / "meta.json"
     meta = json.loads(meta_file.read_text())
     del meta["files"], meta["faiss"]["bytes"]  # as written before sizes and checksums were recorded
@@ -389,7 +392,7 @@ def test_a_folder_that_is_not_a_run(data_home, tmp_path):
 def finished(run, tmp_path_factory):
     """The trained run with its index built and an evaluation written: every file a finished run has."""
     folder = shutil.copytree(run, tmp_path_factory.mktemp("finished") / "run")
-    kgc("index", folder, "--no-progress")
+    kgc("index", folder, "--type", "hnsw", "--no-progress")  # a FAISS type: entities.faiss is among the files
     kgc("evaluate", folder, "--no-progress")
     return folder
 

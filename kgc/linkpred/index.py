@@ -1,4 +1,7 @@
-"""Entity index of a run: float32 embeddings (``entities.npy``) + a FAISS index (``entities.faiss``), fingerprinted.
+"""Entity index of a run: float32 embeddings (``entities.npy``), plus a FAISS index (``entities.faiss``) for the
+approximate types, fingerprinted. The exact type (flat, the default) is ``entities.npy`` alone, searched in torch
+(:class:`~kgc.linkpred.index_types.ExactIndex`), so it needs no FAISS; an ``entities.faiss`` left by an older flat
+index is not read, and is removed when the index is next written.
 
 The fingerprint is (sha256 of the weights file, sha256 of every entity's token ids). An index whose
 fingerprint does not match the run's current weights and texts is refused, never silently used.
@@ -23,7 +26,6 @@ import json
 import time
 from pathlib import Path
 
-import faiss
 import numpy as np
 import torch
 
@@ -117,8 +119,9 @@ def _read_table(run: RunDir, **load) -> np.ndarray:
         raise _damaged(run, "entities.npy", exc) from None
 
 
-def _read_faiss(run: RunDir) -> "faiss.Index":
+def _read_faiss(run: RunDir):
     """The index's entities.faiss; an unreadable one (truncated, foreign) is :func:`_damaged`."""
+    faiss = index_types.faiss_module()
     try:
         return faiss.read_index(str(run.index / "entities.faiss"))
     except RuntimeError as exc:  # faiss: a truncated or foreign file
@@ -182,17 +185,24 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
     else:  # rows added by `kgc index --add` are dropped here; rebuild_index re-adds them after
         table = np.ascontiguousarray(stored[:entities])
     params = index_types.resolve(config, *table.shape)  # bad parameters stop here, before anything is touched
-    index, info = index_types.build(table, params, device=faiss_device)
-    index = index_types.to_cpu(index)
+    exact = params["type"] == "flat"  # entities.npy is the whole index
+    if not exact:
+        index, info = index_types.build(table, params, device=faiss_device)
+        index = index_types.to_cpu(index)
     # only now (an interrupted k-means leaves the old index, its type and its reusable embeddings as they were):
     (folder / "meta.json").unlink(missing_ok=True)  # incomplete until the new meta.json is written
     if stored is None or stored.shape[0] != table.shape[0]:
         write_npy(folder / "entities.npy", table)
-    write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+    if exact:
+        (folder / "entities.faiss").unlink(missing_ok=True)  # an older flat or an approximate index's: not ours
+        engine = {"exact": {"engine": "torch", "factory": index_types.factory_string(params)}}
+    else:
+        faiss = index_types.faiss_module()
+        write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+        engine = {"faiss": {**info, "version": faiss.__version__,  # serialize_index would copy it in RAM:
+                            "bytes": (folder / "entities.faiss").stat().st_size}}
     meta = {**current, "entities": int(table.shape[0]), "dim": int(table.shape[1]),
-            "seconds": round(time.perf_counter() - start, 2), "index": params,
-            "faiss": {**info, "version": faiss.__version__,
-                      "bytes": (folder / "entities.faiss").stat().st_size},  # serialize_index would copy it in RAM
+            "seconds": round(time.perf_counter() - start, 2), "index": params, **engine,
             "embeddings": source, "files": _file_records(folder)}
     write_json(folder / "meta.json", meta)  # written last: an index without meta.json is incomplete
     return meta
@@ -287,16 +297,22 @@ def load_embeddings(run: RunDir, model: LinkPredictor, *, added: bool = False) -
 
 
 def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, ef_search: int | None = None,
-               faiss_device: str = "auto") -> faiss.Index:
-    """The run's fresh FAISS index with the search parameters stored in meta.json (``nprobe`` / ``ef_search``
-    override them for this load), on a FAISS GPU when there is one (``faiss_device``: auto, gpu or cpu).
-    Search it with :func:`search_index` (or ``index.search``)."""
+               faiss_device: str = "auto"):
+    """The run's fresh index with the search parameters stored in meta.json (``nprobe`` / ``ef_search``
+    override them for this load), on a GPU when there is one (``faiss_device``: auto, gpu or cpu): for flat an
+    :class:`~kgc.linkpred.index_types.ExactIndex` over entities.npy (torch's GPU), else the FAISS index (a FAISS
+    GPU). Search it with :func:`search_index` (or ``index.search``)."""
     folder = _check_fresh(run, model)
     meta = _read_meta(folder)
     params = dict(stored_params(meta))
-    index = _read_faiss(run)
-    found = index_types.type_of(index)
-    if found != params["type"] or ("nlist" in params and faiss.extract_index_ivf(index).nlist != params["nlist"]):
+    if params["type"] == "flat":
+        index = index_types.ExactIndex(_read_table(run))
+        found = "flat"
+    else:
+        index = _read_faiss(run)
+        found = index_types.type_of(index)
+    if found != params["type"] or ("nlist" in params and
+                                   index_types.faiss_module().extract_index_ivf(index).nlist != params["nlist"]):
         raise KGCError(f"{folder}: meta.json records a {_describe(params)} index, entities.faiss holds "
                        f"{found or type(index).__name__}. Rebuild it with `kgc index {run.path}`.")
     added = added_count(meta)  # entities added with `kgc index --add` follow the graph's
@@ -340,7 +356,6 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
             batch_size: int, progress: bool) -> dict:
     """Embed ``new`` with the tail tower and append them after the index's current rows (atomic files,
     ``meta.json`` last: an interrupted add leaves a stale index, never a wrong one)."""
-    import faiss
     from tqdm.auto import tqdm
 
     from kgc.encoding.backbone import load_tokenizer
@@ -355,19 +370,26 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
              for s in tqdm(range(0, len(ids), batch_size), desc="new entities", disable=not progress, leave=False)]
     vectors = torch.cat(parts).numpy().astype(np.float32)  # (new, dim)
     table = _read_table(run, mmap_mode="r")  # read once, by the concatenate below
-    index = _read_faiss(run)
-    if not table.shape[0] == index.ntotal == graph.num_entities + len(before):
-        raise KGCError(f"{folder}: entities.faiss holds {index.ntotal} vectors and entities.npy {table.shape[0]} "
-                       f"rows; expected {graph.num_entities + len(before)}. Rebuild it with "
-                       f"`kgc index {run.path} --force`.")
-    index.add(vectors)  # flat, IVF and HNSW indexes all take new vectors without retraining
+    exact = stored_params(meta)["type"] == "flat"  # entities.npy is the whole index
+    index = None if exact else _read_faiss(run)
+    expected = graph.num_entities + len(before)
+    if not table.shape[0] == (table.shape[0] if exact else index.ntotal) == expected:
+        held = f"entities.npy holds {table.shape[0]} rows" if exact else \
+            f"entities.faiss holds {index.ntotal} vectors and entities.npy {table.shape[0]} rows"
+        raise KGCError(f"{folder}: {held}; expected {expected}. Rebuild it with `kgc index {run.path} --force`.")
+    if not exact:
+        index.add(vectors)  # IVF and HNSW indexes take new vectors without retraining
     table = np.concatenate([table, vectors])
     # the list first: once it differs from the sha256 in meta.json the index is stale (and a rebuild embeds
     # every entity it lists), so a kill between the writes below never leaves a "fresh" index of the wrong size
     write_text(folder / ADDED_FILE, tsv(entities))
     write_npy(folder / "entities.npy", table)
-    write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
-    meta["entities"] = int(index.ntotal)
+    if exact:
+        (folder / "entities.faiss").unlink(missing_ok=True)  # an older flat index's copy of the table: stale now
+    else:
+        faiss = index_types.faiss_module()
+        write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+    meta["entities"] = int(table.shape[0])
     if "faiss" in meta:  # the index grew
         meta["faiss"]["bytes"] = (folder / "entities.faiss").stat().st_size
     meta["added_entities"] = {"count": len(entities), "file": ADDED_FILE, "sha256": sha256_file(folder / ADDED_FILE),

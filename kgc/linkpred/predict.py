@@ -95,32 +95,14 @@ def search_answers(query_vector: np.ndarray, index, graph: KnowledgeGraph, *, to
     return search_many(query_vector, index, graph, top_ks=[top_k], excludes=[exclude], knowns=[known])[0]
 
 
-EXACT_BATCH = 8  # from this many queries, an exact (flat) search is one matrix product in torch: measured on 2
-# cores over WN18RR's 40,943 × 384 table, FAISS's flat search took 24 / 46 ms for 16 / 32 queries, torch 12 / 16 ms
-# (for 1–4 queries FAISS is as fast or faster: 5.4–6.1 ms against 6.5–10.5)
-
-
-def exact_top_k(table: torch.Tensor, query_vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """What a flat inner-product index returns — (scores, ids), best first — by one matrix product over
-    ``table`` (entities, dim): the same entities and cosines, up to float rounding (near-ties may swap)."""
-    scores, ids = torch.topk(torch.from_numpy(np.ascontiguousarray(query_vectors, dtype=np.float32)) @ table.T,
-                             min(k, table.shape[0]), dim=1)
-    return scores.numpy(), ids.numpy()
-
-
 def search_many(query_vectors: np.ndarray, index, graph: KnowledgeGraph, *, top_ks: list[int],
-                excludes: list[set[int]], knowns: list[set[int]],
-                table: torch.Tensor | None = None) -> list[list[Prediction]]:
+                excludes: list[set[int]], knowns: list[set[int]]) -> list[list[Prediction]]:
     """:func:`search_answers` for (queries, dim) vectors in one index search (as deep as the deepest query
-    needs); each query keeps its own top-k, exclusions and known answers. ``table``: the exact index's vectors,
-    searched with :func:`exact_top_k` instead of FAISS for :data:`EXACT_BATCH` queries or more."""
+    needs); each query keeps its own top-k, exclusions and known answers."""
     from kgc.linkpred.index_types import search_index
 
     k = min(index.ntotal, max(t + len(x) for t, x in zip(top_ks, excludes)))
-    if table is not None and len(query_vectors) >= EXACT_BATCH and table.shape[0] == index.ntotal:
-        scores, ids = exact_top_k(table, query_vectors, k)
-    else:
-        scores, ids = search_index(index, query_vectors, k)
+    scores, ids = search_index(index, query_vectors, k)
     answers = []
     for row_scores, row_ids, top_k, exclude, known in zip(scores, ids, top_ks, excludes, knowns):
         out: list[Prediction] = []

@@ -144,7 +144,7 @@ class LinkPredRun(Run):
 
     def _forget_index(self) -> None:
         with self._loading:
-            for key in ("search", "engine", "fused", "table", "exact"):
+            for key in ("search", "engine", "fused", "table"):
                 self._loaded.pop(key, None)
 
     def _entity_table(self, model) -> torch.Tensor | None:
@@ -424,7 +424,7 @@ class LinkPredRun(Run):
                      for i, (q, x, k) in enumerate(zip(queries, excludes, knowns))]
         else:
             preds = search_many(vectors, index, graph, top_ks=[q.top_k for q in queries], excludes=excludes,
-                                knowns=knowns, table=self._exact_table() if len(queries) > 1 else None)
+                                knowns=knowns)
         seconds = time.perf_counter() - start
         return [Answers(run=self.path, head=graph.entities[q.h] if q.h is not None else "(free text)",
                         relation=graph.relation_label(q.r),
@@ -434,27 +434,19 @@ class LinkPredRun(Run):
 
     def _index_table(self) -> torch.Tensor:
         """(index rows, dim): every entity's embedding as the index holds it (the run's graph, then added entities),
-        the index built first when missing or stale; loaded once, for the query engine, batched exact searches and
-        fused scores alike."""
+        the index built first when missing or stale; loaded once, for the query engine and fused scores alike (a
+        flat index on the CPU is this table already: shared, not read twice)."""
         with self._loading:
             if "table" not in self._loaded:
                 from kgc.linkpred.index import load_embeddings
+                from kgc.linkpred.index_types import ExactIndex
 
-                self.searcher()
-                self._loaded["table"] = torch.from_numpy(load_embeddings(self.dir, self.model(), added=True))
+                index = self.searcher()[0]
+                if isinstance(index, ExactIndex) and index.device.type == "cpu":
+                    self._loaded["table"] = index.table
+                else:
+                    self._loaded["table"] = torch.from_numpy(load_embeddings(self.dir, self.model(), added=True))
             return self._loaded["table"]
-
-    def _exact_table(self) -> torch.Tensor | None:
-        """The index's vectors for batched searches (:func:`search_many`) when the index is exact (flat) and on the
-        CPU; None for approximate index types, whose answers must stay theirs."""
-        with self._loading:
-            if "exact" not in self._loaded:  # decided once per loaded index, not per batch
-                from kgc.linkpred.index import stored_config
-
-                config = stored_config(self.dir)
-                kind = config.type if config is not None else self.recipe.index.type
-                self._loaded["exact"] = self._index_table() if kind == "flat" and self.device.type == "cpu" else None
-            return self._loaded["exact"]
 
     def _fused(self):
         """(structural model, α chosen on dev, entity table with added rows), loaded once."""

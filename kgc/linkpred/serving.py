@@ -96,7 +96,6 @@ class LinkPredServing(Serving):
         that no request pays for it (after POST /entities too)."""
         _, graph, _ = self.run.searcher(progress=False)  # the index is built first when missing or stale
         self.run.query_engine()
-        self.run._exact_table()
         graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
         self._names = [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
 
