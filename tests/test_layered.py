@@ -85,6 +85,10 @@ def test_cache_persists_and_refuses_other_weights(encoder, special, tmp_path):
     with torch.no_grad():
         ref = encoder(**batch_of(special, SENTS))
     cache.save()
+    # once saved, the states are read from the segment (memory-mapped) instead of held in the process's memory
+    assert cache.fresh == [] and all(isinstance(v, np.memmap) for v in cache.states.values())
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(**batch_of(special, SENTS)), ref)
     again = LayerCache(layer=1, model_hash=h, tokenizer_hash="t", hidden=encoder.dim, folder=tmp_path / "c")
     assert len(again.states) == 3 and isinstance(next(iter(again.states.values())), np.memmap)
     encoder.cache = again
