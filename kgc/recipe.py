@@ -142,7 +142,12 @@ class TrainConfig(_Section):
     epochs: int = Field(50, ge=1, description="passes over the training data (the schedule spans them)")
     max_steps: Optional[int] = Field(None, ge=1, description="stop after this many optimiser steps")
     max_minutes: Optional[float] = Field(None, gt=0, description="stop once training has taken this many minutes of "
-                                         "wall time (validation excluded; the schedule still spans the steps)")
+                                         "wall time (validation excluded; the schedule still spans the steps "
+                                         "unless train.schedule=minutes)")
+    schedule: Literal["steps", "minutes"] = Field(
+        "steps", description="what the linear decay spans: steps (epochs, or max_steps); minutes (with "
+                             "train.max_minutes: the decay ends when the minutes run out, its step count "
+                             "re-estimated from the pace at every logged step, warm-up at most a tenth of it)")
     batch_size: int = Field(1024, ge=2, description="training examples per step (the global batch under torchrun)")
     lr: float = Field(5e-5, gt=0, description="AdamW's peak learning rate (linear warm-up, then linear decay)")
     conditioner_lr: Optional[float] = Field(None, gt=0, description="peak lr of the parameters a conditioner adds "
@@ -167,6 +172,9 @@ class TrainConfig(_Section):
     def _threads_positive(self) -> "TrainConfig":
         if isinstance(self.num_threads, int) and self.num_threads < 1:
             raise ValueError(f"train.num_threads={self.num_threads}: give a count of at least 1, or auto")
+        if self.schedule == "minutes" and not self.max_minutes:
+            raise ValueError("train.schedule=minutes fits the decay to train.max_minutes: set train.max_minutes=N, "
+                             "or schedule=steps")
         return self
 
 

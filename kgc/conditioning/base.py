@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from kgc.data.texts import SpecialTokens
-from kgc.encoding.backbone import TextEncoder
+from kgc.encoding.backbone import TextEncoder, to_device
 from kgc.errors import KGCError
 from kgc.registry import CONDITIONERS
 
@@ -158,9 +158,13 @@ class Conditioner(nn.Module, ABC):
     def device(self) -> torch.device:
         return next(self.encoder.parameters()).device
 
+    def padded(self, texts: TokenLists) -> dict[str, torch.Tensor]:
+        """The texts wrapped in the special tokens and padded: a batch on the CPU."""
+        return self.special.pad([self.special.wrap(t, self.max_tokens) for t in texts])
+
     def single_batch(self, texts: TokenLists) -> dict[str, torch.Tensor]:
-        batch = self.special.pad([self.special.wrap(t, self.max_tokens) for t in texts])
-        return {k: v.to(self.device) for k, v in batch.items()}
+        """:meth:`padded` on the encoder's device."""
+        return to_device(self.padded(texts), self.device)
 
 
 def conditioner_class(name: str) -> type[Conditioner]:

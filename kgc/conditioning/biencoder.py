@@ -20,7 +20,7 @@ import torch
 
 from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
 from kgc.conditioning.routing import Route, RoutedAttention, explained
-from kgc.encoding.backbone import unique_rows
+from kgc.encoding.backbone import to_device, unique_rows
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
 
@@ -110,8 +110,7 @@ class BiEncoder(Conditioner):
         conds = [condition_state[int(i)] for i in condition_index.tolist()]
         if self.routing is None:
             pairs = [self.special.wrap_pair(s, c, self.max_tokens) for s, c in zip(sentence_state, conds)]
-            batch = {k: v.to(self.device) for k, v in self.special.pad(pairs).items()}
-            return self.encoder.encode_unique(batch), None  # (batch, dim)
+            return self.encoder.encode_unique(self.special.pad(pairs)), None  # (batch, dim)
         pairs, rows, cols = [], [], []
         pre, mid, _ = self.special.pair
         for s, c in zip(sentence_state, conds):
@@ -128,7 +127,9 @@ class BiEncoder(Conditioner):
         width = batch["input_ids"].shape[1]
         for name, marks in (("route_rows", rows), ("route_cols", cols)):
             batch[name] = torch.tensor([m + [0] * (width - len(m)) for m in marks])
-        sub, inverse = unique_rows({k: v.to(self.device) for k, v in batch.items()})
+        sub, inverse = unique_rows(batch)  # on the CPU, then only the distinct rows travel
+        sub = to_device({**sub, "inverse": inverse}, self.device)
+        inverse = sub.pop("inverse")
         r = Route(mask=sub["attention_mask"], scale_layers=frozenset(self.routing_layers),
                   score_rows=sub.pop("route_rows"), score_cols=sub.pop("route_cols"), weighting=self.weighting,
                   order=inverse)

@@ -95,7 +95,7 @@ class Case(Conditioner):
         for i, (a, b) in enumerate(spans):
             mask[i, a:b] = 1
         batch["pool_mask"] = mask
-        return self.encoder.encode_unique({k: v.to(self.device) for k, v in batch.items()})
+        return self.encoder.encode_unique(batch)  # moved to the device by encode_unique
 
     def encode_conditions(self, conditions: TokenLists) -> tuple[list[list[int]], torch.Tensor]:
         """(the conditions' token ids, f(c ; ∅) (conditions, H))."""

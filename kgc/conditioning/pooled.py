@@ -43,10 +43,10 @@ class PooledConditioner(Conditioner):
         return {"reproducible_outside_kgc": True, "query": query, **POOLED_PARTS, "options": options}
 
     def encode_sentences(self, sentences: TokenLists) -> torch.Tensor:
-        return self.encoder.encode_unique(self.single_batch(sentences))  # (batch, H)
+        return self.encoder.encode_unique(self.padded(sentences))  # (batch, H)
 
     def encode_conditions(self, conditions: TokenLists) -> torch.Tensor:
-        return self.encoder.encode_unique(self.single_batch(conditions))  # (conditions, H)
+        return self.encoder.encode_unique(self.padded(conditions))  # (conditions, H)
 
 
 @register

@@ -140,8 +140,12 @@ def load_backbone(folder: str | Path, *, weights: bool = True) -> nn.Module:
     folder = Path(folder)
     _check_folder(folder)
     try:
-        if weights:
-            return AutoModel.from_pretrained(str(folder), add_pooling_layer=False)
+        if weights:  # float32 whatever the file holds: transformers 5 keeps a checkpoint's own dtype by default,
+            # and an fp16 or bf16 file (many hub models; the GPU bundle's MiniLM) would train in half precision
+            try:
+                return AutoModel.from_pretrained(str(folder), add_pooling_layer=False, dtype=torch.float32)
+            except TypeError:  # transformers before 4.56 calls it torch_dtype
+                return AutoModel.from_pretrained(str(folder), add_pooling_layer=False, torch_dtype=torch.float32)
         config = AutoConfig.from_pretrained(str(folder))
         with _no_init():  # every weight comes from the run's checkpoint next: no random initialisation first
             return AutoModel.from_config(config, add_pooling_layer=False)
@@ -244,10 +248,23 @@ class TextEncoder(nn.Module):
         """Encode each distinct row once and scatter back (gradients flow to every use).
 
         Identical sequences are common in a batch (UMLS has 135 entities; a batch of 1024 tails repeats
-        most of them), and a transformer forward is the whole cost of a step on a CPU.
+        most of them), and a transformer forward is the whole cost of a step on a CPU. The distinct rows are
+        found where the batch is — on the CPU, before its copy to the encoder's device, so a GPU step does not
+        wait on the host for them — and only they travel (:func:`to_device`).
         """
         sub, inverse = unique_rows(batch)
-        return self(**sub)[inverse]
+        moved = to_device({**sub, "inverse": inverse}, next(self.parameters()).device)
+        inverse = moved.pop("inverse")
+        return self(**moved)[inverse]
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """``batch`` on ``device``; to a GPU from pinned host memory without blocking the host (the kernels that
+    read it wait for the copy on their stream; the host goes on preparing the next batch)."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) if v.device.type == "cpu" else v.to(device)
+            for k, v in batch.items()}
 
 
 def unique_rows(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

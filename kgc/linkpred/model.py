@@ -88,7 +88,7 @@ class LinkPredictor(TaskModel):
     def encode_tail_inputs(self, batch: dict[str, torch.Tensor], *, mapped: bool = True) -> torch.Tensor:
         """(batch, dim) the tail tower over tokenised inputs (``input_ids``, ``attention_mask``), then the tail map
         (``mapped=False``: the tower's own outputs)."""
-        vectors = self.tail_encoder.encode_unique({k: v.to(self.device) for k, v in batch.items()})
+        vectors = self.tail_encoder.encode_unique(batch)  # moved to the device by encode_unique
         return self.map_table(vectors, grad=True) if mapped else vectors
 
     def map_table(self, table: torch.Tensor, *, grad: bool = False) -> torch.Tensor:

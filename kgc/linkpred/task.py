@@ -33,6 +33,7 @@ def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray", train_keys: 
     import numpy as np
     import torch
 
+    from kgc.encoding.backbone import to_device
     from kgc.profiling import section
     from kgc.training.common import autocast
 
@@ -48,7 +49,7 @@ def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray", train_keys: 
                 ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
             tail_vec, head_vec = ents[: len(batch)].float(), ents[len(batch):].float()  # (B, d) each
     # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
-    as_t = lambda x: torch.as_tensor(x, device=device)  # noqa: E731
+    as_t = lambda x: to_device({"x": torch.as_tensor(x)}, device)["x"]  # noqa: E731 (pinned, not waited for)
     with section("loss"):
         return criterion(query.float(), tail_vec, head_vec, heads=as_t(heads), rels=as_t(rels),
                          tails=as_t(tails), train_keys=train_keys, num_entities=graph.num_entities,

@@ -72,9 +72,12 @@ def seed_everything(seed: int) -> None:
 
 
 def make_optimizer(modules: Iterable[nn.Module], lr: float, weight_decay: float, *,
-                   other: set[int] = frozenset(), other_lr: float | None = None) -> torch.optim.AdamW:
+                   other: set[int] = frozenset(), other_lr: float | None = None,
+                   fused: bool = False) -> torch.optim.AdamW:
     """AdamW; biases, LayerNorm weights and the temperature are excluded from weight decay. Parameters whose
-    ``id`` is in ``other`` (a conditioner's own parameters) train at ``other_lr`` when it is given."""
+    ``id`` is in ``other`` (a conditioner's own parameters) train at ``other_lr`` when it is given. ``fused``
+    (every parameter on a GPU): torch's fused kernel, one launch for the whole update instead of several per
+    parameter; its state is the same as the loop version's, so a checkpoint resumes on either."""
     groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     seen: set[int] = set()
     for module in modules:
@@ -87,17 +90,31 @@ def make_optimizer(modules: Iterable[nn.Module], lr: float, weight_decay: float,
     order = [(False, False), (False, True), (True, False), (True, True)]  # fixed: resumable optimiser state
     return torch.optim.AdamW([{"params": groups.get(k, []), "weight_decay": 0.0 if k[1] else weight_decay,
                                "lr": other_lr if k[0] else lr} for k in order if k[0] is False or k in groups],
-                             lr=lr)
+                             lr=lr, **({"fused": True} if fused else {}))
 
 
 def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int):
-    """Linear warm-up to the peak lr over ``warmup`` steps, then linear decay to 0 at ``total``."""
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(1, warmup)
-        return max(0.0, (total - step) / max(1, total - warmup))
+    """Linear warm-up to the peak lr over ``warmup`` steps, then linear decay to 0 at ``total``. Both may be
+    changed later through the returned scheduler's ``span`` dict (``train.schedule: minutes`` refits them)."""
+    span = {"warmup": warmup, "total": total}
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    def factor(step: int) -> float:
+        if step < span["warmup"]:
+            return (step + 1) / max(1, span["warmup"])
+        return max(0.0, (span["total"] - step) / max(1, span["total"] - span["warmup"]))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    scheduler.span = span
+    return scheduler
+
+
+def fit_schedule(scheduler, *, step: int, seconds_per_step: float, seconds_left: float, warmup: int,
+                 most: int) -> int:
+    """``train.schedule: minutes``: the step at which the minutes left run out at the pace measured (at least
+    one more step, at most ``most``) becomes the schedule's end; warm-up is at most a tenth of it. Returns it."""
+    total = int(min(most, max(step + 1, step + seconds_left / max(seconds_per_step, 1e-9))))
+    scheduler.span.update(total=total, warmup=min(warmup, max(1, total // 10)))
+    return total
 
 
 def rng_state() -> dict[str, Any]:
