@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test docs docs-serve clean study-umls study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
+.PHONY: install quickstart test docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
 
 install: $(VENV)/.installed
 
@@ -128,3 +128,15 @@ study-wn18rr-figure: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site
+
+# The GPU job (docs/gpu.md). gpu-bundle packs what travels with it besides the tree into gpu/bundle (wheels of what
+# the GPU image lacks, MiniLM in fp16, the datasets) and prints the size against the device tool's 64 MiB;
+# gpu-rehearse runs gpu/run.sh on this CPU as it runs there: an environment of the image's packages, a clean copy of
+# the tree, $OUT, a tiny random BERT (REHEARSE="--phases environment,smoke" to run fewer phases).
+gpu-bundle: install
+	$(BIN)/python gpu/bundle.py
+
+REHEARSE ?=
+gpu-rehearse: install
+	test -f gpu/bundle/manifest.json || $(BIN)/python gpu/bundle.py
+	$(BIN)/python gpu/rehearse.py $(REHEARSE)

@@ -1,0 +1,60 @@
+"""The GPU job, rehearsed on the CPU: ``gpu/bundle.py`` packs a (UMLS-only) bundle, ``gpu/rehearse.py`` runs
+``gpu/run.sh`` from a clean copy of the tree in an environment that holds only the GPU image's packages (no
+pydantic, pykeen, faiss, fastapi, uvicorn: they must come from the bundle's wheels), with a tiny random BERT; the
+environment, smoke and one training phase (WN18RR's recipe pointed at UMLS) must pass and write what the device tool
+brings back. And the bundle's fp16 model loads as float32."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, SHARED_DATA
+
+
+def test_an_fp16_checkpoint_loads_as_float32(tmp_path, tokenizer):
+    from kgc.encoding.backbone import load_backbone
+    from tests.conftest import save_tiny_bert
+
+    folder = save_tiny_bert(tmp_path / "bert", tokenizer, 1)
+    from transformers import AutoModel
+
+    AutoModel.from_pretrained(folder).half().save_pretrained(folder)  # as the GPU bundle stores MiniLM
+    assert AutoModel.from_pretrained(folder).dtype == torch.float16  # transformers 5 keeps the file's dtype
+    assert {p.dtype for p in load_backbone(folder).parameters()} == {torch.float32}
+
+
+@pytest.mark.slow
+def test_the_gpu_job_rehearses_on_the_cpu(tmp_path, data_home):
+    env = {**os.environ, "KGC_DATA_HOME": str(SHARED_DATA), "HF_HUB_OFFLINE": "1"}
+    bundle, out = tmp_path / "bundle", tmp_path / "out"
+    subprocess.run([sys.executable, "gpu/bundle.py", "--out", str(bundle), "--datasets", "UMLS"], cwd=ROOT,
+                   env=env, check=True, timeout=600)
+    assert json.loads((bundle / "manifest.json").read_text())["model_dtype"] == "float16"
+    res = subprocess.run([sys.executable, "gpu/rehearse.py", "--bundle", str(bundle), "--keep", str(out),
+                          "--minutes", "10", "--smoke-seconds", "400", "--phases", "environment,smoke,wn18rr_biencoder",
+                          "--train-set", "data.dataset=umls", "--train-set", "train.max_steps=4"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["environment.log", "metrics.jsonl", "smoke.log", "summary.md",
+                                                     "wn18rr_biencoder.log"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    phases = {r["phase"]: r for r in rows if r["kind"] == "phase"}
+    assert [phases[p]["status"] for p in ("environment", "smoke", "wn18rr_biencoder")] == ["ok", "ok", "ok"]
+    assert phases["smoke"]["detail"] == ("cuda tests: ok; train 20 steps: ok; evaluate: ok; predict: ok; "
+                                         "serve: ok")
+    env_detail = phases["environment"]["detail"]
+    assert "faiss-cpu None" in env_detail and "pydantic 2." in env_detail  # faiss absent, pydantic from a wheel
+    # MiniLM found through the Hugging Face cache the job fills from the bundle, its fp16 weights loaded as float32
+    assert "models--sentence-transformers--all-MiniLM-L6-v2" in env_detail and "torch.float32, 384-dim" in env_detail
+    wn = phases["wn18rr_biencoder"]
+    assert 0 < wn["mrr"] <= 1 and wn["triples_per_s"] > 0 and wn["epochs"] > 0
+    assert [r["step"] for r in rows if r["kind"] == "curve" and "loss" in r] == [4]  # the last step (log_every 10)
+    summary = (out / "summary.md").read_text()
+    assert "kgc train recipes/wn18rr_biencoder.yaml --set train.max_minutes=" in summary
+    assert "| wn18rr_biencoder | ok |" in summary
