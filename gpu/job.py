@@ -448,7 +448,8 @@ def main() -> int:
             job.record({"phase": phase, "status": f"skipped ({job.left():.0f}s left)"})
             continue
         train_phase(job, phase, minutes)
-    return print_summary(job, 0)
+    failed = [r["phase"] for r in job.rows if not str(r.get("status", "")).startswith(("ok", "skipped"))]
+    return print_summary(job, 1 if failed else 0)
 
 
 def print_summary(job: Job, code: int) -> int:

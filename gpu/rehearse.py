@@ -11,7 +11,7 @@ minus CUDA.
   and offered to pip as a second --find-links, the one departure from the real run.
 * **The tree**: the working tree as the device tool copies it (tracked files and untracked ones git does not
   ignore) plus the bundle, into a clean temporary folder; ``$OUT`` an empty folder in it.
-* **The model**: a 2-layer, 32-wide BERT with random weights and MiniLM's tokenizer (``--backbone`` for every run),
+* **The model**: a 4-layer, 32-wide BERT with random weights and MiniLM's tokenizer (``--backbone`` for every run),
   so the phases take seconds; the budgets are the job's own, scaled by ``--minutes``.
 
 Then it checks what the device tool would bring back (at most 8 files of at most 16 MiB, named plainly) and prints
@@ -101,7 +101,8 @@ def tiny_bert(dest: Path, tokenizer_folder: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder))
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+    # 4 layers: the router recipes put their router in the top 2, and need a layer below it
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128)
     BertModel(config, add_pooling_layer=False).save_pretrained(dest)
     tokenizer.save_pretrained(dest)
