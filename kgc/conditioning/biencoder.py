@@ -20,7 +20,7 @@ import torch
 
 from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
 from kgc.conditioning.routing import Route, RoutedAttention, explained
-from kgc.encoding.backbone import to_device, unique_rows
+from kgc.encoding.backbone import unique_rows_on
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
 
@@ -127,9 +127,7 @@ class BiEncoder(Conditioner):
         width = batch["input_ids"].shape[1]
         for name, marks in (("route_rows", rows), ("route_cols", cols)):
             batch[name] = torch.tensor([m + [0] * (width - len(m)) for m in marks])
-        sub, inverse = unique_rows(batch)  # on the CPU, then only the distinct rows travel
-        sub = to_device({**sub, "inverse": inverse}, self.device)
-        inverse = sub.pop("inverse")
+        sub, inverse = unique_rows_on(batch, self.device)  # found on the CPU; only the distinct rows travel
         r = Route(mask=sub["attention_mask"], scale_layers=frozenset(self.routing_layers),
                   score_rows=sub.pop("route_rows"), score_cols=sub.pop("route_cols"), weighting=self.weighting,
                   order=inverse)

@@ -68,7 +68,7 @@ from torch import nn
 
 from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
 from kgc.conditioning.routing import Route, RoutedAttention, explained, word_mask
-from kgc.encoding.backbone import unique_rows
+from kgc.encoding.backbone import unique_rows_on
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
 
@@ -210,8 +210,7 @@ class Router(Conditioner):
 
         K > 1 only when the pooling reads layer outputs below t (S²Sent): they are condition-free too.
         """
-        batch = self.single_batch(sentences)
-        sub, inverse = unique_rows(batch)
+        sub, inverse = unique_rows_on(self.padded(sentences), self.device)  # found on the CPU; distinct rows travel
         states = self.encoder.hidden_at(sub, self.entry_layer)
         return states[inverse], sub["attention_mask"][inverse]
 

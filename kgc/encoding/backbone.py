@@ -252,10 +252,8 @@ class TextEncoder(nn.Module):
         found where the batch is — on the CPU, before its copy to the encoder's device, so a GPU step does not
         wait on the host for them — and only they travel (:func:`to_device`).
         """
-        sub, inverse = unique_rows(batch)
-        moved = to_device({**sub, "inverse": inverse}, next(self.parameters()).device)
-        inverse = moved.pop("inverse")
-        return self(**moved)[inverse]
+        sub, inverse = unique_rows_on(batch, next(self.parameters()).device)
+        return self(**sub)[inverse]
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -265,6 +263,14 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
         return {k: v.to(device) for k, v in batch.items()}
     return {k: v.pin_memory().to(device, non_blocking=True) if v.device.type == "cpu" else v.to(device)
             for k, v in batch.items()}
+
+
+def unique_rows_on(batch: dict[str, torch.Tensor], device: torch.device) -> tuple[dict[str, torch.Tensor],
+                                                                                   torch.Tensor]:
+    """:func:`unique_rows` where the batch is (the CPU), then the distinct rows and the map back on ``device``."""
+    sub, inverse = unique_rows(batch)
+    moved = to_device({**sub, "inverse": inverse}, device)
+    return moved, moved.pop("inverse")
 
 
 def unique_rows(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -41,8 +41,9 @@ def lower_weights_hash(backbone: nn.Module, layer: int) -> str:
     return h.hexdigest()
 
 
-def _key(ids: torch.Tensor, types: torch.Tensor) -> bytes:
-    return ids.to(torch.int32).numpy().tobytes() + b"|" + types.to(torch.int8).numpy().tobytes()
+def _key(ids: torch.Tensor | np.ndarray, types: torch.Tensor | np.ndarray) -> bytes:
+    """The lookup key of one token sequence: its ids (int32) and token types (int8), as bytes."""
+    return np.asarray(ids).astype(np.int32).tobytes() + b"|" + np.asarray(types).astype(np.int8).tobytes()
 
 
 class LayerCache:
@@ -81,8 +82,7 @@ class LayerCache:
             tokens = np.load(self.folder / f"{seg}.tokens.npy")
             offsets = np.load(self.folder / f"{seg}.offsets.npy")
             for a, b in zip(offsets[:-1], offsets[1:]):
-                key = tokens[a:b, 0].astype(np.int32).tobytes() + b"|" + tokens[a:b, 1].astype(np.int8).tobytes()
-                self.states[key] = states[a:b]
+                self.states[_key(tokens[a:b, 0], tokens[a:b, 1])] = states[a:b]
 
     def save(self) -> None:
         """Write the states computed since the last save as one new segment (atomically), then meta.json."""
@@ -104,8 +104,7 @@ class LayerCache:
         # FB15k-237 laptop run grew past 19 GB resident, and toward the machine's 24, while it kept them all)
         mapped = np.load(self.folder / f"{seg}.states.npy", mmap_mode="r")
         for (ids, types, _), a, b in zip(self.fresh, offsets[:-1], offsets[1:]):
-            key = ids.astype(np.int32).tobytes() + b"|" + types.astype(np.int8).tobytes()
-            if key in self.states:
+            if (key := _key(ids, types)) in self.states:
                 self.states[key] = mapped[a:b]
         self.fresh = []
 

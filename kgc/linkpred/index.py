@@ -373,7 +373,7 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
     exact = stored_params(meta)["type"] == "flat"  # entities.npy is the whole index
     index = None if exact else _read_faiss(run)
     expected = graph.num_entities + len(before)
-    if not table.shape[0] == (table.shape[0] if exact else index.ntotal) == expected:
+    if table.shape[0] != expected or (not exact and index.ntotal != expected):
         held = f"entities.npy holds {table.shape[0]} rows" if exact else \
             f"entities.faiss holds {index.ntotal} vectors and entities.npy {table.shape[0]} rows"
         raise KGCError(f"{folder}: {held}; expected {expected}. Rebuild it with `kgc index {run.path} --force`.")

@@ -113,6 +113,11 @@ def fit_schedule(scheduler, *, step: int, seconds_per_step: float, seconds_left:
     """``train.schedule: minutes``: the step at which the minutes left run out at the pace measured (at least
     one more step, at most ``most``) becomes the schedule's end; warm-up is at most a tenth of it. Returns it."""
     total = int(min(most, max(step + 1, step + seconds_left / max(seconds_per_step, 1e-9))))
+    return end_schedule_at(scheduler, total, warmup)
+
+
+def end_schedule_at(scheduler, total: int, warmup: int) -> int:
+    """The schedule's decay ends at step ``total``; its warm-up is ``warmup`` steps, at most a tenth of it."""
     scheduler.span.update(total=total, warmup=min(warmup, max(1, total // 10)))
     return total
 

@@ -29,8 +29,9 @@ from torch import nn
 from kgc.errors import KGCError
 from kgc.fileio import run_lock, write_json, write_text
 from kgc.recipe import Recipe
-from kgc.training.common import (MetricsLog, fit_schedule, linear_schedule, make_optimizer, plot_curves,
-                                 resolve_threads, rng_state, save_checkpoint, seed_everything, set_rng_state)
+from kgc.training.common import (MetricsLog, end_schedule_at, fit_schedule, linear_schedule, make_optimizer,
+                                 plot_curves, resolve_threads, rng_state, save_checkpoint, seed_everything,
+                                 set_rng_state)
 from kgc.training import distributed as dist
 from kgc.training.run import RunDir, load_checkpoint, load_weights, weights_to_save
 from kgc.training.task import Task, make_task
@@ -227,6 +228,7 @@ class _Setup:
         self.total = self.steps_per_epoch * tc.epochs
         if tc.max_steps:
             self.total = min(self.total, tc.max_steps)
+        self.most = self.total  # the steps the recipe allows: train.schedule=minutes fits its end below this
         own = {id(p) for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")}
         self.optimizer = make_optimizer([model, criterion], tc.lr, tc.weight_decay, other=own,
                                         other_lr=tc.conditioner_lr, fused=self.device.type == "cuda")
@@ -246,8 +248,7 @@ class _Setup:
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.scheduler.load_state_dict(ckpt["scheduler"])
             if tc.schedule == "minutes" and ckpt.get("total_steps"):  # the end it was fitted to (refitted on)
-                self.total = min(self.total, ckpt["total_steps"])
-                self.scheduler.span.update(total=self.total, warmup=min(tc.warmup_steps, max(1, self.total // 10)))
+                self.total = end_schedule_at(self.scheduler, min(self.total, ckpt["total_steps"]), tc.warmup_steps)
             ranks = ckpt.get("rng_ranks")
             set_rng_state(ranks[self.rank] if ranks and len(ranks) == self.world else ckpt["rng"])
             self.step, self.validated, self.best = ckpt["step"], ckpt["validated_epochs"], ckpt["best_metric"]
@@ -312,8 +313,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                dynamic_ncols=True)
     t_start = time.perf_counter()
     s.clock_start, clock0, seen0 = t_start, s.clock, s.seen  # the training clock starts with the first step
-    step0, most_steps = s.step, s.steps_per_epoch * tc.epochs if not tc.max_steps else \
-        min(tc.max_steps, s.steps_per_epoch * tc.epochs)
+    step0 = s.step
     pace_step0: int | None = s.step  # pace_warning: steps counted from here; None once judged
     for epoch in range(s.step // s.steps_per_epoch if s.step < s.total else tc.epochs, tc.epochs):
         for i, batch in enumerate(task.epoch_batches(epoch)):
@@ -342,7 +342,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                     s.total = fit_schedule(s.scheduler, step=s.step,
                                            seconds_per_step=(s.seconds() - clock0) / (s.step - step0),
                                            seconds_left=60 * tc.max_minutes - s.seconds(),
-                                           warmup=tc.warmup_steps, most=most_steps)
+                                           warmup=tc.warmup_steps, most=s.most)
             if pace_step0 is not None and (s.step - pace_step0 >= PACE_STEPS
                                            or s.seconds() - clock0 >= PACE_SECONDS):  # judged once
                 slow = pace_warning(recipe, steps=s.step - pace_step0, seconds=s.seconds() - clock0,
