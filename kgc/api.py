@@ -82,12 +82,15 @@ def _with_pykeen_data(rec: Recipe, out, data, **parts) -> tuple[Recipe, Path]:
     return resolve_recipe(rec), run_dir  # validated again, as a whole
 
 
-def resume(run_dir: str | Path, *, progress: bool = True, device: str = DEVICE, echo: Echo | None = print) -> "Run":
-    """Continue an interrupted run from its last checkpoint (its saved recipe; ``kgc train --resume``)."""
+def resume(run_dir: str | Path, *, progress: bool = True, device: str = DEVICE, echo: Echo | None = print,
+           check_memory: bool = True) -> "Run":
+    """Continue an interrupted run from its last checkpoint (its saved recipe; ``kgc train --resume``).
+    ``check_memory=False``: start even where the estimated memory of a step exceeds what is free."""
     from kgc.training.loop import train as run_train
 
     echo = echo or _silent
-    return load(run_train(None, resume=Path(run_dir), progress=progress, echo=echo), device=device, echo=echo)
+    return load(run_train(None, resume=Path(run_dir), progress=progress, echo=echo, check_memory=check_memory),
+                device=device, echo=echo)
 
 
 def load(run_dir: str | Path | None = None, *, device: str = DEVICE, echo: Echo | None = print) -> "Run":

@@ -449,9 +449,11 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(round(q / 100 * (len(sorted_values) - 1))))]
 
 
-async def _drive(url: str, requests: list, clients: int, seconds: float, max_requests: int) -> dict:
+async def _drive(url: str, requests: list, clients: int, seconds: float, max_requests: int,
+                 until=None) -> dict:
     """``clients`` concurrent loops, each sending the next request and waiting for its answer, until ``seconds``
-    have passed or ``max_requests`` were sent. Latencies of answered requests; errors by kind."""
+    have passed or ``max_requests`` were sent (or ``until()`` is true, when given). Latencies of answered
+    requests; errors by kind."""
     import asyncio
 
     import httpx
@@ -466,7 +468,7 @@ async def _drive(url: str, requests: list, clients: int, seconds: float, max_req
         # each client its own connection (kept alive), as independent callers have: one pool shared by 32
         # coroutines measured the pool's own contention (468 against 1,529 answers/s from a no-op endpoint)
         async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
-            while time.perf_counter() < deadline and sent < max_requests:
+            while time.perf_counter() < deadline and sent < max_requests and not (until and until()):
                 path, body = requests[sent % len(requests)]
                 sent += 1
                 start = time.perf_counter()
@@ -492,15 +494,47 @@ async def _drive(url: str, requests: list, clients: int, seconds: float, max_req
             "errors": sum(errors.values()), "error_kinds": errors}
 
 
+def _linked_copy(run_dir: Path, into: Path) -> Path:
+    """A copy of a run folder whose files are hard links where the disk allows (kgc replaces files by renaming new
+    ones in, never edits them in place, so the original is never touched), else copies."""
+    import os
+    import shutil
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    out = into / Path(run_dir).name
+    shutil.copytree(run_dir, out, copy_function=link, ignore=shutil.ignore_patterns(".lock", ".lock.json"))
+    return out
+
+
+def _new_entities(run, n: int, seed: int = 0) -> list[dict]:
+    """``n`` entities to add, with texts as long as the graph's (an entity's name and description, renamed)."""
+    import numpy as np
+
+    graph = run.graph()
+    rows = np.random.default_rng(seed).integers(0, graph.num_entities, n)
+    return [{"id": f"kgc-bench-added-{i}", "name": f"{graph.names[e]} {i}"[:1000],
+             "description": (graph.descriptions[e] or "")[:10_000]} for i, e in enumerate(rows.tolist())]
+
+
 def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: float = 20.0, warmup: int = 20,
                 max_requests: int = 100_000, startup_timeout: float = 600.0, server_args: list[str] = (),
-                echo=print) -> dict:
+                add: int = 0, echo=print) -> dict:
     """``kgc bench serve``: start ``kgc serve RUN`` on a free port of 127.0.0.1 as its own process, wait until it is
     ready, then for each count in ``clients`` drive it with that many concurrent clients for ``seconds``
     (``warmup`` requests first, not counted) with requests made from the run's test data, and stop it with
     SIGTERM. Rows: answers/s, p50/p95/p99 latency, errors; with the server's peak RSS and the batching counts of
     ``/info``. Bounded: each row stops after ``seconds`` or ``max_requests``; the server is stopped whatever
-    happens."""
+    happens.
+
+    ``add``: then one more row with the most clients while one more client adds ``add`` entities (``POST
+    /entities``, texts like the graph's), until the add is done: ``add_seconds``, and ``p99_ratio`` (p99 during the
+    add over p99 of the row without it). The server then serves a linked copy of the run (hard links in a temporary
+    folder), so the run itself never holds the added entities."""
     import asyncio
     import signal
     import subprocess
@@ -514,13 +548,16 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
         raise KGCError("--clients: give one or more counts ≥ 1, e.g. --clients 1,8,32")
     if seconds <= 0:
         raise KGCError("--seconds must be positive")
+    import tempfile
+
     run = open_run(run_dir, echo=None)
     requests = run.serving().sample_requests(min(max_requests, 20_000))
+    scratch = Path(tempfile.mkdtemp(prefix="kgc-bench-serve-run-")) if add else None
+    served_dir = _linked_copy(Path(run_dir), scratch) if add else Path(run_dir)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "kgc", "serve", str(run_dir), "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "kgc", "serve", str(served_dir), "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", *server_args]
-    import tempfile
 
     log = Path(tempfile.mkdtemp(prefix="kgc-bench-serve-")) / "server.log"  # the server's output, for a failure
     rows, info = [], {}
@@ -551,6 +588,9 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
                 echo(f"{n:>4} clients: {row['answers_per_s']:>8.1f} answers/s   p50 {row['p50_ms']} ms   "
                      f"p95 {row['p95_ms']} ms   p99 {row['p99_ms']} ms   errors {row['errors']}   "
                      f"server RSS {row['server_peak_rss_mb']} MiB")
+            if add:
+                rows.append(_row_during_add(url, requests, max(clients), max_requests, _new_entities(run, add),
+                                            next(r for r in rows if r["clients"] == max(clients)), server.pid, echo))
             info = httpx.get(f"{url}/info", timeout=10).json()
         finally:
             if server.poll() is None:
@@ -563,6 +603,8 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
     import shutil
 
     shutil.rmtree(log.parent, ignore_errors=True)  # kept only when something failed (the messages name it)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
     rec = run.recipe
     return {"run": str(run_dir), "task": run.task, "dataset": rec.data.path or rec.data.dataset,
             "conditioner": rec.model.conditioner, "server_threads": info.get("threads"), "cpus": _cpus(),
@@ -570,6 +612,41 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
             "ready_seconds": ready_seconds, "seconds_per_row": seconds, "rows": rows,
             "batching": info.get("batching"), "query_engine": info.get("query_engine"),
             "entities": info.get("entities"), "server_exit": server.returncode}
+
+
+def _row_during_add(url: str, requests: list, clients: int, max_requests: int, entities: list[dict],
+                    without: dict, pid: int, echo) -> dict:
+    """The flood of ``clients`` while one more client adds ``entities``; the row, with the add's figures."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    done: dict = {}
+
+    def add() -> None:
+        start = time.perf_counter()
+        try:
+            r = httpx.post(f"{url}/entities", json={"entities": entities}, timeout=3600)
+            done["status"], done["body"] = r.status_code, r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            done["status"], done["body"] = None, str(exc)
+        done["seconds"] = round(time.perf_counter() - start, 2)
+
+    adder = threading.Thread(target=add, daemon=True)
+    adder.start()
+    row = asyncio.run(_drive(url, requests, clients, 3600.0, max_requests, until=lambda: "seconds" in done))
+    adder.join()
+    if done.get("status") != 200:
+        raise KGCError(f"POST /entities of {len(entities)} entities failed during the bench: {done.get('status')} "
+                       f"{str(done.get('body'))[:300]}")
+    row.update(during_add=len(entities), add_seconds=done["seconds"], server_peak_rss_mb=_peak_rss_mb(pid),
+               p99_ratio=round(row["p99_ms"] / without["p99_ms"], 2) if row["p99_ms"] and without["p99_ms"]
+               else None)
+    echo(f"{clients:>4} clients while adding {len(entities)} entities ({row['add_seconds']}s): "
+         f"{row['answers_per_s']:>8.1f} answers/s   p50 {row['p50_ms']} ms   p95 {row['p95_ms']} ms   "
+         f"p99 {row['p99_ms']} ms ({row['p99_ratio']}x without the add)   errors {row['errors']}")
+    return row
 
 
 def _cpus() -> int:

@@ -38,7 +38,10 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
           nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
                                               help="data-parallel processes (launches torchrun --nproc-per-node "
                                                    "N; train.batch_size is the global batch)"),
-          progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+          progress: bool = typer.Option(True, "--progress/--no-progress"),
+          memory_check: bool = typer.Option(True, "--memory-check/--no-memory-check",
+                                            help="refuse a run whose estimated memory per step exceeds what the "
+                                                 "machine has free (train.check_memory)")) -> None:
     """Train from a recipe (link prediction or C-STS, by its `task`), or resume an interrupted run.
 
     Multi-process: `kgc train RECIPE --nproc 2`, or `torchrun --nproc-per-node 2 -m kgc train RECIPE`."""
@@ -58,9 +61,10 @@ def train(recipe: Optional[Path] = typer.Argument(None, help="recipe YAML (recip
     if resume is not None and (recipe is not None or set_):
         raise KGCError("--resume continues a run with its saved recipe; drop the recipe and --set arguments")
     if resume is not None:
-        kgc.resume(resume, progress=progress, echo=_echo)
+        kgc.resume(resume, progress=progress, echo=_echo, check_memory=memory_check)
     else:
-        kgc.train(recipe, out, overrides=set_, progress=progress, echo=_echo)
+        kgc.train(recipe, out, overrides=list(set_) + ([] if memory_check else ["train.check_memory=false"]),
+                  progress=progress, echo=_echo)
 
 
 @app.command()
@@ -276,12 +280,23 @@ def serve(run_dir: Path = typer.Argument(..., help="a run directory (link predic
                                             help="how long a query waits for others to share its batch"),
           threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                                 help="torch threads for the model (default: torch's, every core)"),
+          max_body_mb: float = typer.Option(8.0, "--max-body-mb", min=0.001,
+                                            help="largest request body taken (MiB; larger: 413)"),
+          body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1,
+                                             help="seconds a request body may take to arrive (then 408)"),
+          max_connections: int = typer.Option(256, "--max-connections", min=1,
+                                              help="connections and requests at once (more: 503)"),
+          keep_alive: float = typer.Option(5.0, "--keep-alive", min=0.1,
+                                           help="seconds an idle keep-alive connection is kept open"),
           log_level: str = typer.Option("info", "--log-level")) -> None:
     """Serve a trained run over HTTP: POST /predict (batched), a page at /, the OpenAPI page at /docs."""
     import kgc
 
+    limits = dict(max_body=int(max_body_mb * (1 << 20)), body_timeout=body_timeout,
+                  max_connections=max_connections, keep_alive=keep_alive)
     raise typer.Exit(kgc.api.serve(run_dir, host=host, port=port, device=device, max_batch=max_batch,
-                                   max_wait_ms=max_wait_ms, log_level=log_level, threads=threads, echo=_echo))
+                                   max_wait_ms=max_wait_ms, log_level=log_level, threads=threads, limits=limits,
+                                   echo=_echo))
 
 
 @app.command()
@@ -400,6 +415,8 @@ def bench_serve(run_dir: Path = typer.Argument(..., help="a trained run (its ind
                 max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="the server's"),
                 max_wait_ms: Optional[float] = typer.Option(None, "--max-wait-ms", min=0, help="the server's"),
                 threads: Optional[int] = typer.Option(None, "--threads", min=1, help="the server's torch threads"),
+                add: int = typer.Option(0, "--add", min=0, help="then one more row: the most clients while one more "
+                                                                "adds this many entities (on a linked copy of RUN)"),
                 out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
     """Start `kgc serve RUN` on 127.0.0.1, drive it with N concurrent clients, report answers/s and latency."""
     from kgc import api
@@ -408,7 +425,7 @@ def bench_serve(run_dir: Path = typer.Argument(..., help="a trained run (its ind
         ([f"--max-wait-ms={max_wait_ms}"] if max_wait_ms is not None else []) + \
         ([f"--threads={threads}"] if threads else [])
     result = api.bench_serve(run_dir, clients=_int_list("--clients", clients), seconds=seconds,
-                             max_requests=max_requests, server_args=extra, echo=_echo)
+                             max_requests=max_requests, server_args=extra, add=add, echo=_echo)
     _echo(f"server stopped (exit {result['server_exit']}); batches: {result['batching']}")
     if out:
         api.write_json(out, result)
@@ -528,21 +545,30 @@ def data_check(path: Optional[str] = typer.Argument(None, help="a dataset folder
                                                                 "recipe's data)"),
                recipe: Optional[Path] = typer.Option(None, "--recipe", help="read the data with this recipe's "
                                                                             "settings (data.*, the backbone's tokenizer)"),
-               set_: List[str] = typer.Option([], "--set", help="override a recipe key, e.g. --set data.long_text=true")
+               set_: List[str] = typer.Option([], "--set",
+                                              help="override a recipe key, e.g. --set data.long_text=true"),
+               strict: bool = typer.Option(False, "--strict", help="leakage is an error: dev/test triples in train "
+                                                                   "(exactly or reversed under an inverse relation), "
+                                                                   "duplicates, self-loops")
                ) -> None:
     """Check a dataset as `kgc train` reads it, for its task (the recipe's; else the folder's: csts_train.csv is
     C-STS). Link prediction: counts, unseen entities and relations, empty or shared texts, texts cut at
-    data.max_tokens, the files found and the fallbacks taken; C-STS: rows, labels and sentence pairs per split,
-    pairs not asked under two conditions, texts cut. Exit 2 on an error."""
+    data.max_tokens, leakage (dev/test triples in train exactly or reversed under an inverse relation, duplicates,
+    self-loops), the files found and the fallbacks taken; C-STS: rows, labels and sentence pairs per split, pairs
+    not asked under two conditions, texts cut. Exit 2 on an error (--strict: on leakage too)."""
     from kgc import api
 
     if path is None and recipe is None:
         raise KGCError("give a dataset folder or name (`kgc data check data/examples/capitals`), or --recipe RECIPE")
     report = api.check_data(path, str(recipe) if recipe is not None else None, set_)
+    if strict and hasattr(report, "strict"):  # link prediction's report; C-STS has no leakage findings
+        report = report.strict()
     for _level, line in report.lines():
         _echo(line)
     if report.errors:
-        raise KGCError(f"{report.folder}: {len(report.errors)} error(s) above; `kgc train` stops on them too")
+        raise KGCError(f"{report.folder}: {len(report.errors)} error(s) above; " + (
+            "--strict counts leakage as an error (`kgc train` warns of leakage and stops on the others)" if strict
+            else "`kgc train` stops on them too"))
 
 
 @recipe_app.command("keys")

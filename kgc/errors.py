@@ -42,3 +42,12 @@ class ResultsNotSaved(KGCError):
 
 class RunBusy(KGCError):
     """A run directory's lock is held by another writer (``kgc serve`` answers 409 Conflict)."""
+
+
+class DiskFull(KGCError):
+    """A write refused for space (a full disk, a quota, a file-size limit), or one that would not fit: the message
+    names the folder, the bytes needed and the fix; whatever was there before is intact (``kgc serve``: 507)."""
+
+
+class ServiceStopping(KGCError):
+    """``kgc serve`` is stopping (SIGTERM) and did not begin this work: answered 503, nothing was changed."""

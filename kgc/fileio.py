@@ -24,25 +24,135 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kgc.errors import KGCError, RunBusy
+from kgc.errors import DiskFull, KGCError, RunBusy
 
 # errno values that mean "this folder cannot be written": the fix is the user's (permissions, space)
 _UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
-_FULL = {errno.ENOSPC, errno.EDQUOT}
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file-size limit (`ulimit -f`), full for that file
+LOW_SPACE = 64 << 20  # a library's write error (torch, safetensors, faiss) with less free than this: a full disk
+SPACE_MARGIN = 16 << 20  # kept free beyond a write's known size by :func:`ensure_space`
 
 
-def write_error(path: str | os.PathLike, exc: OSError) -> KGCError | None:
-    """The KGCError for an ``OSError`` raised writing ``path`` when its cause is the user's to fix (no
-    permission, a read-only or full disk), else None."""
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """Free bytes for an unprivileged writer on the disk that holds ``folder`` (or its nearest existing parent)."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _fsize_limit() -> int | None:
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _full_message(path: Path, needed: int | None, reason: str) -> DiskFull:
+    free = free_bytes(path.parent)
+    need = f"it needs {human_bytes(needed)}" if needed else "it needs more space"
+    have = f", {human_bytes(free)} free" if free is not None else ""
+    limit = _fsize_limit()
+    hint = f" (this process may write files of at most {human_bytes(limit)}: `ulimit -f`)" if limit else ""
+    return DiskFull(f"{path}: cannot be written ({reason}): {need}{have} on the disk that holds {path.parent}"
+                    f"{hint}. Nothing was changed. Free space there (or move the run to a larger disk) and run this "
+                    "again.")
+
+
+def write_error(path: str | os.PathLike, exc: BaseException, needed: int | None = None, *,
+                written: int | None = None) -> KGCError | None:
+    """The KGCError for an error raised writing ``path`` when its cause is the user's to fix (no permission, a
+    read-only or full disk), else None. ``needed``: the bytes the write needs, when known, for the message.
+
+    Libraries that write files themselves do not always raise an ``OSError`` on a full disk (torch.save: a
+    RuntimeError "unexpected pos"; safetensors: SafetensorError; FAISS: RuntimeError "fwrite"): such an error is
+    read as a full disk when the disk has less than :data:`LOW_SPACE` free, or the file (``written`` bytes so far)
+    reached the process's file-size limit."""
     path = Path(path)
-    reason = exc.strerror or str(exc)
-    if exc.errno in _UNWRITABLE:
-        return KGCError(f"{path}: cannot be written ({reason}). Make {path.parent} writable (e.g. `chmod -R u+w "
-                        f"{path.parent}` as its owner), or copy the run to a folder you can write, and run this again.")
-    if exc.errno in _FULL:
-        return KGCError(f"{path}: cannot be written ({reason}). Free space on the disk that holds {path.parent}, "
-                        "and run this again.")
+    if isinstance(exc, KGCError):
+        return exc
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        if exc.errno in _UNWRITABLE:
+            return KGCError(f"{path}: cannot be written ({reason}). Make {path.parent} writable (e.g. `chmod -R u+w "
+                            f"{path.parent}` as its owner), or copy the run to a folder you can write, and run this "
+                            "again.")
+        if exc.errno in _FULL:
+            return _full_message(path, needed, reason)
+        if exc.errno is not None:
+            return None
+    if not isinstance(exc, Exception):  # an OSError without errno ("4320 requested and 2144 written": numpy)
+        return None
+        return None
+    text = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    free, limit = free_bytes(path.parent), _fsize_limit()
+    at_limit = limit is not None and written is not None and written >= limit
+    if "No space left" in str(exc) or (free is not None and free < LOW_SPACE) or at_limit:
+        return _full_message(path, needed, text)
     return None
+
+
+def ensure_space(path: str | os.PathLike, needed: int | None, what: str = "") -> None:
+    """Refuse (:class:`DiskFull`) before writing ``needed`` bytes to ``path`` when the disk that holds it has less
+    free (plus :data:`SPACE_MARGIN`): a known-size write fails before its first byte, not half-way."""
+    if not needed:
+        return
+    path = Path(path)
+    free = free_bytes(path.parent)
+    if free is not None and free < needed + SPACE_MARGIN:
+        raise _full_message(path, needed, f"{what or path.name} needs {human_bytes(needed)}, "
+                                          f"{human_bytes(free)} free")
+
+
+# ---------------------------------------------------------------- fault injection (tests)
+
+_FAULTS: dict[str, int] = {}  # point -> countdown; parsed from $KGC_FAULT ("write:3", "commit:2")
+
+
+def _fault_plan() -> dict[str, int]:
+    spec = os.environ.get("KGC_FAULT", "")
+    if spec and not _FAULTS:
+        for item in spec.split(","):
+            point, _, n = item.partition(":")
+            _FAULTS[point.strip()] = int(n or 1)
+    return _FAULTS
+
+
+def fault(point: str) -> None:
+    """A test hook at each file write (``write``) and each rename of a commit (``commit``): with ``KGC_FAULT=
+    write:N`` the N-th write of the process fails as a full disk does (ENOSPC); with ``commit:N`` the process is
+    killed (SIGKILL) at the N-th step of a commit (1: before its journal, then before each rename, then before
+    the journal's removal); with ``slow:MS`` each step of an add in ``kgc serve`` lasts
+    MS milliseconds longer. Unset (always, outside tests), it does nothing."""
+    plan = _fault_plan() if "KGC_FAULT" in os.environ else _FAULTS
+    if point == "step":  # slow:MS — each step of a long write (an add's embedding batch) lasts MS ms longer
+        if "slow" in plan:
+            time.sleep(plan["slow"] / 1000)
+        return
+    if point not in plan:
+        return
+    plan[point] -= 1
+    if plan[point] > 0:
+        return
+    del plan[point]
+    if point == "commit":
+        os.kill(os.getpid(), 9)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _umask() -> int:
@@ -51,28 +161,65 @@ def _umask() -> int:
     return mask
 
 
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make the renames and removals in ``folder`` durable (a no-op where a folder cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds."""
+def staged_path(path: str | os.PathLike, *, needed: int | None = None, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path next to ``path`` to write; when the block succeeds its bytes are fsynced and it is
+    left in place (the caller renames it); when it fails it is removed, and a full disk, a quota or a folder that
+    refuses writes is one KGCError (:func:`write_error`). ``needed``: the bytes it will take, checked first."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        ensure_space(path, needed)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     except OSError as exc:
-        raise (write_error(path, exc) or exc) from None
+        raise (write_error(path, exc, needed) or exc) from None
     os.close(fd)
     tmp_path = Path(tmp)
+    done = False
     try:
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it private; the published file gets open()'s mode
+        fault("write")
         yield tmp_path
-        with open(tmp_path, "rb+") as fh:  # make the bytes durable before the rename publishes them
+        with open(tmp_path, "rb+") as fh:  # make the bytes durable before a rename publishes them
             os.fsync(fh.fileno())
-        os.replace(tmp_path, path)
-    except OSError as exc:  # a full disk while writing, a folder made read-only meanwhile
-        raise (write_error(path, exc) or exc) from None
+        done = True
+    except Exception as exc:  # a full disk while writing (any library's way of saying so), a read-only folder
+        written = tmp_path.stat().st_size if tmp_path.exists() else None
+        error = write_error(path, exc, needed, written=written)
+        if error is None or error is exc:
+            raise
+        raise error from None
     finally:
-        if tmp_path.exists():
+        if not done and tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, needed: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds (a failed or
+    interrupted write leaves the previous file as it was). ``needed``: the bytes it will take, checked first."""
+    path = Path(path)
+    with staged_path(path, needed=needed) as tmp:
+        yield tmp
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise (write_error(path, exc, needed) or exc) from None
 
 
 @contextlib.contextmanager
@@ -108,30 +255,169 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    data = text.encode("utf-8")
+    with atomic_path(path, needed=len(data)) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> None:
-    """Atomically write ``path`` with ``writer(tmp_path)`` (for torch.save, np.save, faiss, savefig)."""
-    with atomic_path(path) as tmp:
+def write_with(path: str | os.PathLike, writer: Callable[[Path], None], *, needed: int | None = None) -> None:
+    """Atomically write ``path`` with ``writer(tmp_path)`` (for torch.save, np.save, faiss, savefig); ``needed``:
+    the bytes it will take when known (checked against the free space first)."""
+    with atomic_path(path, needed=needed) as tmp:
         writer(tmp)
 
 
-def write_npy(path: str | os.PathLike, array) -> None:
-    """Atomically ``np.save`` ``array`` to ``path`` (through a file object: np.save would append ".npy" to the
-    temp file's name)."""
+def _npy_writer(array) -> Callable[[Path], None]:
     import numpy as np
 
-    def save(tmp: Path) -> None:
+    def save(tmp: Path) -> None:  # through a file object: np.save would append ".npy" to the temp file's name
         with open(tmp, "wb") as fh:
             np.save(fh, array)
 
-    write_with(path, save)
+    return save
+
+
+def write_npy(path: str | os.PathLike, array) -> None:
+    """Atomically ``np.save`` ``array`` to ``path``."""
+    write_with(path, _npy_writer(array), needed=int(array.nbytes))
+
+
+# ---------------------------------------------------------------- several files as one transaction
+
+JOURNAL = ".commit.json"  # a folder's pending commit: the renames that publish its staged files
+
+
+class Transaction:
+    """Several files of one folder replaced (or removed) together: after a failure, a kill or a power loss the
+    folder holds all of the new files or none of them, never some.
+
+    Each file is written beside its final name (``.NAME.XXXX.tx``) and fsynced (:meth:`write_with`); a failed
+    write (a full disk: one :class:`DiskFull` naming the folder and the bytes) removes what was staged and leaves
+    the folder as it was. :meth:`commit` then writes the journal ``.commit.json`` (atomically: it is the commit
+    point, as SQLite's journal or PostgreSQL's WAL record), renames every staged file onto its name, removes what
+    was to go, and deletes the journal. A process killed between the journal and its deletion leaves a journal
+    that :func:`recover` (called by every reader of such a folder) completes: renames need no space, so rolling
+    forward cannot fail for lack of it. Staged files without a journal are an uncommitted transaction's: the next
+    writer (:func:`sweep`, under the run's lock) removes them.
+
+    Use as a context manager: leaving the block by an exception aborts (removes the staged files)::
+
+        with Transaction(run.index) as tx:
+            tx.write_npy("entities.npy", table)
+            tx.write_json("meta.json", meta)
+            tx.commit()
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.staged: dict[str, Path] = {}
+        self.removed: list[str] = []
+        self.committed = False
+
+    def __enter__(self) -> "Transaction":
+        recover(self.folder)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.committed:
+            self.abort()
+
+    def write_with(self, name: str, writer: Callable[[Path], None], *, needed: int | None = None) -> Path:
+        """Stage ``name``, written by ``writer(tmp_path)``; returns the staged path (readable until the commit)."""
+        if name in self.staged:
+            self.staged.pop(name).unlink(missing_ok=True)
+        with staged_path(self.folder / name, needed=needed, suffix=".tx") as tmp:
+            writer(tmp)
+        self.staged[name] = tmp
+        return tmp
+
+    def write_text(self, name: str, text: str) -> Path:
+        data = text.encode("utf-8")
+        return self.write_with(name, lambda tmp: tmp.write_bytes(data), needed=len(data))
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        return self.write_text(name, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+    def write_npy(self, name: str, array) -> Path:
+        return self.write_with(name, _npy_writer(array), needed=int(array.nbytes))
+
+    def remove(self, name: str) -> None:
+        """Remove ``name`` (if it exists) when the transaction commits."""
+        self.removed.append(name)
+
+    def path(self, name: str) -> Path:
+        """Where ``name`` is now: its staged copy, else the folder's."""
+        return self.staged.get(name, self.folder / name)
+
+    def commit(self) -> None:
+        """Publish every staged file and removal at once (see the class)."""
+        plan = {"replace": [[tmp.name, name] for name, tmp in self.staged.items()],
+                "remove": [n for n in self.removed if n not in self.staged]}
+        journal = self.folder / JOURNAL
+        try:
+            fault("commit")
+            write_json(journal, plan)  # the commit point
+            fsync_dir(self.folder)
+        except BaseException:
+            self.abort()
+            raise
+        self.committed = True
+        _apply(self.folder, plan)
+
+    def abort(self) -> None:
+        for tmp in self.staged.values():
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        self.staged = {}
+
+
+def _apply(folder: Path, plan: dict) -> None:
+    for tmp, name in plan.get("replace", []):
+        fault("commit")
+        with contextlib.suppress(FileNotFoundError):  # renamed already (a commit completed after a kill)
+            os.replace(folder / tmp, folder / name)
+    for name in plan.get("remove", []):
+        with contextlib.suppress(FileNotFoundError):
+            (folder / name).unlink()
+    fsync_dir(folder)
+    fault("commit")
+    (folder / JOURNAL).unlink(missing_ok=True)
+    fsync_dir(folder)
+
+
+def recover(folder: str | os.PathLike) -> bool:
+    """Complete the commit a killed process left in ``folder`` (its journal names every rename), if any; True when
+    there was one. Idempotent, and safe beside a writer finishing the same commit."""
+    folder = Path(folder)
+    journal = folder / JOURNAL
+    if not journal.is_file():
+        return False
+    try:
+        plan = json.loads(journal.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False  # its writer finished it just now
+    except (OSError, ValueError):  # written atomically, so never partial; unreadable: leave it for a writer
+        return False
+    try:
+        _apply(folder, plan if isinstance(plan, dict) else {})
+    except OSError as exc:
+        raise KGCError(f"{folder}: an update was interrupted ({JOURNAL}) and cannot be completed here "
+                       f"({exc.strerror or exc}). Run the command again with write access to {folder}.") from None
+    return True
+
+
+def sweep(folder: str | os.PathLike) -> None:
+    """Remove the staged files of transactions that never committed (call holding the folder's writer lock)."""
+    folder = Path(folder)
+    recover(folder)
+    if folder.is_dir():
+        for f in folder.glob(".*.tx"):
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 def tsv_text(rows: list[dict], fieldnames: list[str] | None = None) -> str:
@@ -153,9 +439,12 @@ def write_tsv(path: str | os.PathLike, rows: list[dict], fieldnames: list[str] |
 
 def append_line(path: str | os.PathLike, line: str) -> None:
     """Append one line (metrics.jsonl). A partial last line after a crash is skipped by readers."""
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line.rstrip("\n") + "\n")
-        fh.flush()
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line.rstrip("\n") + "\n")
+            fh.flush()
+    except OSError as exc:  # a full disk: one message (a partial line is skipped by readers)
+        raise (write_error(path, exc, len(line) + 1) or exc) from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -167,6 +167,9 @@ class TrainConfig(_Section):
                             "checkpoints/last.pt with the optimiser state, to train further (all)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     log_every: int = Field(10, ge=1, description="steps between rows of metrics.jsonl")
+    check_memory: bool = Field(True, description="refuse to start when the estimated memory of a training step "
+                               "exceeds what the machine has free (kgc/training/estimate.py); false: warn and go on "
+                               "(kgc train --no-memory-check)")
 
     @model_validator(mode="after")
     def _threads_positive(self) -> "TrainConfig":
@@ -477,14 +480,20 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
     if not path.is_file():
         raise KGCError(f"{path}: recipe not found. Recipes live in recipes/*.yaml")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise KGCError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
                        "Save the recipe as UTF-8.") from None
     except yaml.YAMLError as exc:
         raise KGCError(f"{path}: not valid YAML: {exc}") from None
+    fix = ("Recipes start from one of recipes/*.yaml: copy one (e.g. recipes/umls_biencoder.yaml) and change its "
+           "keys; `kgc recipe keys` lists them all")
+    if tree is None:  # an empty file, or comments only: it would train silently with every default
+        raise KGCError(f"{path}: an empty recipe (no keys). {fix}")
     if not isinstance(tree, dict):
-        raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval)")
+        kind = {"list": "list", "str": "string", "bool": "boolean"}.get(type(tree).__name__, "single value")
+        raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval), not a "
+                       f"{kind}. {fix}")
     tree.setdefault("name", path.stem)
     model = tree.get("model")
     if saved and isinstance(model, dict) and "cross_attend" not in model and model.get("conditioner") != "router":

@@ -39,6 +39,112 @@ DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_WAIT_MS = 5.0
 
 
+class Limits:
+    """What one server takes (``kgc serve --max-body-mb …``): a body larger than ``max_body`` bytes is refused with
+    413 before it is read (by its Content-Length) or as soon as it passes the limit (a chunked body); a body not
+    received within ``body_timeout`` seconds is 408; at most ``max_connections`` connections and requests at once
+    (more: 503, uvicorn's ``limit_concurrency``); an idle keep-alive connection is closed after ``keep_alive``
+    seconds; a request head (line + headers) larger than ``max_header`` bytes is refused by the HTTP parser. A
+    client that does not read its replies is not buffered for: uvicorn stops writing (and reading) that
+    connection until it reads. SIGTERM: requests in flight get ``grace`` seconds."""
+
+    def __init__(self, *, max_body: int = 8 << 20, body_timeout: float = 30.0, max_connections: int = 256,
+                 keep_alive: float = 5.0, max_header: int = 16 << 10, grace: float = 10.0) -> None:
+        self.max_body, self.body_timeout, self.max_connections = max_body, body_timeout, max_connections
+        self.keep_alive, self.max_header, self.grace = keep_alive, max_header, grace
+
+    def as_json(self) -> dict:
+        return dict(vars(self))
+
+
+def _json_response():
+    """JSONResponse whose body is always valid UTF-8 JSON: a lone surrogate a client sent (``"\\ud800"``) and a
+    message repeats is written back as the same escape, never a 500 from the encoder."""
+    import json
+
+    from fastapi.responses import JSONResponse
+
+    class SafeJSON(JSONResponse):
+        def render(self, content: Any) -> bytes:
+            return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                              separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+    return SafeJSON
+
+
+def _short(value: Any, most: int = 80) -> Any:
+    """A value of an error location, shortened (a key of a megabyte is not echoed back)."""
+    return value if not isinstance(value, str) or len(value) <= most else value[: most - 1] + "…"
+
+
+class _LimitBodies:
+    """ASGI middleware: bounds request bodies (size, time) and answers 503 once the server is stopping."""
+
+    def __init__(self, app, *, limits: Limits, stopping: threading.Event) -> None:
+        self.app, self.limits, self.stopping = app, limits, stopping
+
+    async def _reply(self, send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        import json
+
+        body = json.dumps({"detail": detail}).encode()
+        extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *extra]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        import asyncio
+
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.stopping.is_set() and scope.get("path") != "/health":
+            return await self._reply(send, 503, "the server is stopping; send the request again once it is back",
+                                     {"retry-after": "5", "connection": "close"})
+        most = self.limits.max_body
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                return await self._reply(send, 400, "Content-Length is not a number")
+            if declared > most:
+                return await self._reply(send, 413, f"the request body has {declared:,} bytes; this server takes at "
+                                                    f"most {most:,} (kgc serve --max-body-mb). Split it into "
+                                                    "smaller requests.", {"connection": "close"})
+        received, complete, refused = 0, False, None  # refused: (status, detail) once the body broke a limit
+
+        async def limited_receive():
+            nonlocal received, complete, refused
+            if complete or refused:  # the body is in: what follows is a disconnect, waited for without a limit
+                return await receive() if not refused else {"type": "http.disconnect"}
+            try:
+                message = await asyncio.wait_for(receive(), self.limits.body_timeout)
+            except asyncio.TimeoutError:
+                refused = (408, f"the request body did not arrive within {self.limits.body_timeout:g}s")
+                return {"type": "http.disconnect"}  # the app stops reading; the reply is ours
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
+                if received > most:
+                    refused = (413, f"the request body passed {most:,} bytes, the most this server takes (kgc "
+                                    "serve --max-body-mb). Split it into smaller requests.")
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message):
+            if refused is None:
+                await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if refused is None:
+                raise
+        if refused is not None:
+            await self._reply(send, *refused, {"connection": "close"})
+
+
 class ExplainBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     head: Optional[str] = Field(None, description="link prediction: the head entity (id, name or text)")
@@ -71,7 +177,8 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 
 
 def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
-               load_in_background: bool = True, on_load_error=None, trusted_hosts: list[str] | None = None):
+               load_in_background: bool = True, on_load_error=None, trusted_hosts: list[str] | None = None,
+               limits: Limits | None = None):
     """The FastAPI app serving ``run`` (a loaded :class:`kgc.training.run.Run`, e.g. ``kgc.load(RUN)``).
 
     ``trusted_hosts``: the Host headers answered (others get 400), e.g. :data:`LOOPBACK_NAMES` for a server on
@@ -81,10 +188,17 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
     The model and index load in a background thread when the app starts (``load_in_background``; otherwise
     before it answers anything); ``on_load_error(message)`` is called if that fails (``kgc serve`` stops)."""
     from fastapi import Body, Depends, FastAPI, HTTPException, Request
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse
+
+    JSONResponse = _json_response()
+
+    from fastapi.exceptions import RequestValidationError
+
+    from kgc.errors import DiskFull, ServiceStopping
 
     serving = run.serving()
     state = _State()
+    limits = limits or Limits()
 
     def batcher(fn) -> MicroBatcher:
         b = MicroBatcher(fn, max_batch=max_batch, max_wait_ms=max_wait_ms)
@@ -118,14 +232,17 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
         for b in state.batchers:
             b.close()
 
-    app = FastAPI(title="kgc serve", lifespan=lifespan,
+    app = FastAPI(title="kgc serve", lifespan=lifespan, default_response_class=JSONResponse,
                   description=f"{run.task} run `{run.path}` ({run.recipe.model.conditioner}). "
                               "Answers are batched across concurrent requests.")
     app.state.kgc = state
+    app.state.serving = serving
+    app.state.limits = limits
     if trusted_hosts is not None:
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(trusted_hosts))
+    app.add_middleware(_LimitBodies, limits=limits, stopping=serving.stopping)
 
     async def require_ready() -> None:  # async: FastAPI would run a plain function on its threadpool
         if state.status != "ready":
@@ -140,27 +257,43 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
             if getattr(exc, attr, None) is not None:
                 body[attr] = getattr(exc, attr)
         unknown = getattr(exc, "suggestions", None) is not None or getattr(exc, "valid", None) is not None
-        status = 409 if isinstance(exc, RunBusy) else 404 if unknown else 400  # 409: another writer holds the run
+        status = (409 if isinstance(exc, RunBusy) else 507 if isinstance(exc, DiskFull)  # 409: another writer
+                  else 503 if isinstance(exc, ServiceStopping) else 404 if unknown else 400)
         return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        """422 with where and why — never the input itself (a 100 MB body is not sent back)."""
+        errors = [{"loc": [_short(x) for x in e.get("loc", ())], "msg": _short(str(e.get("msg", "")), 300),
+                   "type": e.get("type")} for e in exc.errors()[:20]]
+        return JSONResponse({"detail": errors, **({"more": len(exc.errors()) - 20} if len(exc.errors()) > 20
+                                                   else {})}, status_code=422)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
-    @app.get("/health", tags=["service"], summary="ready once the model and index are loaded")
+    @app.get("/health", tags=["service"], summary="what the service can do: ready, adding, degraded (200: it "
+                                                 "answers); loading, error, stopping (503)")
     def health():
-        body = {"status": state.status}
-        if state.error:
-            body["detail"] = state.error
+        status, detail = state.status, state.error
+        if serving.stopping.is_set():
+            status, detail = "stopping", "the server is stopping"
+        elif status == "ready":
+            status, detail = serving.status()
+        body = {"status": status}
+        if detail:
+            body["detail"] = detail
         if state.loaded_seconds is not None:
             body["loaded_seconds"] = state.loaded_seconds
-        return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
+        return JSONResponse(body, status_code=200 if status in ("ready", "adding", "degraded") else 503)
 
     @app.get("/info", tags=["service"], summary="the run: dataset, conditioner, test metrics, batching counts")
     def info():
         rec = run.recipe
         out: dict[str, Any] = {"run": str(run.path), "task": run.task, "status": state.status,
+                               "limits": limits.as_json(),
                                "dataset": rec.data.path or rec.data.dataset, "conditioner": rec.model.conditioner,
                                "backbone": rec.model.backbone, "device": str(run.device),
                                "threads": _torch_threads(),
@@ -222,7 +355,7 @@ def _batch_stats(batchers: list[MicroBatcher]) -> dict:
 
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS, log_level: str = "info",
-          threads: int | None = None, echo=print) -> int:
+          threads: int | None = None, limits: Limits | dict | None = None, echo=print) -> int:
     """Run the server until SIGINT/SIGTERM (``kgc serve``); 0 after a clean stop, 2 when the run could not be
     loaded (the message is printed). ``threads``: torch's intra-op threads (default: torch's own choice)."""
     import uvicorn
@@ -248,14 +381,24 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, dev
             server.should_exit = True
 
     loopback = host in ("127.0.0.1", "localhost", "::1")
+    limits = Limits(**limits) if isinstance(limits, dict) else limits or Limits()
     app = create_app(run, max_batch=max_batch, max_wait_ms=max_wait_ms, on_load_error=stop,
-                     trusted_hosts=LOOPBACK_NAMES if loopback else None)
+                     trusted_hosts=LOOPBACK_NAMES if loopback else None, limits=limits)
+    stopping = app.state.serving.stopping
     if not loopback:
         echo(f"warning: listening on {host}: any machine that reaches it may query the run and add entities to it "
              "(kgc serve has no authentication; put it behind a proxy that has)")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=limits.grace, limit_concurrency=limits.max_connections,
+                            timeout_keep_alive=limits.keep_alive, h11_max_incomplete_event_size=limits.max_header,
+                            http="h11")  # h11 pauses reading a pipelining client until it has read its replies
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM/SIGINT: writes not yet begun are abandoned (503)
+            stopping.set()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
     echo(f"serving {run.path} ({run.task}, {run.recipe.model.conditioner}) on http://{host}:{port}/ "
          f"(API: http://{host}:{port}/docs); loading the model …")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler found before it

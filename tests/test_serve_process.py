@@ -88,6 +88,19 @@ def test_real_server_answers_concurrent_queries_as_sequential_ones(server, lp_ru
     assert after["items"] - before["items"] == 32 and after["batches"] - before["batches"] < 32
 
 
+# the answers table's cells, read in one call
+ROWS_JS = "return [...document.querySelectorAll('#answers tr')].map(tr => [...tr.children].map(td => td.textContent))"
+
+
+def known_splits(graph) -> dict[tuple[str, str, str], str]:
+    """(head, relation, tail) → the split that holds it (dev or test first, as the reply's known_split)."""
+    out: dict = {}
+    for split in ("dev", "test", "train"):
+        for h, r, t in graph.splits[split].tolist():
+            out.setdefault((graph.entities[h], graph.relations[r], graph.entities[t]), split)
+    return out
+
+
 def test_page_in_a_real_browser(server, lp_run):
     if not (CHROMIUM and CHROMEDRIVER):
         if os.environ.get("KGC_REQUIRE_BROWSER"):
@@ -103,31 +116,101 @@ def test_page_in_a_real_browser(server, lp_run):
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    graph = lp_run.graph()
+    splits = known_splits(graph)
+    text = lambda i: driver.find_element(By.ID, i).text  # noqa: E731
     try:
         driver.get(server["url"] + "/")
-        wait = WebDriverWait(driver, 30)
-        wait.until(lambda d: len(Select(d.find_element(By.ID, "relation")).options) == len(lp_run.graph().relations))
+        wait = WebDriverWait(driver, 30, poll_frequency=0.05)
+        # the relations sorted by their readable text, none chosen: asking sends nothing until one is
+        relation = Select(driver.find_element(By.ID, "relation"))
+        wait.until(lambda d: len(relation.options) == len(graph.relations) + 1)
+        shown = [o.text for o in relation.options]
+        assert shown[0] == "choose a relation" and relation.first_selected_option.get_attribute("value") == ""
+        assert shown[1:] == sorted(shown[1:], key=str.casefold)
         head = driver.find_element(By.ID, "head")
         head.send_keys("vir")  # autocomplete offers the entity
         wait.until(lambda d: "virus" in [o.get_attribute("value")
                                          for o in d.find_elements(By.CSS_SELECTOR, "#head-options option")])
         head.clear()
         head.send_keys("virus")
-        Select(driver.find_element(By.ID, "relation")).select_by_value("causes")
         driver.find_element(By.ID, "ask").click()
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#answers tr")) == 10)
-        rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                for tr in driver.find_elements(By.CSS_SELECTOR, "#answers tr")]
+        assert text("status") == "" and not driver.find_elements(By.CSS_SELECTOR, "#answers tr")
+        relation.select_by_value("causes")
+        driver.find_element(By.ID, "ask").click()
+        wait.until(lambda d: text("status").startswith("(virus, causes, ?)"))
+        rows = driver.execute_script(ROWS_JS)
         want = lp_run.answer("virus", "causes").predictions
         assert [r[1] for r in rows] == [p.entity for p in want]
-        assert [r[4] == "✓" for r in rows] == [p.known for p in want]
+        # a known answer says which split has it
+        assert [r[4] for r in rows] == [f"✓ {splits[('virus', 'causes', p.entity)]}" if p.known else ""
+                                        for p in want]
         assert [float(r[3]) for r in rows] == pytest.approx([round(p.score, 4) for p in want], abs=1e-4)
-        # a near miss shows the error and its suggestion
+        # an answer clicked becomes the head, asked under the same relation
+        nxt = want[1].entity
+        driver.find_elements(By.CSS_SELECTOR, "#answers a.entity")[1].click()
+        wait.until(lambda d: text("status").startswith(f"({graph.full_texts[graph.entity_index[nxt]]}, causes, ?)"))
+        assert head.get_attribute("value") == nxt and relation.first_selected_option.get_attribute("value") == "causes"
+        assert [r[1] for r in driver.execute_script(ROWS_JS)] == [p.entity for p in
+                                                                  lp_run.answer(nxt, "causes").predictions]
+        # an inverse question reads (?, relation, head)
+        head.clear()
+        head.send_keys("virus")
+        driver.find_element(By.ID, "inverse").click()
+        driver.find_element(By.ID, "ask").click()
+        wait.until(lambda d: text("status").startswith("(?, causes, virus)"))
+        driver.find_element(By.ID, "inverse").click()
+        # every answer of a question the graph answers in train, dev and test: each ✓ names its split
+        h, r = next((h, r) for h, r, _ in splits
+                    if {splits.get((h, r, t)) for t in graph.entities} >= {"train", "dev", "test"})
+        head.clear()
+        head.send_keys(h)
+        relation.select_by_value(r)
+        top = driver.find_element(By.ID, "top-k")
+        top.clear()
+        top.send_keys(str(graph.num_entities))
+        driver.find_element(By.ID, "ask").click()
+        wait.until(lambda d: text("status").startswith(f"({graph.full_texts[graph.entity_index[h]]}, ")
+                   and len(driver.execute_script(ROWS_JS)) == graph.num_entities - 1)
+        rows = driver.execute_script(ROWS_JS)
+        assert [r_[4] for r_ in rows] == [f"✓ {splits[(h, r, r_[1])]}" if (h, r, r_[1]) in splits else ""
+                                          for r_ in rows]
+        assert {r_[4] for r_ in rows} == {"", "✓ train", "✓ dev", "✓ test"}
+        # at 400 px the score column stays in the window (long ids wrap)
+        driver.set_window_size(400, 900)
+        wait.until(lambda d: d.execute_script("return window.innerWidth") <= 400)
+        boxes = driver.execute_script(
+            "const w = document.documentElement.clientWidth; return [w, document.querySelector('.table-wrap')"
+            ".scrollWidth, ...[...document.querySelectorAll('#answers-table tr > :nth-child(4)')]"
+            ".map(c => c.getBoundingClientRect().right)]")
+        assert boxes[1] <= boxes[0] and max(boxes[2:]) <= boxes[0], boxes
+        top.clear()
+        top.send_keys("10")
+        # a free-text head: the note names its nearest entities, as kgc predict does
+        free = "a tiny infectious agent"
+        head.clear()
+        head.send_keys(free)
+        relation.select_by_value("causes")
+        driver.find_element(By.ID, "free-text").click()
+        driver.find_element(By.ID, "ask").click()
+        wait.until(lambda d: text("status").startswith(f"({free}, causes, ?)"))
+        assert "embedded as free text" in text("note")
+        assert [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#note a")] == \
+            lp_run.nearest_entities(free)[0]
+        driver.find_element(By.ID, "free-text").click()
+        # a near miss: a clean message (no server path, no CLI flags), its suggestions links that ask again
         head.clear()
         head.send_keys("viruss")
         driver.find_element(By.ID, "ask").click()
-        wait.until(lambda d: "did you mean" in d.find_element(By.ID, "error").text)
-        assert "virus" in driver.find_element(By.ID, "error").text
+        wait.until(lambda d: "Did you mean" in text("error"))
+        error = text("error")
+        assert error.count("Did you mean") == 1 and str(lp_run.path) not in error and "--" not in error, error
+        assert not driver.find_element(By.ID, "note").is_displayed()
+        links = driver.find_elements(By.CSS_SELECTOR, "#error a")
+        assert "virus" in [a.text for a in links]
+        next(a for a in links if a.text == "virus").click()
+        wait.until(lambda d: text("status").startswith("(virus, causes, ?)"))
+        assert head.get_attribute("value") == "virus" and text("error") == ""
     finally:
         driver.quit()
 

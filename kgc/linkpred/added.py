@@ -29,6 +29,9 @@ from kgc.errors import KGCError
 from kgc.fileio import sha256_file
 
 ADDED_FILE = "added_entities.tsv"
+# the longest id, name and description an added entity may have (characters; ``kgc index --add`` and POST /entities):
+# a text is cut to data.max_tokens tokens when embedded, so a longer one only grows every later start of the run
+MAX_ID, MAX_NAME, MAX_DESCRIPTION = 256, 1_000, 10_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ def read_new_entities(path: str | Path) -> list[tuple[int, NewEntity]]:
         if not ent_id or not name:
             what = "id" if not ent_id else "name"
             raise KGCError(f"{path}:{lineno}: empty {what} in {line[:80]!r}. Every new entity needs an id and a name.")
+        for what, value, most in (("id", ent_id, MAX_ID), ("name", name, MAX_NAME),
+                                  ("description", desc, MAX_DESCRIPTION)):
+            if len(value) > most:
+                raise KGCError(f"{path}:{lineno}: the {what} has {len(value):,} characters; at most {most:,} are "
+                               f"taken (a text is cut to the model's max_tokens when embedded). Shorten it.")
         if ent_id in first_line:
             raise KGCError(f"{path}:{lineno}: id {ent_id!r} repeats line {first_line[ent_id]}. Keep one line per "
                            "entity.")

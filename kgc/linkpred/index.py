@@ -22,6 +22,7 @@ index written before ``files`` existed is checked by what it records (the FAISS 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -30,8 +31,7 @@ import numpy as np
 import torch
 
 from kgc.errors import KGCError
-from kgc.fileio import (run_lock, sha256_cached, sha256_file, write_error, write_json, write_npy, write_text,
-                        write_with)
+from kgc.fileio import Transaction, recover, run_lock, sha256_cached, sha256_file, sweep, write_error
 from kgc.data.graph import KnowledgeGraph
 from kgc.linkpred import index_types
 from kgc.linkpred.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
@@ -47,6 +47,7 @@ def fingerprint(run: RunDir, model: LinkPredictor) -> dict[str, str]:
 
 
 def _read_meta(folder: Path) -> dict | None:
+    recover(folder)  # an add or build killed mid-commit is completed first (its journal names every rename)
     f = folder / "meta.json"
     if not f.is_file():
         return None
@@ -64,11 +65,14 @@ def _read_meta(folder: Path) -> dict | None:
 
 HASH_LIMIT = 1 << 30  # files larger than this are checked by size only (a sha256 of 1 GiB takes ~1 s)
 RECORDED = ("entities.npy", "entities.faiss", ADDED_FILE)  # the files meta.json records the size and sha256 of
-def _file_records(folder: Path) -> dict[str, dict]:
-    """``{file: {"bytes", "sha256"}}`` of the index's files that exist, for meta.json's ``files``."""
+def _file_records(folder: Path, tx: Transaction | None = None) -> dict[str, dict]:
+    """``{file: {"bytes", "sha256"}}`` of the index's files that exist (as ``tx`` will leave them), for
+    meta.json's ``files``."""
     out = {}
     for name in RECORDED:
-        f = folder / name
+        if tx is not None and name in tx.removed and name not in tx.staged:
+            continue
+        f = tx.path(name) if tx is not None else folder / name
         if f.is_file():
             st = f.stat()
             out[name] = {"bytes": st.st_size, "sha256": sha256_cached(f, st)}
@@ -164,47 +168,116 @@ def _reusable_table(folder: Path, meta: dict | None, current: dict, entities: in
 
 
 def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True,
-                config: IndexConfig | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto") -> dict:
+                config: IndexConfig | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto",
+                keep: list[NewEntity] | None = None, sources: list[dict] | None = None) -> dict:
     """Build ``run/index`` from scratch for the graph's entities, as ``config`` says (default: the recipe's
     ``index:`` section). The entity table is reused from a stored ``entities.npy`` made by the same weights
     and texts (only the FAISS structure is rebuilt) unless ``reuse_embeddings`` is false. ``faiss_device``:
-    auto (a FAISS GPU when there is one), gpu or cpu. Returns the new ``meta.json``."""
+    auto (a FAISS GPU when there is one), gpu or cpu. ``keep``: added entities to embed and append in the same
+    commit (a rebuild keeps them; ``sources``: where they came from). Returns the new ``meta.json``.
+
+    The files are written as one :class:`~kgc.fileio.Transaction`: a failure (a full disk) or a kill at any point
+    leaves the previous index as it was, or the new one whole."""
     start = time.perf_counter()
     config = config if config is not None else run.recipe.index
     folder = run.index
+    made = not folder.exists()
     try:
         folder.mkdir(exist_ok=True)
     except OSError as exc:  # a run folder that cannot be written: one message naming it
         raise (write_error(folder, exc) or exc) from None
+    try:
+        return _build(run, model, folder, start, batch_size=batch_size, progress=progress, config=config,
+                      reuse_embeddings=reuse_embeddings, faiss_device=faiss_device, keep=keep or [],
+                      sources=sources or [])
+    except BaseException:
+        if made and not any(folder.iterdir()):  # no empty index/ left behind
+            folder.rmdir()
+        raise
+
+
+def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, batch_size: int, progress: bool,
+           config: IndexConfig, reuse_embeddings: bool, faiss_device: str, keep: list[NewEntity],
+           sources: list[dict]) -> dict:
+    sweep(folder)  # staged files of a build or add that never committed
     current = fingerprint(run, model)
     entities = model.bank.graph.num_entities
     stored = _reusable_table(folder, _read_meta(folder), current, entities) if reuse_embeddings else None
     source = "reused" if stored is not None else "computed"
     if stored is None:
         table = model.entity_table(batch_size, progress=progress).numpy().astype(np.float32)  # (entities, dim)
-    else:  # rows added by `kgc index --add` are dropped here; rebuild_index re-adds them after
+    else:  # rows added by `kgc index --add` are dropped here, and embedded again from `keep`
         table = np.ascontiguousarray(stored[:entities])
     params = index_types.resolve(config, *table.shape)  # bad parameters stop here, before anything is touched
     exact = params["type"] == "flat"  # entities.npy is the whole index
+    index = info = None
     if not exact:
         index, info = index_types.build(table, params, device=faiss_device)
         index = index_types.to_cpu(index)
-    # only now (an interrupted k-means leaves the old index, its type and its reusable embeddings as they were):
-    (folder / "meta.json").unlink(missing_ok=True)  # incomplete until the new meta.json is written
-    if stored is None or stored.shape[0] != table.shape[0]:
-        write_npy(folder / "entities.npy", table)
-    if exact:
-        (folder / "entities.faiss").unlink(missing_ok=True)  # an older flat or an approximate index's: not ours
-        engine = {"exact": {"engine": "torch", "factory": index_types.factory_string(params)}}
+    meta = {**current, "entities": int(table.shape[0]), "dim": int(table.shape[1]), "index": params,
+            "embeddings": source}
+    if not exact:
+        meta["faiss"] = {**info, "version": index_types.faiss_module().__version__}
+    else:
+        meta["exact"] = {"engine": "torch", "factory": index_types.factory_string(params)}
+    with Transaction(folder) as tx:
+        if keep:
+            vectors = _embed_new(run, model, model.bank.graph, [], keep, batch_size=batch_size, progress=progress)
+            table, meta = _with_added(meta, table, index, keep, vectors, sources)
+        if keep or stored is None or stored.shape[0] != table.shape[0]:
+            tx.write_npy("entities.npy", table)
+        meta["seconds"] = round(time.perf_counter() - start, 2)
+        return _commit(tx, run, meta, table, index, keep)
+
+
+def _embed_new(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, before: list[NewEntity],
+               new: list[NewEntity], *, batch_size: int, progress: bool, guard=None) -> np.ndarray:
+    """The tail tower's vectors of ``new`` (entities after the graph's and ``before``), (len(new), dim) float32.
+    ``guard``: a context-manager factory each batch runs inside (``kgc serve`` interleaves an add's batches with
+    queries, and stops an add it is asked to stop between two batches)."""
+    from tqdm.auto import tqdm
+
+    from kgc.encoding.backbone import load_tokenizer
+
+    extended = extend_graph(graph, before + new)
+    bank = model.bank.extended(extended, load_tokenizer(run.backbone))  # passed, never swapped into the model
+    ids = list(range(graph.num_entities + len(before), extended.num_entities))
+    parts = []
+    with torch.no_grad():
+        for s in tqdm(range(0, len(ids), batch_size), desc="new entities", disable=not progress, leave=False):
+            with guard() if guard is not None else contextlib.nullcontext():
+                parts.append(model.encode_entities(ids[s: s + batch_size], bank=bank).float().cpu())
+    return torch.cat(parts).numpy().astype(np.float32)
+
+
+def _with_added(meta: dict, table: np.ndarray, index, entities: list[NewEntity], vectors: np.ndarray,
+                sources: list[dict]) -> tuple[np.ndarray, dict]:
+    """The table (and FAISS index, in place) with ``vectors`` appended, and the meta that records
+    ``entities`` (every added entity, the earlier ones first) as the added list."""
+    if index is not None:
+        index.add(vectors)  # IVF and HNSW indexes take new vectors without retraining
+    table = np.concatenate([table, vectors])
+    meta = {**meta, "entities": int(table.shape[0]),
+            "added_entities": {"count": len(entities), "file": ADDED_FILE, "sources": sources}}
+    return table, meta
+
+
+def _commit(tx: Transaction, run: RunDir, meta: dict, table: np.ndarray, index, added: list[NewEntity]) -> dict:
+    """Stage the index's remaining files (the FAISS file, the added list, meta.json) in ``tx`` and commit it."""
+    folder = run.index
+    if index is None:
+        tx.remove("entities.faiss")  # an older flat or an approximate index's: not ours
     else:
         faiss = index_types.faiss_module()
-        write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
-        engine = {"faiss": {**info, "version": faiss.__version__,  # serialize_index would copy it in RAM:
-                            "bytes": (folder / "entities.faiss").stat().st_size}}
-    meta = {**current, "entities": int(table.shape[0]), "dim": int(table.shape[1]),
-            "seconds": round(time.perf_counter() - start, 2), "index": params, **engine,
-            "embeddings": source, "files": _file_records(folder)}
-    write_json(folder / "meta.json", meta)  # written last: an index without meta.json is incomplete
+        tmp = tx.write_with("entities.faiss", lambda t: faiss.write_index(index, str(t)),
+                            needed=int(table.nbytes))  # at most about the table's size (PQ: less)
+        meta["faiss"]["bytes"] = tmp.stat().st_size
+    if "added_entities" in meta:
+        tmp = tx.write_text(ADDED_FILE, tsv(added))
+        meta["added_entities"]["sha256"] = sha256_file(tmp)
+    meta["files"] = _file_records(folder, tx)
+    tx.write_json("meta.json", meta)  # every file of the index, and its description, in one commit
+    tx.commit()
     return meta
 
 
@@ -247,7 +320,9 @@ def update_search_params(run: RunDir, model: LinkPredictor, config: IndexConfig 
             raise KGCError(f"{folder} is {_describe(have)}, not {_describe(want)}: rebuild it with "
                            f"`kgc index {run.path}`")
         meta["index"] = {**have, **index_types.search_params(want)}
-        write_json(folder / "meta.json", meta)
+        with Transaction(folder) as tx:
+            tx.write_json("meta.json", meta)
+            tx.commit()
         return meta
 
 
@@ -351,24 +426,16 @@ def added_graph(run: RunDir, graph: KnowledgeGraph) -> KnowledgeGraph:
     return extend_graph(graph, entities)
 
 
-@torch.no_grad()
 def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[NewEntity], *, sources: list[dict],
-            batch_size: int, progress: bool) -> dict:
-    """Embed ``new`` with the tail tower and append them after the index's current rows (atomic files,
-    ``meta.json`` last: an interrupted add leaves a stale index, never a wrong one)."""
-    from tqdm.auto import tqdm
-
-    from kgc.encoding.backbone import load_tokenizer
-
+            batch_size: int, progress: bool, guard=None) -> dict:
+    """Embed ``new`` with the tail tower and append them after the index's current rows: the added list, the table,
+    the FAISS file and ``meta.json`` in one :class:`~kgc.fileio.Transaction` (they move together, or none does)."""
     folder, meta = run.index, _meta(run)
     before = stored_entities(folder) if meta.get("added_entities") else []
-    entities = before + new
-    extended = extend_graph(graph, entities)
-    bank = model.bank.extended(extended, load_tokenizer(run.backbone))  # passed, never swapped into the model
-    ids = list(range(graph.num_entities + len(before), extended.num_entities))
-    parts = [model.encode_entities(ids[s: s + batch_size], bank=bank).float().cpu()
-             for s in tqdm(range(0, len(ids), batch_size), desc="new entities", disable=not progress, leave=False)]
-    vectors = torch.cat(parts).numpy().astype(np.float32)  # (new, dim)
+    vectors = _embed_new(run, model, graph, before, new, batch_size=batch_size, progress=progress, guard=guard)
+    if guard is not None:
+        with guard():  # a last chance to stop it: past here it is written and committed whatever happens
+            pass
     table = _read_table(run, mmap_mode="r")  # read once, by the concatenate below
     exact = stored_params(meta)["type"] == "flat"  # entities.npy is the whole index
     index = None if exact else _read_faiss(run)
@@ -377,40 +444,25 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
         held = f"entities.npy holds {table.shape[0]} rows" if exact else \
             f"entities.faiss holds {index.ntotal} vectors and entities.npy {table.shape[0]} rows"
         raise KGCError(f"{folder}: {held}; expected {expected}. Rebuild it with `kgc index {run.path} --force`.")
-    if not exact:
-        index.add(vectors)  # IVF and HNSW indexes take new vectors without retraining
-    table = np.concatenate([table, vectors])
-    # the list first: once it differs from the sha256 in meta.json the index is stale (and a rebuild embeds
-    # every entity it lists), so a kill between the writes below never leaves a "fresh" index of the wrong size
-    write_text(folder / ADDED_FILE, tsv(entities))
-    write_npy(folder / "entities.npy", table)
-    if exact:
-        (folder / "entities.faiss").unlink(missing_ok=True)  # an older flat index's copy of the table: stale now
-    else:
-        faiss = index_types.faiss_module()
-        write_with(folder / "entities.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
-    meta["entities"] = int(table.shape[0])
-    if "faiss" in meta:  # the index grew
-        meta["faiss"]["bytes"] = (folder / "entities.faiss").stat().st_size
-    meta["added_entities"] = {"count": len(entities), "file": ADDED_FILE, "sha256": sha256_file(folder / ADDED_FILE),
-                              "sources": sources}
-    meta["files"] = _file_records(folder)
-    write_json(folder / "meta.json", meta)
-    return meta
+    table, meta = _with_added(meta, table, index, before + new, vectors, sources)
+    with Transaction(folder) as tx:
+        tx.write_npy("entities.npy", table)
+        return _commit(tx, run, meta, table, index, before + new)
 
 
 def add_entities(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: str | Path, *, batch_size: int = 256,
-                 progress: bool = False) -> dict:
+                 progress: bool = False, guard=None) -> dict:
     """``kgc index RUN --add path``: validate the new entities, embed them, append them to the (fresh) index,
     holding the run's lock (a second add at the same time is refused: run it again once the first is done)."""
     path = Path(path)
     rows = read_new_entities(path)
     with run_lock(run.path, "adding entities to the index"):
-        return _add_locked(run, model, graph, path, rows, batch_size=batch_size, progress=progress)
+        return _add_locked(run, model, graph, path, rows, batch_size=batch_size, progress=progress, guard=guard)
 
 
 def _add_locked(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: Path,
-                rows: list[tuple[int, NewEntity]], *, batch_size: int, progress: bool) -> dict:
+                rows: list[tuple[int, NewEntity]], *, batch_size: int, progress: bool, guard=None) -> dict:
+    sweep(run.index)  # staged files of an add or build that never committed (killed before its journal)
     if (reason := stale_reason(run, model)) is not None:
         raise KGCError(f"{run.index}: cannot add entities: {reason}. Build it first with `kgc index {run.path}`.")
     meta = _meta(run)
@@ -423,23 +475,20 @@ def _add_locked(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: 
                            f"`kgc index {run.path}` and add it again.")
     sources = meta.get("added_entities", {}).get("sources", []) + [
         {"file": str(path.resolve()), "sha256": sha256_file(path), "count": len(rows)}]
-    return _append(run, model, graph, [e for _, e in rows], sources=sources, batch_size=batch_size, progress=progress)
+    return _append(run, model, graph, [e for _, e in rows], sources=sources, batch_size=batch_size, progress=progress,
+                   guard=guard)
 
 
 def rebuild_index(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, *, progress: bool = True,
                   **build_options) -> dict:
     """Build the run's index from scratch (``build_index(run, model, **build_options)``), keeping the entities
-    listed in ``index/added_entities.tsv`` (re-embedded with the current weights), holding the run's lock.
-    ``model`` is over the run's own graph."""
+    listed in ``index/added_entities.tsv`` (re-embedded with the current weights, in the same commit), holding the
+    run's lock. ``model`` is over the run's own graph."""
     with run_lock(run.path, "building the index"):
+        recover(run.index)
         stored = run.index / ADDED_FILE
         keep = read_new_entities(stored) if stored.is_file() else []
         check_new(graph, keep, str(stored), "Remove that line (the graph has the entity now) and rebuild.")
         sources = _meta(run).get("added_entities", {}).get("sources", [])
-        meta = build_index(run, model, progress=progress, **build_options)
-        if keep:
-            meta = _append(run, model, graph, [e for _, e in keep], sources=sources,
-                           batch_size=run.recipe.eval.batch_size, progress=progress)
-        return meta
-
-
+        return build_index(run, model, progress=progress, keep=[e for _, e in keep], sources=sources,
+                           **build_options)

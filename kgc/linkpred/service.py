@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from kgc.errors import KGCError, UnknownName
-from kgc.fileio import run_lock, write_json, write_tsv
+from kgc.fileio import Transaction, run_lock, tsv_text
 from kgc.linkpred.predict import Answers, Query
 from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir, as_list, silent
 
@@ -260,9 +260,12 @@ class LinkPredRun(Run):
         return ev
 
     def _write(self, ev: "Evaluation", split: str, kind: str | None = None) -> "Evaluation":
-        def write() -> None:
-            write_json(self.dir.results(split, kind), ev.results)
-            write_tsv(self.dir.table("ranks", split, kind), ev.ranks)
+        def write() -> None:  # one transaction: results.json and ranks.tsv always belong to one evaluation
+            results, ranks = self.dir.results(split, kind), self.dir.table("ranks", split, kind)
+            with Transaction(results.parent) as tx:
+                tx.write_json(results.name, ev.results)
+                tx.write_text(ranks.name, tsv_text(ev.ranks))
+                tx.commit()
 
         return self._save(ev, write)  # a folder that refuses them: ResultsNotSaved, carrying the figures
 
@@ -498,20 +501,50 @@ class LinkPredRun(Run):
         self._forget_index()
         return {"action": action, "why": why, "meta": meta}
 
-    def add_entities(self, path: str | Path, *, progress: bool = True) -> dict:
+    def add_entities(self, path: str | Path, *, progress: bool = True, guard=None, batch_size: int | None = None,
+                     keep_loaded: bool = False) -> dict:
         """Embed the entities of a TSV (``id<TAB>name<TAB>description``, or ``id<TAB>name, description`` as in
         entity2text.txt) with the trained tail tower and append them to the index (built first if missing or
         stale), no retraining (``kgc index --add``); returns index/meta.json. The run's lock is held throughout: an
-        add while another process (or thread) writes the run is a KGCError naming it — run it again afterwards."""
+        add while another process (or thread) writes the run is a KGCError naming it — run it again afterwards.
+        The list, the table and the index are committed as one transaction: a failure leaves the index as it was.
+
+        ``guard`` / ``batch_size``: each embedding batch runs inside ``guard()`` (``kgc serve`` interleaves them
+        with queries); ``keep_loaded``: keep this object's loaded index (the caller swaps in the new one, see
+        :meth:`fork_search`), else it is reloaded on next use."""
         from kgc.linkpred.index import add_entities
 
         try:
             with run_lock(self.path, "adding entities to the index"):  # the build (if any) and the add, as one
                 self.ensure_index(progress=progress)
                 return add_entities(self.dir, self.model(), self.graph(), path,
-                                    batch_size=self.recipe.eval.batch_size, progress=progress)
+                                    batch_size=batch_size or self.recipe.eval.batch_size, progress=progress,
+                                    guard=guard)
         finally:  # the index on disk changed (or may have, if the add failed half-way)
-            self._forget_index()
+            if not keep_loaded:
+                self._forget_index()
+
+    INDEX_STATE = ("search", "engine", "fused", "table")  # what _forget_index drops: all read from the index
+
+    def fork_search(self) -> "LinkPredRun":
+        """A shallow copy sharing this run's model, graph and tokenizer but none of its index state: warm it
+        (``searcher()``, ``query_engine()``) off the query path, then :meth:`adopt_search` it — how ``kgc serve``
+        makes added entities visible at once, without a query ever waiting for the index to load."""
+        import copy
+
+        fork = copy.copy(self)
+        fork._loaded = {k: v for k, v in self._loaded.items() if k not in self.INDEX_STATE}
+        fork._loading = threading.RLock()
+        return fork
+
+    def adopt_search(self, fork: "LinkPredRun") -> None:
+        """Take ``fork``'s index state (see :meth:`fork_search`); the caller holds whatever orders it with queries."""
+        with self._loading:
+            for key in self.INDEX_STATE:
+                if key in fork._loaded:
+                    self._loaded[key] = fork._loaded[key]
+                else:
+                    self._loaded.pop(key, None)
 
     # ------------------------------------------------------------ the structural model
 

@@ -9,9 +9,12 @@ alone, in a batch, from the page or from the shell gives the same entities, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import re
 import tempfile
+import threading
 import time
 from importlib import resources
 from pathlib import Path
@@ -19,13 +22,17 @@ from typing import TYPE_CHECKING, Annotated, Any, List, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kgc.errors import KGCError
+from kgc.errors import KGCError, ServiceStopping
+from kgc.linkpred.added import MAX_DESCRIPTION, MAX_ID, MAX_NAME
 from kgc.training.serving import BatcherFactory, Serving
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from kgc.linkpred.predict import Answers, Query
+
+log = logging.getLogger("kgc.serve")
+
 
 MAX_QUERIES = 1024  # per request
 MAX_TOP_K = 1000
@@ -49,15 +56,17 @@ class PredictQuery(BaseModel):
 
 class NewEntityBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: str = Field(..., min_length=1)
-    name: str = Field(..., min_length=1)
-    description: str = ""
+    id: str = Field(..., min_length=1, max_length=MAX_ID)
+    name: str = Field(..., min_length=1, max_length=MAX_NAME)
+    description: str = Field("", max_length=MAX_DESCRIPTION)
 
     @field_validator("id", "name", "description")
     @classmethod
     def one_line(cls, v: str) -> str:
         if "\t" in v or "\n" in v or "\r" in v:
             raise ValueError("tabs and line breaks are not allowed")
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError("control characters are not allowed")
         return v.strip()
 
 
@@ -81,12 +90,15 @@ class LinkPredServing(Serving):
     def __init__(self, run) -> None:  # a LinkPredRun (its module imports this one)
         super().__init__(run)
         self._names: list[tuple[str, str, int]] = []  # (lower-case name, lower-case id, row) for /entities
+        self._split_keys: "dict[str, Any] | None" = None  # sorted triple keys of dev and test (known_split)
+        self._add_gate = threading.Lock()  # one add at a time
 
     # ------------------------------------------------------------ loading
 
     def load(self) -> None:
         with self.lock:
             self._warm()
+            self.split_keys()
             cache = self.run.model().layer_cache
             if cache is not None:  # the frozen layers' cache answers the texts it holds; new ones are not kept
                 cache.store = False
@@ -123,21 +135,70 @@ class LinkPredServing(Serving):
                 except KGCError as exc:
                     out[i] = exc
             try:
-                for (i, _), a in zip(todo, self.run.answer_many([q for _, q in todo])):
-                    out[i] = self._encode(a)
+                near = self._nearest([q for _, q in todo])
+                for (i, q), a in zip(todo, self.run.answer_many([q for _, q in todo])):
+                    out[i] = self._reply(q, a, near.get(q.head))
             except Exception:  # noqa: BLE001
                 if len(todo) == 1:
                     raise
                 for i, q in todo:
                     try:
-                        out[i] = self._encode(self.run.answer_many([q])[0])
+                        out[i] = self._reply(q, self.run.answer_many([q])[0], self._nearest([q]).get(q.head))
                     except Exception as exc:  # noqa: BLE001 — that query's own error, reported to it alone
                         out[i] = exc
             return out
 
     @staticmethod
     def _encode(a: "Answers") -> bytes:
-        return json.dumps(a.to_json(), ensure_ascii=False).encode()
+        return json.dumps(a.to_json(), ensure_ascii=False).encode("utf-8", "backslashreplace")
+
+    def _reply(self, q: "Query", a: "Answers", nearest: "list[str] | None") -> bytes:
+        """:meth:`Answers.to_json` and, for the page: each prediction's ``known_split`` (the split of the graph that
+        has the triple: "train", "dev" or "test"; None when not known), and for a free-text head its ``nearest``
+        entities by embedding (what ``kgc predict`` says of it)."""
+        out = a.to_json()
+        for p, split in zip(out["predictions"], self.known_splits(q, [p["entity"] for p in out["predictions"]])):
+            p["known_split"] = split if p["known"] else None
+        if q.h is None:
+            out["nearest"] = nearest or []
+        return json.dumps(out, ensure_ascii=False).encode("utf-8", "backslashreplace")
+
+    def _nearest(self, queries: "list[Query]") -> dict[str, list[str]]:
+        """The nearest entities by embedding of the free-text heads among ``queries`` (one pass), by head."""
+        texts = list(dict.fromkeys(q.head for q in queries if q.h is None))
+        return dict(zip(texts, self.run.nearest_entities(texts))) if texts else {}
+
+    def split_keys(self) -> dict[str, Any]:
+        """Sorted int64 keys ``(h * 2R + r) * E + t`` of the dev and test triples in both directions, built once
+        (held-out splits are small; a known answer in neither is a train triple)."""
+        if self._split_keys is None:
+            import numpy as np
+
+            graph = self.run.graph()
+            keys = {}
+            for split in ("dev", "test"):
+                q = graph.both_directions(split)
+                keys[split] = np.unique(graph.hr_keys(q[:, 0], q[:, 1]) * graph.num_entities + q[:, 2])
+            self._split_keys = keys
+        return self._split_keys
+
+    def known_splits(self, q: "Query", entities: list[str]) -> "list[str]":
+        """For each answer entity (id) of ``q``, the split that holds (head, relation, entity) if the graph has
+        it: "dev" or "test" when a held-out split does, else "train" (meaningful for known answers only)."""
+        import numpy as np
+
+        graph, full = self.run.graph(), self.run.searcher()[1]
+        out = ["train"] * len(entities)
+        if q.h is None or q.h >= graph.num_entities:
+            return out
+        rows = np.array([full.entity_index.get(e, graph.num_entities) for e in entities], dtype=np.int64)
+        keys = graph.hr_keys(np.array([q.h]), np.array([q.r]))[0] * graph.num_entities + rows
+        for split, held in self.split_keys().items():
+            if len(held):
+                at = np.searchsorted(held, keys).clip(max=len(held) - 1)
+                for i in np.flatnonzero((rows < graph.num_entities) & (held[at] == keys)):
+                    out[i] = split
+        return out
 
     def resolve_one(self, q: dict) -> "Query":
         return self.run.resolve(q["head"], q["relation"], q["top_k"], inverse=q["inverse"],
@@ -161,25 +222,71 @@ class LinkPredServing(Serving):
         return [{"id": graph.entities[i], "name": graph.names[i], "text": graph.full_texts[i]}
                 for i in (starts + contains)[:limit]]
 
+    ADD_BATCH = 16  # entities embedded per step of an add: a query waits for at most one step
+
     def add(self, rows: list[dict]) -> dict:
-        """Append entities to the index as ``kgc index --add`` does (under the run's lock, persisted atomically)."""
+        """Append entities to the index as ``kgc index --add`` does, off the query path: embedded in small steps
+        that alternate with query batches (a query waits for one step, not for the add), committed as one
+        transaction (under the run's lock), then the new index is loaded beside the old one and swapped in at once.
+        Queries meanwhile are answered from the index as it was. One add at a time (another gets 409). Asked to
+        stop (SIGTERM) before its commit, it is abandoned (503, nothing changed); after it, it is reported done."""
+        from kgc.errors import RunBusy
         from kgc.linkpred.added import NewEntity, tsv
 
-        with tempfile.TemporaryDirectory(prefix="kgc-serve-") as tmp:
-            path = Path(tmp) / f"POST-entities-{time.strftime('%Y%m%dT%H%M%S')}.tsv"
-            path.write_text(tsv([NewEntity(r["id"], r["name"], r.get("description", "")) for r in rows]),
-                            encoding="utf-8")
-            with self.lock:
+        if not self._add_gate.acquire(blocking=False):
+            raise RunBusy(f"{self.adding or 'another add'} is in progress; send this request again when GET /health "
+                          "no longer says adding")
+        try:
+            self.adding = f"adding {len(rows)} entities"
+            with tempfile.TemporaryDirectory(prefix="kgc-serve-") as tmp:
+                path = Path(tmp) / f"POST-entities-{time.strftime('%Y%m%dT%H%M%S')}.tsv"
+                path.write_text(tsv([NewEntity(r["id"], r["name"], r.get("description", "")) for r in rows]),
+                                encoding="utf-8")
                 try:
-                    meta = self.run.add_entities(path, progress=False)
+                    meta = self.run.add_entities(path, progress=False, guard=self._step, batch_size=self.ADD_BATCH,
+                                                 keep_loaded=True)
                 except KGCError as exc:  # name the entity of the request, not the temporary file's line
                     exc.args = (re.sub(re.escape(str(path)) + r":(\d+)",
                                        lambda m: f"POST /entities, entities[{int(m.group(1)) - 1}]",
                                        str(exc)).replace(str(path), "POST /entities"),)
                     raise
-                finally:
-                    self._warm()  # the new index (or, after a failure, the one on disk), loaded before answering
-        return {"added": len(rows), "entities": meta["entities"], "ids": [r["id"] for r in rows]}
+            # committed: whatever happens now, the reply says the entities were added (they are, on disk)
+            try:
+                self._swap_in()
+            except Exception as exc:  # noqa: BLE001 — answers go on from the old index; /health says why
+                log.exception("reloading the index after POST /entities failed")
+                self.degraded = (f"{len(rows)} entities were added to the run, but loading its new index failed "
+                                 f"({type(exc).__name__}: {exc}); answers come from the index as it was. Restart "
+                                 "the server.")
+            return {"added": len(rows), "entities": meta["entities"], "ids": [r["id"] for r in rows]}
+        finally:
+            self.adding = None
+            self._add_gate.release()
+
+    @contextlib.contextmanager
+    def _step(self):
+        """One step of an add: abandoned when the server is stopping; run under the model's lock, so query batches
+        and steps take turns."""
+        from kgc.fileio import fault
+
+        if self.stopping.is_set():
+            raise ServiceStopping("the server is stopping: the entities were not added (nothing was changed); send "
+                                  "them again once it is back")
+        fault("step")  # tests: KGC_FAULT=slow:MS makes each step last MS milliseconds longer
+        with self.lock:
+            yield
+        time.sleep(0.0005)  # hand the lock to a waiting batch
+
+    def _swap_in(self) -> None:
+        """Load the index as it is now on disk beside the one in use (queries go on), then swap it in at once."""
+        fork = self.run.fork_search()
+        _, graph, _ = fork.searcher(progress=False)
+        fork.query_engine()
+        graph.all_answers  # noqa: B018 — built before the swap, not by the first query after it
+        names = [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
+        with self.lock:
+            self.run.adopt_search(fork)
+            self._names = names
 
     def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
         """Test triples in both directions, shuffled: ``POST /predict`` of (head id, relation label, inverse)."""

@@ -137,9 +137,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def state_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a (nested) state: about what torch.save writes for it."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temp file, fsync, rename: the previous checkpoint survives a kill mid-write."""
-    write_with(path, lambda tmp: torch.save(state, tmp))
+    """torch.save to a temp file, fsync, rename: the previous checkpoint survives a kill mid-write, and a disk
+    without room for it is refused before the first byte (:func:`kgc.fileio.ensure_space`) or, if it fills
+    meanwhile, one message naming the folder and the bytes (exit 2), the previous checkpoint intact."""
+    write_with(path, lambda tmp: torch.save(state, tmp), needed=state_bytes(state))
 
 
 class MetricsLog:

@@ -33,12 +33,14 @@ from kgc.training.common import (MetricsLog, end_schedule_at, fit_schedule, line
                                  plot_curves, resolve_threads, rng_state, save_checkpoint, seed_everything,
                                  set_rng_state)
 from kgc.training import distributed as dist
+from kgc.training import estimate
 from kgc.training.run import RunDir, load_checkpoint, load_weights, weights_to_save
 from kgc.training.task import Task, make_task
 from kgc.training.setup import count_parameters, freezes_weights, pooling_parameters, save_backbone_files
 
 
 PACE_STEPS, PACE_SECONDS = 20, 30.0  # the pace is judged once, after this many steps or seconds of training
+ETA_STEPS = 5  # the pace and end time are said once, this many steps (or PACE_SECONDS) after the first step
 SLOW_EPOCH_SECONDS = 3600.0  # an epoch slower than this, with every layer training, is worth a word
 
 
@@ -76,7 +78,8 @@ def default_run_dir(recipe: Recipe) -> Path:
     return Path("runs") / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_new_run(recipe: Recipe, out: Path | None, hold: contextlib.ExitStack | None = None) -> Path:
+def prepare_new_run(recipe: Recipe, out: Path | None, hold: contextlib.ExitStack | None = None, *,
+                    restart: bool = False) -> Path:
     """The new run's folder (``out``, default ``runs/<name>-<time>``), created, with its lock taken first: into
     ``hold`` (held until that stack closes), else only while the folder is checked. A folder that holds a run
     already, or one another process is writing (a second ``kgc train --out`` started at the same moment), is a
@@ -84,7 +87,14 @@ def prepare_new_run(recipe: Recipe, out: Path | None, hold: contextlib.ExitStack
     run_dir = Path(out) if out else default_run_dir(recipe)
     with contextlib.ExitStack() as brief:
         (hold if hold is not None else brief).enter_context(run_lock(run_dir, "training"))
-        if (run_dir / "recipe.yaml").exists():
+        if restart:  # a run that died before its first checkpoint, started again in place: its leftovers go
+            for stale in ("metrics.jsonl", "curves.png", "checkpoints"):
+                f = run_dir / stale
+                shutil.rmtree(f) if f.is_dir() else f.unlink(missing_ok=True)
+        elif RunDir.died_young(run_dir):
+            raise KGCError(f"{run_dir} holds a run that stopped before its first checkpoint. Start it again in place "
+                           f"with `kgc train --resume {run_dir}` (its recipe.yaml), or pick another --out.")
+        elif (run_dir / "recipe.yaml").exists():
             raise KGCError(f"{run_dir} already holds a run. Continue it with `kgc train --resume {run_dir}` "
                            "or pick another --out.")
     return run_dir
@@ -124,8 +134,12 @@ def _on_main(fn):
 
 
 def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path | None = None,
-          progress: bool = True, echo=print) -> Path:
+          progress: bool = True, echo=print, check_memory: bool = True) -> Path:
     """Train (or resume) the recipe's task and return the run directory.
+
+    Before anything is written, the memory a training step needs is estimated and said in one line; a run that
+    does not fit is refused (:mod:`kgc.training.estimate`) unless ``train.check_memory`` or ``check_memory`` is
+    false.
 
     Under ``torchrun`` every process calls this; the run directory is rank 0's and is returned on every rank.
     Rank 0 holds the run directory's lock for the whole training (:func:`kgc.fileio.run_lock`): another
@@ -133,7 +147,8 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     """
     try:
         with contextlib.ExitStack() as hold:  # the run directory's lock, released when training ends
-            return _train(recipe, out=out, resume=resume, progress=progress, echo=echo, hold=hold)
+            return _train(recipe, out=out, resume=resume, progress=progress, echo=echo, hold=hold,
+                          check_memory=check_memory)
     finally:
         dist.shutdown()
 
@@ -143,7 +158,8 @@ class _Setup:
     counters a checkpoint restores."""
 
     def __init__(self, recipe: Recipe | None, *, out: Path | None, resume: Path | None, echo,
-                 hold: contextlib.ExitStack) -> None:
+                 hold: contextlib.ExitStack, check_memory: bool = True) -> None:
+        restart = False
         if resume is not None:
             run = RunDir(resume)
             recipe = run.recipe
@@ -152,7 +168,13 @@ class _Setup:
                     raise KGCError(f"{run.path}: training finished, and it kept best.pt only (train.keep: best), so "
                                    "there is nothing to resume. To train further, start a new run (train.keep: all "
                                    "keeps checkpoints/last.pt with the optimiser state).")
-                raise KGCError(f"{run.path}: no checkpoints/last.pt to resume from; start it again with `kgc train`.")
+                if not RunDir.died_young(run.path):  # best.pt without last.pt: train.keep: best, stopped early
+                    raise KGCError(f"{run.path}: no checkpoints/last.pt to resume from (train.keep: best keeps "
+                                   f"best.pt only); start a new run from its recipe: `kgc train {run.recipe_file} "
+                                   "--out NEW_DIR`.")
+                if RunDir.training_now(run.path) is not None:
+                    raise KGCError(RunDir.no_weights_message(run.path))
+                restart, out, resume = True, run.path, None  # died before its first checkpoint: again, in place
         assert recipe is not None
         task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
         tc = recipe.train
@@ -166,6 +188,11 @@ class _Setup:
             raise KGCError(f"task {recipe.task} trains in one process (its batches must be seen whole by one rank); "
                            "drop --nproc / torchrun")
         dist.check_batch(tc.batch_size)
+        # what a step will need, said (and refused where it does not fit) before the first byte of the run is written
+        self.memory = estimate.check(recipe, task, device=self.device, world=self.world, say=self.say,
+                                     enabled=tc.check_memory and check_memory,
+                                     backbone=RunDir.backbone_folder(run.path) if resume is not None else None)
+        self.rss_at_check = estimate.resident_bytes()[0]
         if resume is not None:
             _on_main(lambda: hold.enter_context(run_lock(run.path, "training")) and None)  # before any write
             ckpt = load_checkpoint(run.last)
@@ -174,14 +201,17 @@ class _Setup:
             return
         target = Path(out) if out else default_run_dir(recipe)
         existed = target.exists()
-        run_dir = _on_main(lambda: prepare_new_run(recipe, target, hold))
+        run_dir = _on_main(lambda: prepare_new_run(recipe, target, hold, restart=restart))
+        if restart:
+            self.say(f"{run_dir} stopped before its first checkpoint: starting it again from step 0 (its recipe.yaml)")
         self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
                                                if self.world > 1 else ""))
         try:
             self._init_model(recipe, task, run_dir, None, None)
         except BaseException:  # nothing half-written: what this setup made goes (data/ handed in by the API stays)
             if dist.is_main():
-                for made in (RunDir.backbone_folder(run_dir), run_dir / "recipe.yaml", run_dir / "metrics.jsonl"):
+                made_files = [RunDir.backbone_folder(run_dir), run_dir / "metrics.jsonl"]
+                for made in made_files + ([] if restart else [run_dir / "recipe.yaml"]):
                     shutil.rmtree(made) if made.is_dir() else made.unlink(missing_ok=True)
                 if not existed:
                     shutil.rmtree(run_dir, ignore_errors=True)
@@ -301,10 +331,10 @@ class _Setup:
 
 
 def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, progress: bool, echo,
-           hold: contextlib.ExitStack) -> Path:
+           hold: contextlib.ExitStack, check_memory: bool = True) -> Path:
     from tqdm.auto import tqdm
 
-    s = _Setup(recipe, out=out, resume=resume, echo=echo, hold=hold)
+    s = _Setup(recipe, out=out, resume=resume, echo=echo, hold=hold, check_memory=check_memory)
     recipe, task, model, criterion, tc = s.recipe, s.task, s.model, s.criterion, s.recipe.train
     rate_key = f"{task.unit}_per_s"
     model.train()
@@ -315,6 +345,8 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     s.clock_start, clock0, seen0 = t_start, s.clock, s.seen  # the training clock starts with the first step
     step0 = s.step
     pace_step0: int | None = s.step  # pace_warning: steps counted from here; None once judged
+    eta_from: tuple[int, float, int] | None = None  # (step, seconds, seen) after the first step (its one-off work:
+    s.pace = None  # the entity table, the layer cache's first states) — the pace and end time, said once
     for epoch in range(s.step // s.steps_per_epoch if s.step < s.total else tc.epochs, tc.epochs):
         for i, batch in enumerate(task.epoch_batches(epoch)):
             if epoch * s.steps_per_epoch + i < s.step:
@@ -351,6 +383,15 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                     bar.clear()
                     s.say(slow)
                 pace_step0 = None
+            if s.pace is None and eta_from is None:
+                eta_from = (s.step, s.seconds(), s.seen)
+            elif s.pace is None and (s.step - eta_from[0] >= ETA_STEPS or s.seconds() - eta_from[1] >= PACE_SECONDS):
+                took = max(s.seconds() - eta_from[1], 1e-9)
+                line, s.pace = estimate.pace(step=s.step, total=s.total, seconds_per_step=took / (s.step - eta_from[0]),
+                                             train_seconds=s.seconds(), max_minutes=tc.max_minutes,
+                                             unit=task.unit, rate=(s.seen - eta_from[2]) / took)
+                bar.clear()
+                s.say(line)
             bar.update(1)
             if logged:
                 bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
@@ -384,6 +425,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
         if s.step >= s.total:
             break
     bar.close()
+    s.peak_rss = estimate.resident_bytes()[1]  # the training's peak, before the finishing work (curves, summary)
     if not dist.is_main():
         return s.run.path
     s.clock, s.clock_start = s.seconds(), time.perf_counter()  # frozen here: finishing is not training
@@ -413,6 +455,9 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         "device": str(s.device), "processes": s.world, "finished": True, "seen": s.seen,
         "epochs": round(s.step / s.steps_per_epoch, 3),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else None,
+        "memory": {**(s.memory.record() if s.memory is not None else {}), "rss_at_check_bytes": s.rss_at_check,
+                   "peak_rss_bytes": s.peak_rss},  # the estimate said at the start, and measured
+        "pace": s.pace,  # the pace and end time said after the first steps
         "files": run.file_records()})  # best.pt and backbone/*: a damaged one is refused when the run is loaded
     echo(f"finished {s.step} steps; run directory: {run.path}")
     task.after_training(run.path, progress=progress, echo=echo)

@@ -17,13 +17,14 @@ Layout of a run directory::
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from kgc.errors import KGCError, ResultsNotSaved
-from kgc.fileio import sha256_cached
+from kgc.fileio import recover, sha256_cached
 from kgc.recipe import Recipe, load_recipe
 
 Echo = Callable[[str], None]
@@ -97,6 +98,8 @@ class RunDir:
         self.path = Path(path)
         if not self.recipe_file.is_file():
             raise KGCError(self.not_a_run(self.path))
+        with contextlib.suppress(KGCError):  # an evaluation's files killed mid-commit: completed (read-only: as is)
+            recover(self.path)
         self.recipe: Recipe = load_recipe(self.recipe_file, saved=True)
 
     recipe_file = property(lambda self: self.path / "recipe.yaml")
@@ -127,6 +130,45 @@ class RunDir:
     def finished(path: str | Path) -> bool:
         """A run directory whose training finished (it wrote train_summary.json)."""
         return (Path(path) / "train_summary.json").is_file()
+
+    @staticmethod
+    def died_young(path: str | Path) -> bool:
+        """A run directory whose training stopped before its first checkpoint (a kill, a full disk): a recipe, no
+        weights, no summary. ``kgc train --resume`` starts it again in place."""
+        path = Path(path)
+        return (path / "recipe.yaml").is_file() and not any((path / f).is_file() for f in (*CHECKPOINTS,
+                                                                                            "train_summary.json"))
+
+    @staticmethod
+    def training_now(path: str | Path) -> dict | None:
+        """The holder (pid, command, since) of a training that is writing ``path`` now, on this machine; None when
+        none is (a holder file left by a killed process names a pid that is gone)."""
+        import os
+        import socket
+
+        from kgc.fileio import lock_holder
+
+        holder = lock_holder(path)
+        if not holder or holder.get("what") != "training" or holder.get("host") != socket.gethostname():
+            return None
+        try:
+            os.kill(int(holder.get("pid", -1)), 0)
+        except (OSError, ValueError, OverflowError):
+            return None
+        return holder
+
+    @staticmethod
+    def no_weights_message(path: str | Path) -> str:
+        """What a run without weights is, and the one thing to do — the same words from train, --resume, predict,
+        evaluate and serve."""
+        holder = RunDir.training_now(path)
+        if holder is not None:
+            return (f"{path}: no weights yet: it is still training (`{holder.get('command', 'kgc train')}`, pid "
+                    f"{holder.get('pid')}, since {holder.get('since')}) and has not written its first checkpoint. "
+                    "Wait for it (train.checkpoint_every steps), or stop it and start it again.")
+        return (f"{path}: no weights: its training stopped before the first checkpoint (killed, or a write failed). "
+                f"Start it again in place with `kgc train --resume {path}` (its recipe.yaml, from step 0), or "
+                "delete the folder.")
 
     @staticmethod
     def resumable(path: str | Path) -> bool:
@@ -231,8 +273,7 @@ class RunDir:
         for f in (self.best, self.last):
             if f.is_file():
                 return f
-        raise KGCError(f"{self.path}: no weights yet (best.pt or checkpoints/last.pt). "
-                       f"Finish training or resume it: `kgc train --resume {self.path}`.")
+        raise KGCError(self.no_weights_message(self.path))
 
     def weights_fingerprint(self) -> str:
         """sha256 of the weights file, hashed once per version of it (one command checks an index's freshness

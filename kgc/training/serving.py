@@ -29,6 +29,18 @@ class Serving(ABC):
     def __init__(self, run: "Run") -> None:
         self.run = run
         self.lock = threading.RLock()
+        self.stopping = threading.Event()  # set when the server is asked to stop (SIGTERM): writes not begun abort
+        self.adding: str | None = None  # what a write in progress does ("adding 3000 entities"), for /health
+        self.degraded: str | None = None  # why answers may not reflect the run on disk (e.g. a reload failed)
+
+    def status(self) -> tuple[str, str | None]:
+        """What the service can do once loaded: ``("ready", None)``, ``("adding", what)`` (answers go on, from
+        the index as it was) or ``("degraded", why)`` (answers go on; the message says what is wrong)."""
+        if self.degraded:
+            return "degraded", self.degraded
+        if self.adding:
+            return "adding", self.adding
+        return "ready", None
 
     @abstractmethod
     def load(self) -> None:

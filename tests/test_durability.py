@@ -1,0 +1,274 @@
+"""Nothing of a run is lost or mixed when a write fails (a full disk) or a process dies mid-commit.
+
+Faults are injected two ways: ``KGC_FAULT=write:N`` (:func:`kgc.fileio.fault`) makes the N-th file write of a
+process fail as a full disk does, at every N in turn; and a real file-size limit (``RLIMIT_FSIZE``, what ``ulimit
+-f`` sets) makes the C++ writers (torch.save, FAISS, safetensors) themselves fail, in a subprocess. A kill at each
+rename of a commit (``KGC_FAULT=commit:N``) checks that a reader then sees the old state or the new one, whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kgc
+from kgc import fileio
+from kgc.errors import DiskFull, KGCError
+from kgc.fileio import Transaction, recover
+from tests.conftest import cli
+from tests.test_api import _cache, tiny_linkpred  # noqa: F401 — _cache: every test's own layer cache (autouse)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_faults():
+    fileio._FAULTS.clear()
+    yield
+    fileio._FAULTS.clear()
+
+
+def fail_at(n: int) -> None:
+    """The n-th file write of this process from now fails with ENOSPC."""
+    fileio._FAULTS.clear()
+    fileio._FAULTS["write"] = n
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every visible file under ``folder`` (relative path -> bytes); the lock's holder file left out."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*"))
+            if f.is_file() and f.name not in (".lock", ".lock.json")}
+
+
+def stray(folder: Path) -> list[str]:
+    """Temporary files a failed write left behind (there must be none)."""
+    return [str(f) for f in folder.rglob("*") if f.name.endswith((".tx", ".tmp")) or f.name == fileio.JOURNAL]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert, tmp_path_factory, data_home) -> Path:
+    out = tmp_path_factory.mktemp("durable") / "run"
+    kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=2, echo=None)
+    return out
+
+
+@pytest.fixture()
+def run_dir(trained, tmp_path) -> Path:
+    """A copy of the trained run with its index, for one test to damage."""
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    cli("index", out, "--no-progress")
+    return out
+
+
+def new_entities(tmp_path: Path, n: int = 3, prefix: str = "new") -> Path:
+    f = tmp_path / f"{prefix}.tsv"
+    f.write_text("".join(f"{prefix}_{i}\tthing {i}\ta new kind of thing number {i}\n" for i in range(n)))
+    return f
+
+
+# ---------------------------------------------------------------- the transaction itself
+
+
+def test_transaction_commits_all_or_nothing(tmp_path):
+    (tmp_path / "a").write_text("old a")
+    (tmp_path / "gone").write_text("old")
+    with Transaction(tmp_path) as tx:
+        tx.write_text("a", "new a")
+        tx.write_text("b", "new b")
+        tx.remove("gone")
+        assert (tmp_path / "a").read_text() == "old a"  # nothing visible before the commit
+        tx.commit()
+    assert snapshot(tmp_path) == {"a": b"new a", "b": b"new b"}
+    with pytest.raises(RuntimeError), Transaction(tmp_path) as tx:  # an error before the commit: nothing
+        tx.write_text("a", "newer")
+        raise RuntimeError("boom")
+    assert snapshot(tmp_path) == {"a": b"new a", "b": b"new b"} and not stray(tmp_path)
+    fail_at(2)  # the second staged file hits a full disk
+    with pytest.raises(DiskFull, match=r"needs 5 bytes.*Nothing was changed") as err, Transaction(tmp_path) as tx:
+        tx.write_text("a", "third")
+        tx.write_text("b", "third")
+    assert str(tmp_path) in str(err.value)
+    assert snapshot(tmp_path) == {"a": b"new a", "b": b"new b"} and not stray(tmp_path)
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3, 4, 5])
+def test_a_kill_at_each_rename_of_a_commit_is_completed_by_the_next_reader(tmp_path, kill_at):
+    (tmp_path / "x").write_text("old x")
+    (tmp_path / "y").write_text("old y")
+    script = ("from kgc.fileio import Transaction\n"
+              f"with Transaction({str(tmp_path)!r}) as tx:\n"
+              "    tx.write_text('x', 'new x'); tx.write_text('y', 'new y'); tx.write_text('z', 'new z')\n"
+              "    tx.commit()\n")
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "KGC_FAULT": f"commit:{kill_at}"},
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr  # killed mid-commit
+    if kill_at == 1:  # before the journal: not committed; the next writer sweeps what it staged
+        assert not recover(tmp_path)
+        fileio.sweep(tmp_path)
+        assert snapshot(tmp_path) == {"x": b"old x", "y": b"old y"} and not stray(tmp_path)
+        return
+    assert (tmp_path / fileio.JOURNAL).is_file()
+    assert recover(tmp_path)
+    assert snapshot(tmp_path) == {"x": b"new x", "y": b"new y", "z": b"new z"} and not stray(tmp_path)
+
+
+# ---------------------------------------------------------------- the index: build, --add, at every failing write
+
+
+def index_state(run: Path) -> tuple[int, list[str]]:
+    """(rows of the index as a search loads it, ids of the added entities), read as a fresh process would."""
+    from kgc.linkpred.index import added_graph, load_index
+    from kgc.training.run import RunDir
+
+    loaded = kgc.load(run, echo=None)
+    model, graph = loaded.model(), loaded.graph()
+    index = load_index(RunDir(run), model, faiss_device="cpu")
+    full = added_graph(RunDir(run), graph)
+    return index.ntotal, full.entities[graph.num_entities:]
+
+
+def test_add_fails_at_every_write_and_leaves_the_index_as_it_was(run_dir, tmp_path):
+    before = snapshot(run_dir / "index")
+    rows, added = index_state(run_dir)
+    assert added == []
+    new = new_entities(tmp_path)
+    for n in range(1, 12):  # the lock's holder file, the added list, the table, meta.json, the journal: each in turn
+        fail_at(n)
+        out = cli("index", run_dir, "--add", new, "--no-progress", check=False)
+        if out.exit_code == 0:
+            break
+        assert out.exit_code == 2 and "cannot be written" in out.stderr and "Nothing was changed" in out.stderr, out
+        assert snapshot(run_dir / "index") == before and not stray(run_dir), n
+        assert index_state(run_dir) == (rows, [])
+    assert out.exit_code == 0 and n > 4, n
+    fileio._FAULTS.clear()
+    assert index_state(run_dir) == (rows + 3, ["new_0", "new_1", "new_2"])  # the add that succeeded, whole
+    again = cli("index", run_dir, "--add", new, "--no-progress", check=False)  # it is applied: now refused
+    assert again.exit_code == 2 and "already added" in again.stderr
+
+
+def test_rebuild_fails_at_every_write_and_keeps_the_old_index(run_dir, tmp_path):
+    cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
+    before = snapshot(run_dir / "index")
+    state = index_state(run_dir)
+    for n in range(1, 12):
+        fail_at(n)
+        out = cli("index", run_dir, "--force", "--no-progress", check=False)
+        if out.exit_code == 0:
+            break
+        assert out.exit_code == 2 and "cannot be written" in out.stderr, out
+        assert snapshot(run_dir / "index") == before and not stray(run_dir)
+    assert out.exit_code == 0 and n > 4, n
+    fileio._FAULTS.clear()
+    assert index_state(run_dir) == state  # rebuilt whole, the added entities kept in the same commit
+
+
+def test_a_first_index_that_fails_leaves_no_folder(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("index"))
+    fail_at(1)
+    out = cli("index", run, "--no-progress", check=False)
+    assert out.exit_code == 2 and "cannot be written" in out.stderr
+    assert not (run / "index").exists()
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3, 4, 5])
+def test_a_kill_at_each_step_of_an_add_leaves_the_run_consistent(run_dir, tmp_path, kill_at):
+    rows, _ = index_state(run_dir)
+    new = new_entities(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "kgc", "index", str(run_dir), "--add", str(new), "--no-progress"],
+                          env={**os.environ, "KGC_FAULT": f"commit:{kill_at}"}, cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == -9, proc.stderr
+    if kill_at == 1:  # before the commit point: the add never happened, and can be sent again
+        assert index_state(run_dir) == (rows, [])
+        cli("index", run_dir, "--add", new, "--no-progress")
+    # else the next reader completes the commit: the add is there whole (its journal preceded every rename)
+    assert index_state(run_dir) == (rows + 3, ["new_0", "new_1", "new_2"])
+    assert not stray(run_dir)
+    predicted = cli("predict", run_dir, "--head", "new_1", "--relation", "isa", "--top-k", "2")
+    assert "thing 1" in predicted.stdout or "new_1" in predicted.stdout
+
+
+def _limited(nbytes: int):
+    def limit() -> None:  # in the child: files of at most nbytes (SIGXFSZ is ignored by Python: EFBIG instead)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.RLIM_INFINITY))
+    return limit
+
+
+def test_a_real_file_size_limit_in_the_writers_themselves(run_dir):
+    """C-level writers (numpy, FAISS's fwrite) fail for real; the message names the folder and the fix."""
+    table = (run_dir / "index" / "entities.npy").stat().st_size
+    before = snapshot(run_dir / "index")
+    proc = subprocess.run([sys.executable, "-m", "kgc", "index", str(run_dir), "--force", "--type", "hnsw",
+                           "--no-progress"], cwd=ROOT, capture_output=True, text=True,
+                          preexec_fn=_limited(table // 2))
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot be written" in proc.stderr and "ulimit -f" in proc.stderr and "Traceback" not in proc.stderr
+    assert snapshot(run_dir / "index") == before and not stray(run_dir)
+
+
+# ---------------------------------------------------------------- evaluate, train
+
+
+def test_evaluate_keeps_results_and_ranks_of_one_evaluation(run_dir):
+    cli("evaluate", run_dir, "--no-progress")
+    before = {f: (run_dir / f).read_bytes() for f in ("results.json", "ranks.tsv")}
+    for n in range(1, 8):
+        fail_at(n)
+        out = cli("evaluate", run_dir, "--no-progress", check=False)
+        if out.exit_code == 0:
+            break
+        assert out.exit_code == 2 and "cannot be written" in out.stderr and "MRR" in out.stdout + out.stderr
+        assert {f: (run_dir / f).read_bytes() for f in before} == before and not stray(run_dir)
+    assert out.exit_code == 0 and n >= 3, n
+
+
+def test_train_on_a_full_disk_is_one_message_then_one_way_forward(trained, tmp_path):
+    """torch.save hits a real file-size limit at the first checkpoint: one message, exit 2, no temp files; the
+    run (no weights yet) is then started again in place by the command every message names."""
+    import yaml
+
+    recipe = yaml.safe_load((trained / "recipe.yaml").read_text())
+    recipe["train"].update(keep="all", checkpoint_every=1, max_steps=2)
+    f = tmp_path / "r.yaml"
+    f.write_text(yaml.safe_dump(recipe))
+    run = tmp_path / "run"
+    limit = (trained / "best.pt").stat().st_size // 2  # the tokenizer fits, a checkpoint does not
+    proc = subprocess.run([sys.executable, "-m", "kgc", "train", str(f), "--out", str(run), "--no-progress"],
+                          cwd=ROOT, capture_output=True, text=True, preexec_fn=_limited(limit))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cannot be written" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not stray(run) and not (run / "best.pt").exists()
+    out = cli("train", "--resume", run, "--no-progress")
+    assert "starting it again from step 0" in out.stdout + out.stderr
+    assert (run / "checkpoints" / "last.pt").is_file() and (run / "train_summary.json").is_file()
+
+
+def test_a_run_that_died_young_has_one_way_forward(trained, tmp_path, tiny_bert):
+    """recipe.yaml and no weights (killed before the first checkpoint): every command says the same one thing,
+    and that one thing works."""
+    run = tmp_path / "young"
+    run.mkdir()
+    shutil.copy(trained / "recipe.yaml", run / "recipe.yaml")
+    shutil.copytree(trained / "backbone", run / "backbone")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\n')
+    fix = f"kgc train --resume {run}"
+    for args in (("predict", run, "--head", "virus", "--relation", "causes"), ("evaluate", run),
+                 ("train", run / "recipe.yaml", "--out", run)):
+        out = cli(*args, check=False)
+        assert out.exit_code == 2 and fix in out.stderr and "before" in out.stderr and "first checkpoint" in \
+            out.stderr, out
+    out = cli("train", "--resume", run, "--no-progress")
+    assert "starting it again from step 0" in out.stdout + out.stderr
+    assert (run / "best.pt").is_file() or (run / "checkpoints" / "last.pt").is_file()
+    cli("predict", run, "--head", "virus", "--relation", "causes", "--top-k", "1")
