@@ -94,6 +94,10 @@ def write_error(path: str | os.PathLike, exc: BaseException, needed: int | None 
                             "again.")
         if exc.errno in _FULL:
             return _full_message(path, needed, reason)
+        if exc.errno == errno.EIO:
+            return KGCError(f"{path}: cannot be written ({reason}): the disk or its filesystem reported an I/O error. "
+                            f"Nothing was changed. Check the disk that holds {path.parent} (e.g. `dmesg`), or move "
+                            "the run to another disk, and run this again.")
         if exc.errno is not None:
             return None
     if not isinstance(exc, Exception):  # an OSError without errno ("4320 requested and 2144 written": numpy)
@@ -135,7 +139,8 @@ def _fault_plan() -> dict[str, int]:
 
 def fault(point: str) -> None:
     """A test hook at each file write (``write``) and each rename of a commit (``commit``): with ``KGC_FAULT=
-    write:N`` the N-th write of the process fails as a full disk does (ENOSPC); with ``commit:N`` the process is
+    write:N`` the N-th write of the process fails as a full disk does (ENOSPC), with ``eio:N`` as a failing disk
+    does (EIO); with ``commit:N`` the process is
     killed (SIGKILL) at the N-th step of a commit (1: before its journal, then before each rename, then before
     the journal's removal); with ``slow:MS`` each step of an add in ``kgc serve`` lasts
     MS milliseconds longer. Unset (always, outside tests), it does nothing."""
@@ -144,15 +149,17 @@ def fault(point: str) -> None:
         if "slow" in plan:
             time.sleep(plan["slow"] / 1000)
         return
-    if point not in plan:
+    key = "eio" if point == "write" and "eio" in plan else point  # eio:N — the N-th write is an I/O error
+    if key not in plan:
         return
-    plan[point] -= 1
-    if plan[point] > 0:
+    plan[key] -= 1
+    if plan[key] > 0:
         return
-    del plan[point]
+    del plan[key]
     if point == "commit":
         os.kill(os.getpid(), 9)
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    code = errno.EIO if key == "eio" else errno.ENOSPC
+    raise OSError(code, os.strerror(code))
 
 
 def _umask() -> int:

@@ -228,7 +228,7 @@ def test_a_real_server_bounds_non_reading_clients_and_stops_an_add_on_sigterm(tr
             sock = socket.create_connection(("127.0.0.1", port))
             sock.setblocking(False)
             socks.append(sock)
-        flood_end = time.time() + 4
+        flood_end = time.time() + 3
         while time.time() < flood_end:
             for sock in socks:
                 with contextlib.suppress(BlockingIOError):
