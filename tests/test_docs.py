@@ -384,3 +384,20 @@ def test_docstring_roles_name_objects_of_kgc(caplog):
         pkg = griffe.load("kgc", extensions=extensions, search_paths=[str(ROOT)])
     assert not [r.getMessage() for r in caplog.records if r.name == "kgc_docs.roles"]
     assert "[`kgc.Run`][kgc.training.run.Run]" in pkg["api"].docstring.value
+
+
+def test_no_table_is_cut_by_a_blank_line():
+    """A table row after a blank line, with no header separator under it, renders as raw `|` text (and `mkdocs
+    build --strict` does not catch it): a table's rows must follow one another."""
+    separator = re.compile(r"^\|[\s:|-]+\|\s*$")
+    found = []
+    for path in doc_files():
+        lines, fenced = path.read_text(encoding="utf-8").splitlines(), False
+        for n, line in enumerate(lines):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            if fenced or not line.startswith("|") or n == 0 or lines[n - 1].strip():
+                continue
+            if n + 1 >= len(lines) or not separator.match(lines[n + 1]):
+                found.append(f"{path.relative_to(ROOT)}:{n + 1}: {line[:80]}")
+    assert not found, "rows cut off from their table:\n" + "\n".join(found)
