@@ -434,13 +434,10 @@ def _free_port() -> int:
 
 def _peak_rss_mb(pid: int) -> float | None:
     """The process's peak resident memory (VmHWM, Linux), MiB."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
+    from kgc.training.estimate import resident_bytes
+
+    peak = resident_bytes(pid)[1]
+    return None if peak is None else round(peak / (1 << 20), 1)
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:

@@ -100,8 +100,8 @@ def write_error(path: str | os.PathLike, exc: BaseException, needed: int | None 
                             "the run to another disk, and run this again.")
         if exc.errno is not None:
             return None
-    if not isinstance(exc, Exception):  # an OSError without errno ("4320 requested and 2144 written": numpy)
-        return None
+        # an OSError without errno ("4320 requested and 2144 written": numpy) is read as the libraries' errors are
+    if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: never a disk's
         return None
     text = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
     free, limit = free_bytes(path.parent), _fsize_limit()

@@ -41,14 +41,16 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_backbone("sentence-transformers/all-MiniLM-L6-v2"))
 
 
-def save_tiny_bert(folder: Path, tokenizer, layers: int) -> Path:
-    """A ``layers``-layer, 32-wide BERT with random weights (seed 0) and ``tokenizer``, saved as a model folder."""
+def save_tiny_bert(folder: Path, tokenizer, layers: int, *, hidden: int = 32, heads: int = 2,
+                   intermediate: int = 64) -> Path:
+    """A ``layers``-layer BERT (32 wide unless ``hidden`` says) with random weights (seed 0) and ``tokenizer``, saved
+    as a model folder."""
     import torch
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=intermediate, max_position_embeddings=128)
     BertModel(config, add_pooling_layer=False).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli as kgc
+from tests.conftest import cli as kgc, save_tiny_bert
 
 FACTOR = 1.5  # the estimate of the step's own memory is within this factor of the measured one (either way)
 
@@ -46,16 +46,7 @@ def graph(tmp_path_factory, tokenizer) -> Path:
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory, tokenizer) -> Path:
     """A 2-layer, 64-wide random BERT (4 heads, intermediate 256): activations big enough to measure."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("bert64")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=256, max_position_embeddings=128)
-    BertModel(config, add_pooling_layer=False).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_bert(tmp_path_factory.mktemp("bert64"), tokenizer, 2, hidden=64, heads=4, intermediate=256)
 
 
 def recipe_file(path: Path, backbone: Path, graph: Path, **train) -> Path:

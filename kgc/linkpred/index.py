@@ -274,7 +274,7 @@ def _commit(tx: Transaction, run: RunDir, meta: dict, table: np.ndarray, index, 
         meta["faiss"]["bytes"] = tmp.stat().st_size
     if "added_entities" in meta:
         tmp = tx.write_text(ADDED_FILE, tsv(added))
-        meta["added_entities"]["sha256"] = sha256_file(tmp)
+        meta["added_entities"]["sha256"] = sha256_cached(tmp)  # _file_records below reads this hash, not the file
     meta["files"] = _file_records(folder, tx)
     tx.write_json("meta.json", meta)  # every file of the index, and its description, in one commit
     tx.commit()

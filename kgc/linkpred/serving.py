@@ -104,12 +104,16 @@ class LinkPredServing(Serving):
                 cache.store = False
 
     def _warm(self) -> None:
-        """Load what answers read — model, index, added entities, query engine, the graph's known answers — so
-        that no request pays for it (after POST /entities too)."""
-        _, graph, _ = self.run.searcher(progress=False)  # the index is built first when missing or stale
-        self.run.query_engine()
+        self._names = self._warmed(self.run)
+
+    @staticmethod
+    def _warmed(run) -> list[tuple[str, str, int]]:
+        """Load what answers read in ``run`` — model, index, added entities, query engine, the graph's known
+        answers — so that no request pays for it; returns the name list /entities searches."""
+        _, graph, _ = run.searcher(progress=False)  # the index is built first when missing or stale
+        run.query_engine()
         graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
-        self._names = [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
+        return [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
 
     def info(self) -> dict[str, Any]:
         model = self.run.model()
@@ -147,10 +151,6 @@ class LinkPredServing(Serving):
                     except Exception as exc:  # noqa: BLE001 — that query's own error, reported to it alone
                         out[i] = exc
             return out
-
-    @staticmethod
-    def _encode(a: "Answers") -> bytes:
-        return json.dumps(a.to_json(), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
     def _reply(self, q: "Query", a: "Answers", nearest: "list[str] | None") -> bytes:
         """:meth:`Answers.to_json` and, for the page: each prediction's ``known_split`` (the split of the graph that
@@ -280,10 +280,7 @@ class LinkPredServing(Serving):
     def _swap_in(self) -> None:
         """Load the index as it is now on disk beside the one in use (queries go on), then swap it in at once."""
         fork = self.run.fork_search()
-        _, graph, _ = fork.searcher(progress=False)
-        fork.query_engine()
-        graph.all_answers  # noqa: B018 — built before the swap, not by the first query after it
-        names = [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
+        names = self._warmed(fork)  # before the swap, not by the first query after it
         with self.lock:
             self.run.adopt_search(fork)
             self._names = names

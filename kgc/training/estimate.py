@@ -471,11 +471,11 @@ def check(recipe: Recipe, task: Any, *, device: Any, world: int = 1, enabled: bo
 # ---------------------------------------------------------------- measured: resident memory, the pace
 
 
-def resident_bytes() -> tuple[int | None, int | None]:
-    """(the process's resident set now, its peak so far) in bytes, from /proc/self/status (None elsewhere)."""
+def resident_bytes(pid: int | str = "self") -> tuple[int | None, int | None]:
+    """(a process's resident set now, its peak so far) in bytes, from /proc/PID/status (None elsewhere)."""
     now = peak = None
     try:
-        for row in Path("/proc/self/status").read_text().splitlines():
+        for row in Path(f"/proc/{pid}/status").read_text().splitlines():
             if row.startswith("VmRSS:"):
                 now = int(row.split()[1]) * 1024
             elif row.startswith("VmHWM:"):
