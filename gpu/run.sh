@@ -2,7 +2,7 @@
 # The whole GPU job, as it runs on the lent machine: from the repository root, with the bundle that
 # `make gpu-bundle` packed at gpu/bundle (carried with the command) and $OUT the folder whose files come back:
 #
-#     bash gpu/run.sh [--minutes 9] [--phases environment,smoke,wn18rr_biencoder,wn18rr_csr_top2,wn18rr_csr]
+#     bash gpu/run.sh [--minutes 9] [--phases environment,smoke,wn18rr_biencoder,wn18rr_csr,wn18rr_csr_k1]
 #
 # It installs the bundle's wheels into a temporary site folder (kgc runs on the machine's own torch and
 # transformers), unpacks the datasets and the model there, then runs gpu/job.py: phases with their own budgets and

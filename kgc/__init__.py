@@ -21,14 +21,18 @@ __version__ = "0.1.0"
 __all__ = ["Answers", "CSTSRun", "KGCError", "LinkPredRun", "Run", "api", "load", "resolve_recipe", "resume", "train",
            "__version__"]
 
-_LAZY = {"Run": "kgc.training.run", "LinkPredRun": "kgc.linkpred.service", "Answers": "kgc.linkpred.predict",
-         "CSTSRun": "kgc.csts.service"}
-
-
 def __getattr__(name: str):
-    """The run classes, imported on first use (they bring torch)."""
-    if name in _LAZY:
-        import importlib
+    """The run classes, imported on first use (they bring torch): :class:`Run`, and each task's own names
+    (:meth:`kgc.training.task.Task.public_names`: ``LinkPredRun``, ``Answers``, ``CSTSRun``)."""
+    if name == "Run":
+        from kgc.training.run import Run
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return Run
+    if not name.startswith("_"):
+        from kgc.registry import TASKS
+
+        for task in TASKS:
+            names = TASKS[task].public_names()
+            if name in names:
+                return names[name]
     raise AttributeError(f"module 'kgc' has no attribute {name!r}")

@@ -17,7 +17,6 @@ Recipe overrides are keyword arguments with ``__`` between section and key (``tr
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 
@@ -62,23 +61,24 @@ def train(recipe: RecipeLike, out: str | Path | None = None, *, progress: bool =
 
 
 def _with_pykeen_data(rec: Recipe, out, data, **parts) -> tuple[Recipe, Path]:
-    """Hand PyKEEN triples to the recipe's task (it writes them into the new run directory and points the recipe
-    at them); a failure leaves nothing half-written."""
-    from kgc.training.loop import prepare_new_run, default_run_dir
+    """Hand PyKEEN triples to the recipe's task (it writes them into the new run directory, under the run's lock, and
+    points the recipe at them); a failure leaves nothing half-written."""
+    import contextlib
+
     from kgc.training.run import RunDir
     from kgc.training.task import task_class
 
     task = task_class(rec.task)
     task.check_triples_welcome()
-    run_dir = Path(out) if out is not None else default_run_dir(rec)
-    fresh = not run_dir.exists()
-    run_dir = prepare_new_run(rec, run_dir)
-    folder = RunDir.data_folder(run_dir)
-    try:
-        rec = task.with_triples(rec, folder, data, **parts)
-    except BaseException:  # bad triples or labels: nothing half-written stays
-        shutil.rmtree(run_dir if fresh else folder, ignore_errors=True)
-        raise
+    run_dir = Path(out) if out is not None else RunDir.default_path(rec.name)
+    existed = run_dir.exists()
+    with contextlib.ExitStack() as hold:
+        RunDir.create(run_dir, hold)  # as `kgc train` creates it (which checks it again, and holds it to the end)
+        try:
+            rec = task.with_triples(rec, RunDir.data_folder(run_dir), data, **parts)
+        except BaseException:  # bad triples or labels: nothing half-written stays
+            RunDir.discard(run_dir, existed=existed, made=("data",))
+            raise
     return resolve_recipe(rec), run_dir  # validated again, as a whole
 
 
@@ -100,9 +100,7 @@ def load(run_dir: str | Path | None = None, *, device: str = DEVICE, echo: Echo 
 
     echo = echo or _silent
     if run_dir is None:
-        from kgc.linkpred.service import find_latest_run
-
-        run_dir = find_latest_run()
+        run_dir = _task_function("latest_run")()
         echo(f"using the newest run: {run_dir}")
     return open_run(run_dir, device=device, echo=echo)
 
@@ -221,23 +219,23 @@ def app(run: "str | Path | Run", **options: Any):
 
 def bench_inference(**options: Any) -> dict:
     """``kgc bench inference``: queries/s of each conditioner, entity embeddings cached (kgc.bench)."""
-    from kgc.bench import bench_inference as run
+    from kgc.bench import run_bench
 
-    return run(**options)
+    return run_bench("inference", **options)
 
 
 def bench_train(recipe: str | Path, **options: Any) -> dict:
     """``kgc bench train``: training triples/s, full fine-tuning vs the top n layers over the layer cache."""
-    from kgc.bench import bench_train as run
+    from kgc.bench import run_bench
 
-    return run(Path(recipe), **options)
+    return run_bench("train", Path(recipe), **options)
 
 
 def bench_loss(recipe: str | Path, **options: Any) -> dict:
     """``kgc bench loss``: the objective's s/step, masks by binary search against ``torch.isin`` (kgc.bench)."""
-    from kgc.bench import bench_loss as run
+    from kgc.bench import run_bench
 
-    return run(Path(recipe), **options)
+    return run_bench("loss", Path(recipe), **options)
 
 
 def bench_serve(run_dir: str | Path, **options: Any) -> dict:
@@ -249,26 +247,25 @@ def bench_serve(run_dir: str | Path, **options: Any) -> dict:
 
 def bench_index(**options: Any) -> dict:
     """``kgc bench index``: the index types on synthetic vectors (build, size, queries/s, recall@k)."""
-    from kgc.bench import bench_index as run
+    from kgc.bench import run_bench
 
-    return run(**options)
+    return run_bench("index", **options)
 
 
 def bench_structure(recipe: str | Path, **options: Any) -> dict:
     """``kgc bench structure``: PyKEEN alone on its own copy of the recipe's dataset."""
-    from kgc.bench import bench_structure as run
+    from kgc.bench import run_bench
 
-    return run(Path(recipe), **options)
+    return run_bench("structure", Path(recipe), **options)
 
 
 def table(kind: str, result: Any, *extra: Any) -> str:
     """Markdown of a tool's result: ``compare`` (rows, task), ``index`` (bench index), ``structure`` (bench
     structure, a run's results)."""
-    from kgc import bench
+    from kgc.bench import tables
     from kgc.compare import markdown_table
 
-    return {"compare": markdown_table, "index": bench.index_table, "structure": bench.structure_table}[kind](
-        result, *extra)
+    return {"compare": markdown_table, **tables()}[kind](result, *extra)
 
 
 def results(run: "str | Path | Run", split: str = "test") -> dict:
@@ -329,6 +326,23 @@ def recipe_keys(task: str | None = None) -> list[dict[str, str]]:
     return key_reference(task)
 
 
+def recipe_families(folder: str | Path | None = None) -> list[dict[str, Any]]:
+    """The shipped recipes as families (``kgc recipes list``): each a root recipe's ``name``, ``path``, ``about``,
+    and its ``variants`` (those that extend it, directly or through another: ``name``, ``path``, ``about``,
+    ``extends``, ``depth``), roots by name. ``folder``: default ``$KGC_RECIPES`` or the recipes/ beside kgc."""
+    from kgc.recipe_files import families
+
+    return [family.to_dict() for family in families(folder)]
+
+
+def copy_recipe(name: str | Path, dest: str | Path, *, force: bool = False) -> Path:
+    """Write the recipe ``name`` (``wn18rr_csr``, ``wn18rr_csr.yaml`` or a path) fully resolved (its ``extends``
+    merged in) to ``dest``, a file or a folder (``kgc recipes copy``); an existing file only with ``force``."""
+    from kgc.recipe_files import copy_recipe as _copy
+
+    return _copy(name, dest, force=force)
+
+
 def fetch_dataset(name: str, dest: str | Path | None = None, **options: Any) -> Path:
     """Download a catalog dataset from its public home, checked (``kgc data fetch``)."""
     from kgc.data.catalog import fetch_dataset as fetch
@@ -355,23 +369,42 @@ def synth_routing(out: str | Path, **options: Any) -> dict[str, int]:
 
 def synth_csts(out: str | Path, **options: Any) -> None:
     """Write the synthetic conditional-similarity set in the official C-STS layout (``kgc data synth-csts``)."""
-    from kgc.csts.synth import write_synthetic
-
-    write_synthetic(Path(out), **options)
+    _task_function("synth_csts")(out, **options)
 
 
 def read_pairs(path: str | Path) -> list[dict]:
     """Sentence pairs with conditions from a .tsv or .csv (``kgc similarity --tsv``)."""
-    from kgc.csts.predict import read_queries
-
-    return read_queries(Path(path))
+    return _task_function("read_pairs")(path)
 
 
 def write_pairs(path: str | Path | None, rows: list[dict], echo: Echo = print) -> None:
     """Scored pairs as TSV to ``path`` (atomically), or through ``echo`` when ``path`` is None."""
-    from kgc.csts.predict import write_scores
+    _task_function("write_pairs")(path, rows, echo=echo)
 
-    write_scores(None if path is None else Path(path), rows, echo=echo)
+
+def __getattr__(name: str) -> Any:
+    """A task's public names, imported on first use (:meth:`kgc.training.task.Task.public_names`): e.g.
+    ``kgc.api.QueryOptions``, a link-prediction question's options (``run.predict``'s, ``kgc predict``'s, ``POST
+    /predict``'s: defaults, help and checks stated once)."""
+    if not name.startswith("_"):
+        from kgc.registry import TASKS
+
+        for task in TASKS:
+            names = TASKS[task].public_names()
+            if name in names:
+                return names[name]
+    raise AttributeError(f"module 'kgc.api' has no attribute {name!r}")
+
+
+def _task_function(name: str) -> Callable[..., Any]:
+    """The API function ``name`` that a task answers (:meth:`kgc.training.task.Task.api_functions`)."""
+    from kgc.registry import TASKS
+
+    for task in TASKS:
+        found = TASKS[task].api_functions().get(name)
+        if found is not None:
+            return found
+    raise KGCError(f"kgc.api.{name}: no registered task offers it (tasks: {', '.join(TASKS)})")
 
 
 # ---------------------------------------------------------------- processes

@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from kgc.api import QueryOptions
 from kgc.errors import KGCError, ResultsNotSaved
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -20,6 +21,9 @@ data_app = typer.Typer(no_args_is_help=True, help="Find and fetch datasets.")
 app.add_typer(data_app, name="data")
 recipe_app = typer.Typer(no_args_is_help=True, help="What a recipe may say.")
 app.add_typer(recipe_app, name="recipe")
+recipes_app = typer.Typer(no_args_is_help=True, help="The shipped recipes: families (a root and the recipes that "
+                                                     "extend it), and whole copies to edit.")
+app.add_typer(recipes_app, name="recipes")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks behind the performance claims (ratios in one process).")
 app.add_typer(bench_app, name="bench")
 
@@ -198,6 +202,12 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
               f"{meta['seconds']}s, embeddings {meta['embeddings']} → {run.path / 'index'}")
 
 
+def _question_option(name: str):
+    """``kgc predict``'s option for a field of :class:`QueryOptions`: its default and help are the field's."""
+    field = QueryOptions.model_fields[name]
+    return typer.Option(field.default, "--" + name.replace("_", "-"), help=field.description)
+
+
 @app.command()
 def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory (default: the newest run "
                                                                   "under ./runs); its index is built if missing"),
@@ -213,13 +223,11 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
                                                                          "answer; default for a .tsv --output)"),
             batch_size: int = typer.Option(64, "--batch-size", min=1, help="with --input: questions per forward "
                                                                            "pass"),
-            top_k: int = typer.Option(10, "--top-k"),
-            inverse: bool = typer.Option(False, "--inverse", help="ask (?, relation, head) instead"),
-            filter_known: bool = typer.Option(False, "--filter-known", help="drop answers already in the graph"),
-            include_head: bool = typer.Option(False, "--include-head", help="keep the head itself among the answers "
-                                                                            "(left out by default)"),
-            free_text: bool = typer.Option(False, "--free-text", help="embed a head that names no entity as text even "
-                                                                      "when it is spelt like one (else: did you mean)"),
+            top_k: int = _question_option("top_k"),
+            inverse: bool = _question_option("inverse"),
+            filter_known: bool = _question_option("filter_known"),
+            include_head: bool = _question_option("include_head"),
+            free_text: bool = _question_option("free_text"),
             server: Optional[str] = typer.Option(None, "--server",
                                                  help="ask a running `kgc serve` (e.g. http://127.0.0.1:8000) "
                                                       "instead of loading the model here: ~0.3 s instead of ~5"),
@@ -235,26 +243,25 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
         raise KGCError("--input answers a file of questions; drop --head/--relation (or drop --input)")
     if input_ is None and (output is not None or format_ is not None):
         raise KGCError("--output and --format go with --input")
+    options = QueryOptions.of(top_k=top_k, inverse=inverse, filter_known=filter_known, include_head=include_head,
+                              free_text=free_text).model_dump()  # a bad one: the message Python and the server give
     if server is not None:
         if input_ is not None or run_dir is not None:
             raise KGCError("--server asks the run that server serves: drop RUN_DIR and --input (POST a list of "
                            "queries to the server's /predict for a batch)")
-        body = {"head": head, "relation": relation, "top_k": top_k, "inverse": inverse, "filter_known": filter_known,
-                "include_head": include_head, "free_text": free_text}
-        _print_answer(kgc.api.ask_server(server, "/predict", body), as_json)
+        _print_answer(kgc.api.ask_server(server, "/predict", {"head": head, "relation": relation, **options}),
+                      as_json)
         _quick_exit()
         return
     run = kgc.load(run_dir, echo=lambda m: typer.echo(m, err=True))
     if input_ is not None:
-        done = run.predict_file(input_, output, format=format_, top_k=top_k, inverse=inverse,
-                                filter_known=filter_known, include_head=include_head, free_text=free_text,
-                                batch_size=batch_size, progress=progress, echo=_echo)
+        done = run.predict_file(input_, output, format=format_, batch_size=batch_size, progress=progress,
+                                echo=_echo, **options)
         typer.echo(f"{done['questions']} questions answered in {done['seconds']}s ({done['per_second']}/s)"
                    f"{f' → {output}' if output is not None else ''}", err=True)
         _quick_exit()
         return
-    a = run.answer(head, relation, top_k, inverse=inverse, filter_known=filter_known, include_head=include_head,
-                   progress=progress, free_text=free_text)
+    a = run.answer(head, relation, progress=progress, **options)
     _print_answer({"run": str(a.run), **a.to_json()}, as_json)
     _quick_exit()
 
@@ -387,9 +394,9 @@ def curves(runs: List[Path] = typer.Argument(..., help="run directories of one t
 
 @bench_app.command("inference")
 def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
-                    conditioner: List[str] = typer.Option(["biencoder", "hadamard", "hypernet", "router"],
-                                                          "--conditioner",
-                                                          help="repeatable; options after a colon, e.g. "
+                    conditioner: List[str] = typer.Option([], "--conditioner",
+                                                          help="repeatable (default: every registered one); "
+                                                               "options after a colon, e.g. "
                                                                "router:cross_attend=top,router_layers=2"),
                     limit: Optional[int] = typer.Option(None, "--limit", help="only the first N test triples"),
                     set_: List[str] = typer.Option([], "--set"),
@@ -398,11 +405,12 @@ def bench_inference(dataset: str = typer.Option("wn18rr", "--dataset"),
     """Answer every test query (both directions) per conditioner, entity embeddings cached."""
     from kgc import api
 
-    result = api.bench_inference(dataset=dataset, conditioners=conditioner, limit=limit, overrides=set_, echo=_echo, progress=progress)
+    result = api.bench_inference(dataset=dataset, conditioners=conditioner or None, limit=limit, overrides=set_, echo=_echo, progress=progress)
     for row in result["rows"]:
-        ratio = row["speedup_vs_biencoder"]
+        ratio, reference = next(((v, k.removeprefix("speedup_vs_")) for k, v in row.items()
+                                 if k.startswith("speedup_vs_")), (None, ""))
         _echo(f"{row['conditioner']:<24} {row['queries_per_s']:>10.1f} queries/s" +
-              (f"   {ratio:>7.1f}x the bi-encoder" if ratio is not None else ""))
+              (f"   {ratio:>7.1f}x {reference}" if ratio is not None else ""))
     if out:
         api.write_json(out, result)
 
@@ -583,7 +591,45 @@ def recipe_keys(task: Optional[str] = typer.Option(None, "--task", help="only th
         raise KGCError(f"no recipe key contains {grep!r}; `kgc recipe keys` lists them all")
     width = max(len(r["key"]) for r in rows)
     for r in rows:
-        _echo(f"{r['key']:<{width}}  {r['type']:<18} default {r['default']:<10}  {r['description']}".rstrip())
+        whose = f"[{r['for']}] " if r.get("for") else ""
+        _echo(f"{r['key']:<{width}}  {r['type']:<18} default {r['default']:<10}  {whose}{r['description']}".rstrip())
+
+
+recipes_app.command("keys")(recipe_keys)  # `kgc recipes keys` is `kgc recipe keys`
+
+
+@recipes_app.command("list")
+def recipes_list(as_json: bool = typer.Option(False, "--json", help="print one JSON list: each family's root with "
+                                                                    "its variants")) -> None:
+    """Every shipped recipe by family: a root (every setting written out) with its about line, then the recipes
+    that extend it, indented under the one they start from (each writes only the keys it changes). The folder is
+    the recipes/ beside kgc, or $KGC_RECIPES."""
+    from kgc import api
+
+    families = api.recipe_families()
+    if as_json:
+        typer.echo(json.dumps(families, indent=2, ensure_ascii=False))
+        return
+    rows = [(f["name"], f["about"]) for f in families]
+    rows += [("  " * v["depth"] + v["name"], v["about"]) for f in families for v in f["variants"]]
+    width = max(len(name) for name, _ in rows) if rows else 0
+    for i, family in enumerate(families):
+        if i:
+            _echo("")
+        _echo(f"{family['name']:<{width}}  {family['about']}".rstrip())
+        for v in family["variants"]:
+            _echo(f"{'  ' * v['depth'] + v['name']:<{width}}  {v['about']}".rstrip())
+
+
+@recipes_app.command("copy")
+def recipes_copy(name: str = typer.Argument(..., help="a recipe: its name (wn18rr_csr), file name or path"),
+                 dest: Path = typer.Argument(..., help="the file to write, or a folder (DEST/NAME.yaml)"),
+                 force: bool = typer.Option(False, "--force", help="replace DEST when it exists")) -> None:
+    """Write a recipe whole, its `extends` chain merged in, to DEST: a file to edit and `kgc train DEST`."""
+    from kgc import api
+
+    written = api.copy_recipe(name, dest, force=force)
+    _echo(f"wrote {written} (recipe {name}, every key written out); train it: kgc train {written}")
 
 
 @data_app.command("fetch")

@@ -25,7 +25,7 @@ from pathlib import Path
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_text
 from kgc.recipe import load_recipe
-from kgc.registry import CONDITIONERS
+from kgc.registry import CONDITIONERS, TASKS
 from kgc.training.loop import train
 from kgc.training.run import RunDir
 from kgc.training.task import open_run, task_class
@@ -114,8 +114,9 @@ def _evaluate(run, split: str, progress: bool, echo=print) -> dict:
     return run.evaluation(split, progress=progress).results
 
 
-def markdown_table(rows: list[dict], task: str = "linkpred") -> str:
-    columns = task_class(task).compare_columns
+def markdown_table(rows: list[dict], task: str | None = None) -> str:
+    """``kgc compare``'s rows as markdown, in the columns of ``task`` (None: the default task's)."""
+    columns = task_class(task or TASKS.default).compare_columns
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = []

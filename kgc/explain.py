@@ -32,7 +32,7 @@ BLIND = 0.01  # routing is condition-blind when no condition's w is further than
 
 @dataclass
 class Explanation:
-    kind: str  # "router" or "hypernet"
+    kind: str  # "tokens" or "spectrum"
     conditions: list[str]
     values: np.ndarray  # router: (conditions, tokens) w; hypernet: (conditions, H) singular values, descending
     tokens: list[str] = field(default_factory=list)  # router: the sentence's tokens as the encoder sees them
@@ -59,7 +59,7 @@ class Explanation:
 
     def to_json(self) -> dict:
         out = {"kind": self.kind, "conditions": self.conditions}
-        if self.kind == "router":
+        if self.kind == "tokens":
             out.update(tokens=self.tokens, layers=self.layers,
                        weights={c: [round(float(x), 6) for x in row] for c, row in zip(self.conditions, self.values)},
                        special_share=None if self.special_share() is None else
@@ -74,7 +74,7 @@ class Explanation:
 
 
 def check_explainable(cond) -> str:
-    """The kind of :class:`Explanation` ``cond`` gives ("router" or "hypernet"), or its KGCError refusal."""
+    """The kind of :class:`Explanation` ``cond`` gives ("tokens" or "spectrum"), or its KGCError refusal."""
     kind = cond.explain_kind
     if kind is None:
         raise cond.not_explainable()
@@ -99,17 +99,17 @@ def explain(inputs) -> tuple[Explanation, str]:
     to give it)."""
     cond = inputs.conditioner
     kind = check_explainable(cond)
-    if kind == "router" and inputs.sentence is None:
+    if kind == "tokens" and inputs.sentence is None:
         raise KGCError(inputs.sentence_hint)
     ex = explain_conditioner(cond, inputs.conditions, list(inputs.names), sentence=inputs.sentence,
                              tokenizer=inputs.tokenizer)
-    if kind == "router":
+    if kind == "tokens":
         return ex, f"router weight w per token: {inputs.subject[:60]}"
     return ex, f"singular values of W_c: {type(cond).describe(cond.export_spec()['options'])}"
 
 
 def render_text(ex: Explanation, max_columns: int = 12) -> str:
-    if ex.kind == "hypernet":
+    if ex.kind == "spectrum":
         lines = ["condition".ljust(28) + "eff. rank   σ1..σ8"]
         for name, sv, er in zip(ex.conditions, ex.values, ex.effective_ranks()):
             lines.append(f"{name[:27]:<28}{er:9.2f}   " + " ".join(f"{x:.3g}" for x in sv[:8]))
@@ -137,8 +137,16 @@ def render_text(ex: Explanation, max_columns: int = 12) -> str:
     return "\n\n".join(blocks) + "\n" + "\n".join(lines)
 
 
+WIDTH_INCHES = 8.0  # the heatmap's width: ~800 px on a documentation page, its 9–11 pt text read at that size
+CELL_INCHES = 0.3  # a token's column at least this wide: a long sentence wraps onto several rows of tokens
+
+
 def plot(ex: Explanation, path: Path, title: str) -> Path:
-    """The heatmap PNG (written atomically)."""
+    """The heatmap PNG (written atomically), 8 inches wide whatever the sentence's length: a router's tokens wrap onto
+    as many rows of heatmap as they need (each the conditions × a run of tokens, one colour scale for all), so the
+    figure reads at a page's width."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,22 +154,42 @@ def plot(ex: Explanation, path: Path, title: str) -> Path:
 
     from kgc.fileio import write_with
 
-    values = ex.values if ex.kind == "router" else np.log10(np.clip(ex.values, 1e-6, None))
-    if ex.kind == "hypernet":
+    values = ex.values if ex.kind == "tokens" else np.log10(np.clip(ex.values, 1e-6, None))
+    if ex.kind == "spectrum":
         keep = max(8, int((ex.values > 1e-4 * ex.values.max()).sum(1).max()))
         values = values[:, :keep]
     rows, cols = values.shape
-    fig, ax = plt.subplots(figsize=(min(3 + 0.42 * cols, 30), min(1.6 + 0.32 * rows, 30)))
-    im = ax.imshow(values, aspect="auto", cmap="Reds" if ex.kind == "router" else "viridis")
-    ax.set_yticks(range(rows), [c[:40] for c in ex.conditions], fontsize=8)
-    if ex.kind == "router":
-        ax.set_xticks(range(cols), ex.tokens, rotation=60, ha="right", fontsize=8)
-        fig.colorbar(im, ax=ax, label="router weight w")
+    names = [c if len(c) <= 32 else c[:31] + "…" for c in ex.conditions]
+    label_inches = 0.3 + 0.068 * max((len(n) for n in names), default=4)  # the conditions' names, 9 pt
+    if ex.kind == "tokens":  # wrap the tokens: as few rows as fit, then as even as possible
+        fit = max(6, int((WIDTH_INCHES - label_inches - 1.0) / CELL_INCHES))
+        panels = -(-cols // fit)
+        per = -(-cols // panels)
     else:
-        ax.set_xlabel("singular value index")
-        fig.colorbar(im, ax=ax, label="log10 σ of W_c")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+        panels, per = 1, cols
+    row_inches = 0.3 * rows + (1.15 if ex.kind == "tokens" else 0.55)  # the cells, then the token labels under them
+    heading = textwrap.wrap(title, 90) or [""]
+    fig, axes = plt.subplots(panels, 1, squeeze=False, layout="constrained",
+                             figsize=(WIDTH_INCHES, 0.3 + 0.2 * len(heading) + panels * row_inches))
+    cmap = plt.get_cmap("Reds" if ex.kind == "tokens" else "viridis").with_extremes(bad="white")  # empty cells
+    low, high = float(np.nanmin(values)), float(np.nanmax(values))
+    for p, ax in enumerate(axes[:, 0]):
+        part = np.full((rows, per), np.nan)
+        chunk = values[:, p * per:(p + 1) * per]
+        part[:, :chunk.shape[1]] = chunk
+        im = ax.imshow(part, aspect="auto", cmap=cmap, vmin=low, vmax=high, interpolation="nearest")
+        ax.set_yticks(range(rows), names, fontsize=9)
+        if ex.kind == "tokens":
+            tokens = ex.tokens[p * per:(p + 1) * per]
+            ax.set_xticks(range(len(tokens)), tokens, rotation=55, ha="right", rotation_mode="anchor", fontsize=10)
+        else:
+            ax.set_xlabel("singular value index", fontsize=10)
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+    fig.colorbar(im, ax=axes[:, 0].tolist(), label="router weight w" if ex.kind == "tokens" else "log10 σ of W_c",
+                 fraction=0.03, pad=0.02, aspect=max(10, 12 * panels))
+    fig.suptitle("\n".join(heading), fontsize=11)
+    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=150))
     plt.close(fig)
     return path

@@ -1,48 +1,45 @@
 """The recipe: the single home of every hyperparameter (pydantic schema, YAML + dotted overrides).
 
-Defaults are the SimKGC paper's (batch 1024, lr 5e-5, γ = 0.02, τ₀ = 0.05 learnable, mean pooling,
-50 tokens). Unknown keys are errors that list the valid ones.
+This module holds what every recipe has (data, model, encoder, train, eval) and how a recipe is read, upgraded
+(:mod:`kgc.migrations`), validated and described. The members own the rest, beside their code: each conditioner
+its ``model:`` options (``Conditioner.Options``, a :class:`ModelConfig` subclass; ``model`` is a discriminated
+union on ``conditioner``), each task its sections (``Task.recipe_class``: the loss, link prediction's index and
+structure, themselves unions on ``index.type`` and ``structure.model``). Nothing here names a member: they are
+looked up in the registries. Defaults are the SimKGC paper's (batch 1024, lr 5e-5, γ = 0.02, τ₀ = 0.05 learnable,
+mean pooling, 50 tokens). Unknown keys are errors that list the valid ones, and a key another member reads says
+which.
 """
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Sequence, Union
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
 from kgc.errors import KGCError
+from kgc.migrations import CURRENT, upgrade
+from kgc.recipe_files import load_tree
 from kgc.registry import CONDITIONERS, TASKS
 
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class SynthConfig(_Section):
-    """The generated conditional-similarity set (``data.dataset: synth-csts``); deterministic from the seed."""
-    seed: int = Field(0, description="synth-csts: the generator's seed")
-    train_pairs: int = Field(2000, ge=1, description="sentence pairs in csts_train.csv (two rows each)")
-    validation_pairs: int = Field(300, ge=1, description="sentence pairs in csts_validation.csv")
-    test_pairs: int = Field(500, ge=1, description="sentence pairs in csts_test.csv")
-
-
-class DataConfig(_Section):
+class DataConfig(Section):
     dataset: str = Field("umls", description="catalog name (wn18rr, fb15k237, umls, nations, kinships; "
                                              "csts, synth-csts for task csts) or a folder")
     path: Optional[str] = Field(None, description="explicit folder; wins over the catalog lookup (the run's dataset "
                                                   "name is then the folder's name)")
-    long_text: bool = Field(False, description="use entity2textlong.txt where the dataset has it")
-    neighbor_text: bool = Field(True, description="append train-graph neighbour names to short descriptions")
-    max_neighbors: int = Field(10, ge=0, description="at most this many neighbour names appended")
-    short_description_words: int = Field(20, ge=0, description="descriptions below this many words get neighbours")
     max_tokens: int = Field(50, ge=8, description="texts are cut to this many tokens, special tokens included")
     allow_unseen_relations: bool = Field(False, description="accept relations that occur in dev/test but in no "
                                                             "train triple (ranked from their text alone)")
-    synth: SynthConfig = SynthConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -53,10 +50,15 @@ class DataConfig(_Section):
         return data
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
+    """The keys every conditioner reads. ``model:`` is a union on ``conditioner``: each conditioner declares its own
+    options model, a subclass of this one beside its code (``Conditioner.Options``), so a key exists only under
+    the conditioner that reads it (``rank`` under ``hypernet``)."""
     backbone: str = Field(DEFAULT_BACKBONE, description="Hugging Face id or local folder")
-    conditioner: str = Field("biencoder", description="how the relation conditions the head (registry name)")
-    shared_towers: bool = Field(False, description="one encoder for query and tail towers (SimKGC: separate)")
+    conditioner: str = Field(description="how the relation conditions the head (a registered conditioner: "
+                                         "`kgc recipe keys model.` lists each one's keys)")
+    shared_towers: bool = Field(False, description="link prediction: one encoder for query and tail towers "
+                                                   "(SimKGC: separate)")
     tail_map_rank: Optional[int] = Field(
         None, ge=1, description="link prediction: a trainable low-rank residual map after the tail tower, "
                                 "t' = normalise(t + U Vᵀ t) of rank r (U starts at 0: the identity); with a tail "
@@ -67,78 +69,25 @@ class ModelConfig(_Section):
     s2sent_blocks: int = Field(3, ge=1, description="s2sent: the last n blocks fused")
     s2sent_frequencies: int = Field(4, ge=1, description="s2sent: the lowest m 2-D DCT frequencies (m = 1: average)")
     s2sent_reduction: int = Field(12, ge=1, description="s2sent: excitation W1 maps D to D/r")
-    # conditioner options (each conditioner reads the ones it declares)
-    rank: Optional[int] = Field(None, ge=1, description="hypernet: rank K of W1 W2ᵀ (default H/12)")
-    hypernet_form: Literal["lowrank", "residual", "full"] = Field(
-        "lowrank", description="hypernet: W_c = W1 W2ᵀ (Hyper-CL), I + W1 W2ᵀ (residual), or a full H×H matrix")
-    dropout: float = Field(0.1, ge=0, lt=1, description="concat: dropout on [h_s ; h_c]")
-    router_layers: Optional[int] = Field(None, ge=0, description="router: the condition enters at layer T - k "
-                                         "(default 1); biencoder: CSR routing in the top k layers (default 0, off)")
-    weighting: Optional[Literal["one_plus_w", "w_only", "centred"]] = Field(
-        None, description="router, biencoder with router_layers: the factor is 1 + w (CSR's Eq. 1; the bi-encoder's "
-                          "default), w alone, or 1 + w − 1/n over the n tokens w covers (centred: the router's "
-                          "default; uniform w leaves the encoder as it is)")
-    scorer: Literal["query_key", "paper", "hidden", "heavy", "learned", "cls_attention"] = Field(
-        "paper", description="router: how the condition scores the sentence's tokens (paper: the CSR paper's "
-                                 "equation; learned: the released code's trained scorer; kgc/conditioning/router.py "
-                                 "describes each)")
-    route_over: Literal["words", "all"] = Field(
-        "words", description="router: w is a softmax over the sentence's word tokens, its [CLS]/[SEP] masked out and "
-                             "left unscaled (words), or over every token, special ones included (all: kgc before "
-                             "2026-11-24, whose w sat on [CLS])")
-    route_scales: Optional[Literal["context", "values"]] = Field(
-        None, description="router: the factor multiplies each token's value, so every token attends more to the "
-                          "routed ones (values, the default), or its attention context (context: the CSR paper's Eq. "
-                          "1; the default for scorer cls_attention, which reads w off that attention)")
-    route_temperature: float = Field(1.0, gt=0, description="router: w = softmax(score / τ); τ < 1 concentrates w "
-                                                            "(1: the paper)")
-    cross_attend: Literal["none", "top", "all"] = Field(
-        "none", description="router: the sentence also attends to the condition's tokens in no layer, the "
-                            "router layers, or every layer (the released code; nothing cacheable)")
-    renormalise: bool = Field(True, description="router, scorer cls_attention: w renormalised over the sentence's "
-                                                "tokens (false: the released code's raw [CLS] probabilities)")
-    case_projection: Literal["linear", "mlp"] = Field("linear", description="case: W x, or a two-layer MLP")
-    case_head: Literal["paper", "legacy"] = Field(
-        "paper", description="case: the paper's heads (linear: Dropout(0.2) on W x; mlp: ReLU, Dropout(0.15), twice, "
-                             "no biases) or legacy (kgc before 2026-11-24: linear W x; mlp W2 Dropout(0.1)(LeakyReLU(W1 x)))")
-    case_dim: Optional[int] = Field(None, ge=1, description="case: projection width k (default H)")
+
+    @classmethod
+    def selected_by(cls, tree: dict) -> bool:
+        """Whether a raw ``model:`` mapping selects this member (the discriminator as validation reads it)."""
+        tag = cls.model_fields["conditioner"].default
+        return (tree.get("conditioner") or CONDITIONERS.default) == tag
+
+    def options(self) -> dict[str, Any]:
+        """This member's own keys (the conditioner's options) with their values."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in ModelConfig.model_fields}
 
 
-class EncoderConfig(_Section):
+class EncoderConfig(Section):
     trainable_layers: Union[int, Literal["all"]] = Field(
         "all", description="train the top n layers; the frozen ones below come from a layer cache")
     cache: bool = Field(True, description="cache the frozen layers' outputs on disk ($KGC_CACHE_HOME)")
 
 
-class LossConfig(_Section):
-    in_batch: bool = Field(True, description="the batch's other tails are negatives")
-    pre_batch: int = Field(0, ge=0, description="number of previous batches whose tails are negatives")
-    pre_batch_weight: float = Field(0.5, description="logit weight of pre-batch negatives (log w added)")
-    self_negative: bool = Field(True, description="the head itself is a negative (SimKGC)")
-    self_negative_weight: float = Field(1.0, gt=0, description="the head's self-negative counts as w negatives "
-                                                                 "(its logit + log w; 1: SimKGC)")
-    margin: float = Field(0.02, description="additive margin γ subtracted from the positive cosine")
-    temperature: float = Field(0.05, gt=0, description="τ: logits are cosines / τ (the starting value when learnt)")
-    learn_temperature: bool = Field(True, description="τ is a parameter (log 1/τ learnt, clamped after each step)")
-    min_temperature: float = Field(0.01, gt=0, description="the learnt τ stays at or above this")
-    max_temperature: float = Field(1.0, gt=0, description="the learnt τ stays at or below this")
-    mask_false_negatives: bool = Field(True, description="negatives that are known answers (train) are masked")
-    symmetric: bool = Field(True, description="add SimKGC's tail -> query cross-entropy term")
-    table_negatives: Optional[int] = Field(
-        None, ge=1, description="every N steps embed every entity with the tail tower (no gradient) and score each "
-                                "query against that whole table as extra negatives (ANCE-style; unset: off)")
-    table_tails: bool = Field(
-        False, description="with table_negatives: read the batch's tails and heads from that table too, so only the "
-                           "query tower runs and trains between refreshes (a full softmax over every entity; "
-                           "without shared_towers the tail tower stays as loaded and its table is computed once)")
-    # task csts
-    mse_weight: float = Field(1.0, ge=0, description="csts: weight of MSE(cos, (label - 1) / 4)")
-    contrastive: bool = Field(True, description="csts: Hyper-CL's c_high vs c_low term per sentence pair")
-    contrastive_weight: float = Field(1.0, ge=0, description="csts: weight of the contrastive term")
-    contrastive_temperature: float = Field(1.9, gt=0, description="csts: τ of the contrastive term (Hyper-CL: 1.5-1.9)")
-
-
-class TrainConfig(_Section):
+class TrainConfig(Section):
     epochs: int = Field(50, ge=1, description="passes over the training data (the schedule spans them)")
     max_steps: Optional[int] = Field(None, ge=1, description="stop after this many optimiser steps")
     max_minutes: Optional[float] = Field(None, gt=0, description="stop once training has taken this many minutes of "
@@ -181,224 +130,172 @@ class TrainConfig(_Section):
         return self
 
 
-class RerankConfig(_Section):
-    enabled: bool = Field(False, description="SimKGC's graph re-ranking at evaluation")
-    n_hop: int = Field(2, ge=1, description="entities within n hops of the head on the train graph get the bonus")
-    weight: float = Field(0.05, description="the bonus added to their cosine")
-
-
-class EvalConfig(_Section):
+class EvalConfig(Section):
     batch_size: int = Field(256, ge=1, description="queries (and entity texts) encoded per batch at evaluation")
     dev_queries: Optional[int] = Field(None, ge=1, description="validate on a fixed sample of dev triples")
     validate_every_epoch: bool = Field(True, description="validate on dev after each epoch (best.pt: the best)")
     validate_every_steps: Optional[int] = Field(None, ge=1, description="also validate every N steps")
-    rerank: RerankConfig = RerankConfig()
-    max_score_bytes: int = Field(256 * 2**20, ge=4096, description="largest dense (queries × entities) float32 "
-                                 "score block evaluation forms; entity blocks when one row is larger")
 
 
-class IndexConfig(_Section):
-    """The entity index ``kgc index RUN`` builds (options there override these). Inner product on unit vectors
-    throughout, so scores are cosines; every type but ``flat`` is approximate (kgc bench index measures it)."""
-    type: Literal["flat", "ivf", "hnsw", "ivfpq"] = Field(
-        "flat", description="flat: exact; ivf: k-means cells, a query visits nprobe of them; hnsw: a graph with "
-                            "hnsw_m links per node; ivfpq: ivf with vectors compressed to pq_bytes bytes")
-    nlist: Optional[int] = Field(None, ge=1, description="ivf, ivfpq: number of cells (default 4·√entities, "
-                                                         "clamped to 16..65536 and ≤ entities / 39)")
-    nprobe: int = Field(32, ge=1, description="ivf, ivfpq: cells visited per query (search time; no rebuild)")
-    hnsw_m: int = Field(32, ge=2, le=256, description="hnsw: links per node (memory: 8·M bytes per entity)")
-    ef_search: int = Field(64, ge=1, description="hnsw: candidate list per query (search time; no rebuild)")
-    ef_construction: int = Field(40, ge=1, description="hnsw: candidate list while inserting (build quality/time)")
-    pq_bytes: Optional[int] = Field(None, ge=1, description="ivfpq: bytes per vector (sub-quantisers of 8 bits); "
-                                                            "must divide the embedding dim (default ≈ dim / 8)")
-    train_size: Optional[int] = Field(None, ge=1, description="ivf, ivfpq: entities sampled to train k-means "
-                                                              "(default 64·nlist, at most all of them)")
-
-
-class StructureConfig(_Section):
-    """A PyKEEN model trained beside the text model on the same train triples (``kgc.linkpred.structure``);
-    evaluation and ``kgc predict`` fuse α·z(text cosine) + (1 − α)·z(structural score), α chosen on dev."""
-    model: str = Field("RotatE", description="a PyKEEN model name (RotatE, TransE, ComplEx, DistMult, ...), or "
-                                             "rules: closed path rules counted from the train graph (AnyBURL's "
-                                             "form; kgc.linkpred.rules), no training")
-    dim: int = Field(200, ge=1, description="embedding_dim")
-    epochs: int = Field(100, ge=1, description="the structural model's training epochs")
-    batch_size: int = Field(256, ge=1, description="its training batch")
-    lr: float = Field(1e-3, gt=0, description="Adam's learning rate")
-    loss: Optional[str] = Field(None, description="a PyKEEN loss name (e.g. NSSALoss); default: the model's own")
-    loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {margin: 9, adversarial_temperature: 1}")
-    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="further model options besides dim")
-    training_loop: Literal["lcwa", "slcwa"] = Field(
-        "lcwa", description="lcwa: every (h, r) scored against all entities (fast on small graphs); slcwa: "
-                            "sampled negatives (structure.negatives)")
-    negatives: int = Field(32, ge=1, description="slcwa: negatives per positive (basic sampler)")
-    seed: Optional[int] = Field(None, description="default: train.seed")
-    device: Optional[str] = Field(None, description="default: train.device")
-    alphas: list[float] = Field(default_factory=lambda: [round(0.1 * i, 1) for i in range(11)],
-                                description="the α grid tried on dev (1: text only, 0: structure only)")
-    alpha_per: Literal["all", "relation"] = Field(
-        "all", description="one α for every query (all), or one per query relation chosen on dev (relation: "
-                           "relations with fewer dev queries than alpha_min_queries keep the one α)")
-    alpha_min_queries: int = Field(50, ge=1, description="alpha_per relation: dev queries a relation needs for "
-                                                         "an α of its own")
-    rule_length: int = Field(2, ge=1, le=2, description="model rules: the longest rule body (1: r(x,y) ⇐ b(x,y); "
-                                                         "2: also r(x,y) ⇐ b1(x,z) ∧ b2(z,y))")
-    rule_min_support: int = Field(2, ge=1, description="model rules: a rule is kept when its body and head hold "
-                                                        "together on at least this many train pairs")
-    rule_unseen: float = Field(5.0, ge=0, description="model rules: confidence = support / (body pairs + this) "
-                                                      "(AnyBURL's constant)")
-    rule_min_confidence: float = Field(0.01, ge=0, le=1, description="model rules: rules below it are dropped")
-    rule_max_per_relation: Optional[int] = Field(50, ge=1, description="model rules: the most confident rules "
-                                                                       "kept per relation (unset: all)")
-    rule_aggregation: Literal["noisy_or", "max"] = Field(
-        "noisy_or", description="model rules: an entity's score from the rules that reach it: 1 − Π(1 − conf) "
-                                "(noisy_or) or the highest conf (max)")
-
-    @property
-    def is_rules(self) -> bool:
-        """The structural side is mined rules, not a PyKEEN model."""
-        return self.model.lower() == "rules"
-
-    @model_validator(mode="after")
-    def _known_to_pykeen(self, info: ValidationInfo) -> "StructureConfig":
-        if not self.alphas or any(not 0 <= a <= 1 for a in self.alphas):
-            raise ValueError(f"structure.alphas={self.alphas}: give weights in [0, 1]")
-        if self.is_rules:  # nothing of PyKEEN's is used
-            return self
-        if (info.context or {}).get("saved"):  # a run's own recipe: checked when it was made (and pykeen is slow to
-            return self                          # import; `kgc predict` on a fused run does not need it)
-        from pykeen.losses import loss_resolver
-        from pykeen.models import model_resolver
-
-        for kind, resolver, name in (("model", model_resolver, self.model), ("loss", loss_resolver, self.loss)):
-            if name is None:
-                continue
-            try:
-                resolver.lookup(name)
-            except (KeyError, ValueError):
-                raise ValueError(f"structure.{kind}={name!r} is not a PyKEEN {kind}. Choose one of: "
-                                 f"{', '.join(sorted(c.__name__ for c in resolver))}"
-                                 + (" (or rules: mined from the train graph)" if kind == "model" else "")) from None
-        return self
-
-
-def _owned(key: str, keys: frozenset[str]) -> bool:
-    """``key`` is one of ``keys`` or inside a section among them (``index`` owns ``index.type``)."""
-    return key in keys or any(key.startswith(k + ".") for k in keys)
-
-
-def _explicit_keys(section: BaseModel, prefix: str = "") -> set[str]:
-    keys = set()
-    for name in section.model_fields_set:
-        value = getattr(section, name)
-        keys.add(f"{prefix}{name}")
-        if isinstance(value, BaseModel):
-            keys |= _explicit_keys(value, f"{prefix}{name}.")
-    return keys
-
-
-class Recipe(_Section):
+class Recipe(Section):
+    """The sections every task has. A task adds its own (``loss``; link prediction also ``index`` and
+    ``structure``) in a subclass it registers (``Task.recipe_class``), and ``model`` is the union of the registered
+    conditioners' options (:func:`recipe_type` joins them); :func:`validate_recipe` and :func:`load_recipe` pick
+    the class a tree's ``task`` names."""
+    ignored_model_keys: ClassVar[frozenset[str]] = frozenset()  # ModelConfig keys this task does not read
+    version: int = Field(CURRENT, description="the schema this recipe is written for; an older one (no version: 1) "
+                                              "is upgraded step by step on loading (kgc/migrations.py)")
     name: str = Field("run", description="the run's name: runs/<name>-<time> by default (a recipe file: its stem)")
-    task: str = Field("linkpred", description="a registered task: linkpred (link prediction) or csts "
-                                               "(conditional STS)")
+    task: str = Field(description="a registered task (`kgc recipe keys --task NAME` lists the keys it reads)")
     data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig = Field(description="the encoder, pooling and conditioner: a union on model.conditioner")
     encoder: EncoderConfig = EncoderConfig()
-    loss: LossConfig = LossConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
-    index: IndexConfig = IndexConfig()
-    structure: Optional[StructureConfig] = Field(None, description="a PyKEEN model beside the text model "
-                                                 "(link prediction; absent: off)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _conditioner_named(cls, data: Any) -> Any:
+        """``model.conditioner`` defaults to the registry's default; an unknown one is one message listing all."""
+        if not isinstance(data, dict):
+            return data
+        model = data.get("model")
+        if model is None or (isinstance(model, dict) and "conditioner" not in model):
+            data = {**data, "model": {"conditioner": CONDITIONERS.default, **(model or {})}}
+        name = data["model"].get("conditioner") if isinstance(data["model"], dict) else None
+        if isinstance(name, str) and name not in CONDITIONERS:
+            raise ValueError(f"model.conditioner {name!r}: unknown conditioner. Available: {', '.join(CONDITIONERS)}")
+        return data
 
     @model_validator(mode="after")
-    def _keys_of_this_task(self) -> "Recipe":
-        if self.task not in TASKS:
-            raise ValueError(f"task {self.task!r}: unknown. Registered tasks: {', '.join(TASKS)}")
-        wrong = {}
-        for k in sorted(_explicit_keys(self)):
-            owners = [name for name in TASKS if name != self.task and _owned(k, TASKS[name].recipe_keys)]
-            if owners and not _owned(k, TASKS[self.task].recipe_keys):
-                wrong[k] = owners[0]
+    def _model_keys_of_this_task(self) -> "Recipe":
+        fields = ModelConfig.model_fields
+        wrong = sorted(k for k in self.ignored_model_keys
+                       if k in self.model.model_fields_set and getattr(self.model, k) != fields[k].default)
         if wrong:
-            raise ValueError(f"{', '.join(wrong)}: read only by task {', '.join(sorted(set(wrong.values())))}, and "
-                             f"this recipe has task {self.task}. Remove them (or set task).")
-        return self
-
-    @model_validator(mode="after")
-    def _table_tails_need_a_table(self) -> "Recipe":
-        if self.loss.table_tails and not self.loss.table_negatives:
-            raise ValueError("loss.table_tails reads the tails from the entity table: set loss.table_negatives=N "
-                             "too (N: steps between refreshes of the table)")
-        return self
-
-    @model_validator(mode="after")
-    def _conditioner_defaults(self) -> "Recipe":
-        """The defaults that depend on other options (the conditioner's ``resolved_options``), written into the
-        recipe, so a saved run's recipe.yaml names what it trained with whatever later defaults become."""
-        if self.model.conditioner in CONDITIONERS:  # an unknown name fails when the model is built
-            cls = CONDITIONERS[self.model.conditioner]
-            mine = {k: getattr(self.model, k) for k in cls.options}
-            for key, value in cls.resolved_options(mine).items():
-                if value != mine[key]:
-                    setattr(self.model, key, value)
-        return self
-
-    @model_validator(mode="after")
-    def _options_of_this_conditioner(self) -> "Recipe":
-        if self.model.conditioner not in CONDITIONERS:
-            return self  # an unknown name fails when the model is built, with the list of registered ones
-        mine = set(CONDITIONERS[self.model.conditioner].options)
-        others = {k: name for name, cls in CONDITIONERS.items() for k in cls.options if name != self.model.conditioner}
-        fields = ModelConfig.model_fields  # a saved recipe.yaml lists every key: only a changed value counts
-        wrong = sorted(k for k in self.model.model_fields_set if k in others and k not in mine
-                       and getattr(self.model, k) != fields[k].default)
-        if wrong:
-            raise ValueError(f"{', '.join('model.' + k for k in wrong)}: not read by model.conditioner="
-                             f"{self.model.conditioner} (only by {', '.join(sorted({others[k] for k in wrong}))}). "
-                             "Remove them, or choose that conditioner.")
+            raise ValueError(f"{', '.join('model.' + k for k in wrong)}: not read by task {self.task}. Remove "
+                             f"{'it' if len(wrong) == 1 else 'them'} (or set task).")
         return self
 
     def to_yaml(self) -> str:
-        """The fully resolved recipe, without the keys only other tasks read."""
+        """The fully resolved recipe (every key this task and these members read, with its value)."""
         tree = self.model_dump(mode="json")
-        mine = TASKS[self.task].recipe_keys
-        for key in sorted({k for name in TASKS if name != self.task for k in TASKS[name].recipe_keys} - mine):
-            section, _, name = key.partition(".")
-            if name:
-                tree[section].pop(name, None)
-            else:  # a whole section (index)
-                tree.pop(section, None)
+        for key in self.ignored_model_keys:
+            tree["model"].pop(key, None)
         return yaml.safe_dump(tree, sort_keys=False)
 
 
-def _leaf_fields(model: type[BaseModel] = Recipe, prefix: str = "") -> list[tuple[str, Any]]:
-    """``(dotted key, pydantic FieldInfo)`` of every value a recipe holds, sections (``Optional`` ones too) walked."""
-    out = []
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]  # Optional[Section]
-        if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
-            ann = args[0]
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            out.extend(_leaf_fields(ann, f"{prefix}{name}."))
+_TYPES: dict[tuple[str, tuple[str, ...]], type[Recipe]] = {}
+
+
+def recipe_type(task: str | None = None) -> type[Recipe]:
+    """The concrete recipe class of ``task`` (default: the registry's): the task's registered class with ``model``
+    the discriminated union (on ``conditioner``) of every registered conditioner's options."""
+    task_class = TASKS.lookup(task or TASKS.default)
+    names = tuple(CONDITIONERS)
+    key = (task_class.name, names)
+    if key not in _TYPES:
+        members = tuple(CONDITIONERS[n].Options for n in names)
+        union = Annotated[Union[members], Field(discriminator="conditioner")]  # type: ignore[valid-type]
+        base = task_class.recipe_class
+        default = CONDITIONERS[CONDITIONERS.default].Options
+        _TYPES[key] = create_model(base.__name__, __base__=base, __module__=base.__module__,
+                                   model=(union, Field(default_factory=default, description=Recipe.model_fields[
+                                       "model"].description)))
+    return _TYPES[key]
+
+
+def _union(field: Any) -> tuple[str, dict[str, type[BaseModel]]] | None:
+    """``(discriminating key, {tag: member})`` when ``field`` (a FieldInfo, or an annotation; Optional or not) is a
+    discriminated union of sections; None otherwise."""
+    annotation, disc = (field.annotation, field.discriminator) if hasattr(field, "annotation") else (field, None)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]  # Optional[...]
+    if typing.get_origin(annotation) is Annotated:
+        annotation, *meta = typing.get_args(annotation)
+        disc = next((m.discriminator for m in meta if getattr(m, "discriminator", None) is not None), disc)
+        disc = next((m for m in meta if isinstance(m, Discriminator)), disc)
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else ()
+    if disc is None or not members:
+        return None
+    out: dict[str, type[BaseModel]] = {}
+    key = disc if isinstance(disc, str) else getattr(disc.discriminator, "key", "")  # a callable names its key
+    for member in members:
+        if typing.get_origin(member) is Annotated:  # Annotated[Member, Tag("x")]
+            cls, *tags = typing.get_args(member)
+            out[next(t.tag for t in tags if isinstance(t, Tag))] = cls
         else:
-            out.append((f"{prefix}{name}", field))
-    return out
+            out[str(member.model_fields[key].default)] = member
+    return key, out
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _walk(model: type[BaseModel], prefix: str, owners: tuple[str, ...], out: list) -> None:
+    """``(dotted key, FieldInfo, owners)`` of every value ``model`` holds into ``out``; owners: the union members
+    (``model.conditioner=router``) on the way."""
+    for name, field in model.model_fields.items():
+        union = _union(field)
+        if union is not None:
+            disc, members = union
+            for tag, member in members.items():
+                _walk(member, f"{prefix}{name}.", owners + (f"{prefix}{name}.{disc}={tag}",), out)
+            continue
+        section = _section(field.annotation)
+        if section is not None:
+            _walk(section, f"{prefix}{name}.", owners, out)
+        else:
+            out.append((f"{prefix}{name}", field, owners))
+
+
+def _reference() -> list[dict[str, Any]]:
+    """Every (key, field) of every task's recipe and every union member, the same definition merged: ``tasks``
+    and ``members`` say who reads it (empty: every one)."""
+    every_task = list(TASKS)
+    merged: dict[tuple, dict[str, Any]] = {}
+    union_members: dict[str, set[str]] = {}  # "model.conditioner" -> every "model.conditioner=x"
+    for task in every_task:
+        rows: list = []
+        _walk(recipe_type(task), "", (), rows)
+        for key, field, owners in rows:
+            for owner in owners:
+                union_members.setdefault(owner.split("=")[0], set()).add(owner)
+            default = field.get_default(call_default_factory=True)
+            shown = "unset" if default is None else yaml.safe_dump(default, default_flow_style=True).strip() \
+                .removesuffix("...").strip()
+            sig = (key, _type_name(field.annotation), shown, field.description or "")
+            row = merged.setdefault(sig, {"key": key, "type": sig[1], "default": shown, "description": sig[3],
+                                          "tasks": set(), "members": set()})
+            row["tasks"].add(task)
+            row["members"].update(owners)
+    out = []
+    for row in merged.values():
+        members = row["members"]
+        for union, every in union_members.items():
+            if every <= members:  # read by every member of that union
+                members -= every
+        tasks = [] if set(every_task) <= row["tasks"] else sorted(row["tasks"])
+        out.append({**row, "tasks": tasks, "members": sorted(members)})
+    order = {k: i for i, k in enumerate(dict.fromkeys(r["key"] for r in out))}
+    return sorted(out, key=lambda r: order[r["key"]])
 
 
 def valid_keys() -> list[str]:
-    """Every dotted key a recipe accepts, e.g. ``train.lr``."""
-    return [key for key, _ in _leaf_fields()]
+    """Every dotted key some recipe accepts (some task, some member), e.g. ``train.lr``, in schema order."""
+    return list(dict.fromkeys(r["key"] for r in _reference()))
 
 
 def _type_name(annotation: Any) -> str:
-    import typing
-
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is Literal:
         return " | ".join(str(a) for a in args)
-    if origin is Union or str(origin) == "types.UnionType":
+    if origin is Union or origin is types.UnionType:
         return " | ".join(_type_name(a) for a in args if a is not type(None)) + (
             " (optional)" if type(None) in args else "")
     if origin in (list, dict):
@@ -407,20 +304,24 @@ def _type_name(annotation: Any) -> str:
 
 
 def key_reference(task: str | None = None) -> list[dict[str, str]]:
-    """``{key, type, default, description}`` for every dotted recipe key, from the schema (``kgc recipe keys``);
-    ``task``: leave out the keys only other tasks read."""
-    rows = []
-    for key, f in _leaf_fields():
-        default = f.get_default(call_default_factory=True)
-        rows.append({"key": key, "type": _type_name(f.annotation),
-                     "default": "unset" if default is None else yaml.safe_dump(default, default_flow_style=True)
-                     .strip().removesuffix("...").strip(),
-                     "description": f.description or ""})
+    """``{key, type, default, description, for}`` for every dotted recipe key, from the schema (``kgc recipe
+    keys``); ``for`` says which tasks or members read it ("" when every recipe does: ``task csts``,
+    ``model.conditioner=router``). ``task``: only the keys that task reads. One key can have a row per
+    definition (``model.router_layers`` means one thing to the bi-encoder and another to the router)."""
     if task is not None:
-        if task not in TASKS:
-            raise KGCError(f"task {task!r}: unknown. Registered tasks: {', '.join(TASKS)}")
-        others = {k for name in TASKS if name != task for k in TASKS[name].recipe_keys} - set(TASKS[task].recipe_keys)
-        rows = [r for r in rows if not _owned(r["key"], frozenset(others))]
+        TASKS.lookup(task)  # an unknown name: one message listing the registered ones
+    rows = []
+    for r in _reference():
+        if task is not None and r["tasks"] and task not in r["tasks"]:
+            continue
+        unions: dict[str, list[str]] = {}
+        for member in r["members"]:
+            union, _, tag = member.partition("=")
+            unions.setdefault(union, []).append(tag)
+        whom = ([f"task {', '.join(r['tasks'])}"] if r["tasks"] and task is None else []) + [
+            f"{union} {', '.join(tags)}" for union, tags in unions.items()]
+        rows.append({"key": r["key"], "type": r["type"], "default": r["default"], "description": r["description"],
+                     "for": "; ".join(whom)})
     return rows
 
 
@@ -448,82 +349,103 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _explain(err: ValidationError, source: str) -> KGCError:
+def _locate(recipe_cls: type[BaseModel], loc: tuple) -> tuple[list[str], type[BaseModel] | None, str | None]:
+    """``loc`` of a validation error walked through ``recipe_cls``: (the dotted key's parts without union tags, the
+    section class the last part sits in, the union member's label there such as ``model.conditioner=router``)."""
+    parts: list[str] = []
+    cls: type[BaseModel] | None = recipe_cls
+    label = None
+    items = list(loc)
+    while items:
+        item = str(items.pop(0))
+        parts.append(item)
+        field = cls.model_fields.get(item) if cls is not None else None
+        if field is None:
+            break
+        union = _union(field)
+        if union is not None and items and str(items[0]) in union[1]:
+            tag = str(items.pop(0))
+            cls, label = union[1][tag], f"{'.'.join(parts)}.{union[0]}={tag}"
+        else:
+            cls = _section(field.annotation)
+    parent = cls if len(parts) > 1 or cls is None else recipe_cls
+    return parts, parent, label
+
+
+def _explain(err: ValidationError, source: str, recipe_cls: type[BaseModel]) -> KGCError:
     lines = []
+    reference = None
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        parts, parent, label = _locate(recipe_cls, e["loc"])
+        loc = ".".join(parts)
         if e["type"] == "extra_forbidden":
-            parent = ".".join(str(p) for p in e["loc"][:-1])
-            choices = [k for k in valid_keys() if k.startswith(parent + ".")] if parent else list(Recipe.model_fields)
-            lines.append(f"unknown key '{loc}'. Valid keys here: {', '.join(choices)}")
+            prefix = ".".join(parts[:-1])
+            reference = reference or _reference()
+            readers = sorted({m.split("=", 1)[1] for r in reference if r["key"] == loc for m in r["members"]
+                              if label and m.startswith(label.split("=")[0] + "=")})
+            tasks = sorted({t for r in reference if r["key"] == loc or r["key"].startswith(loc + ".")
+                            for t in r["tasks"]})
+            if readers:
+                lines.append(f"{loc}: not read by {label} (only by {', '.join(readers)}). Remove it, or choose "
+                             f"that {label.split('=')[0].rsplit('.', 1)[-1]}.")
+            elif tasks and recipe_cls.model_fields["task"].default not in tasks:
+                lines.append(f"{loc}: read only by task {', '.join(tasks)}, and this recipe has task "
+                             f"{recipe_cls.model_fields['task'].default}. Remove it (or set task).")
+            else:
+                here = list((parent.model_fields if parent is not None and prefix else recipe_cls.model_fields))
+                choices = [f"{prefix}.{k}" if prefix else k for k in here]
+                lines.append(f"unknown key '{loc}'. Valid keys here{f' ({label})' if label else ''}: "
+                             f"{', '.join(choices)}")
+        elif e["type"] == "union_tag_invalid":  # a member nobody registered (index.type=annoy)
+            ctx = e.get("ctx", {})
+            lines.append(f"'{loc}.{ctx.get('discriminator', '').strip(chr(39))}': unknown ({ctx.get('tag')!r}). "
+                         f"Choose one of {ctx.get('expected_tags')}")
         elif not loc:  # a check across sections
             lines.append(e["msg"].removeprefix("Value error, "))
         else:
-            lines.append(f"'{loc}': {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"'{loc}': {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})")
     return KGCError(f"{source}: bad recipe:\n  " + "\n  ".join(lines))
 
 
 def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]:
-    """The raw mapping of a YAML recipe file (``name`` defaults to the file's stem), not yet validated.
-
-    ``saved``: the ``recipe.yaml`` of a run directory. Runs written before ``model.cross_attend`` existed list
-    ``router_layers: 1`` whatever their conditioner (only the router read it then); the bi-encoder reads it
-    now (CSR inside the bi-encoder), so in those files it is dropped unless the run is a router run. CASE runs
-    written before ``model.case_head`` existed trained the legacy heads, and keep them; router runs written before
-    ``model.route_over`` existed routed over every token and scaled the context vectors, and keep doing so.
-    """
+    """The raw mapping of a YAML recipe file (``name`` defaults to the file's stem; ``extends:`` resolved by
+    :func:`kgc.recipe_files.load_tree`), not yet validated nor upgraded. ``saved``: the ``recipe.yaml`` of a run
+    directory (upgraded as a saved run on validation, :mod:`kgc.migrations`); a run's own recipe.yaml given as a
+    recipe (`kgc train RUN/recipe.yaml --out NEW`) is read as the run was trained."""
     path = Path(path)
     if path.name == "recipe.yaml" and any((path.parent / f).exists() for f in ("metrics.jsonl", "best.pt")):
-        saved = True  # a run's own recipe (`kgc train RUN/recipe.yaml --out NEW`): read as the run was trained
-    if path.is_dir():
-        raise KGCError(f"{path}: a folder, not a recipe. Give a YAML file, e.g. recipes/umls_biencoder.yaml")
-    if not path.is_file():
-        raise KGCError(f"{path}: recipe not found. Recipes live in recipes/*.yaml")
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise KGCError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
-                       "Save the recipe as UTF-8.") from None
-    except yaml.YAMLError as exc:
-        raise KGCError(f"{path}: not valid YAML: {exc}") from None
-    fix = ("Recipes start from one of recipes/*.yaml: copy one (e.g. recipes/umls_biencoder.yaml) and change its "
-           "keys; `kgc recipe keys` lists them all")
-    if tree is None:  # an empty file, or comments only: it would train silently with every default
-        raise KGCError(f"{path}: an empty recipe (no keys). {fix}")
-    if not isinstance(tree, dict):
-        kind = {"list": "list", "str": "string", "bool": "boolean"}.get(type(tree).__name__, "single value")
-        raise KGCError(f"{path}: a recipe must be a mapping of sections (data, model, loss, train, eval), not a "
-                       f"{kind}. {fix}")
-    tree.setdefault("name", path.stem)
-    model = tree.get("model")
-    if saved and isinstance(model, dict) and "cross_attend" not in model and model.get("conditioner") != "router":
-        model.pop("router_layers", None)
-    if saved and isinstance(model, dict) and model.get("conditioner") == "router" and "route_over" not in model:
-        # a router run from before 2026-11-24's routing: w covered [CLS] and [SEP] and scaled the context vectors
-        model.update(route_over="all", route_scales="context", scorer=model.get("scorer", "query_key"),
-                     weighting=model.get("weighting", "one_plus_w"))
-    if saved and isinstance(model, dict) and "route_over" not in model and model.get("conditioner") != "router":
-        # every run saved before lists the router's keys with their defaults then, which were not today's
-        if model.get("scorer") == "query_key":
-            model.pop("scorer")
-        if model.get("weighting") == "one_plus_w" and model.get("conditioner") != "biencoder":
-            model.pop("weighting")
-    if saved and isinstance(model, dict) and model.get("conditioner") == "case" and "case_head" not in model:
-        model["case_head"] = "legacy"  # a CASE run from before the paper's heads: its weights are the old heads'
+        saved = True
+    tree = load_tree(path)
+    if saved:
+        tree[_SAVED] = True
     return tree
+
+
+_SAVED = "__saved_run__"  # a marker read_recipe_tree leaves for validate_recipe (removed there)
 
 
 def validate_recipe(tree: dict[str, Any], overrides: dict[str, Any] | None = None, *, source: str = "recipe",
                     saved: bool = False) -> Recipe:
-    """``tree`` with dotted ``overrides`` (``{"train.lr": 3e-5}``, keys already checked) applied, validated as a
-    whole; a bad value or key ends in one message naming ``source``. ``saved``: a run's own recipe (already
-    validated when the run was made; names of PyKEEN models are not looked up again)."""
+    """``tree`` upgraded to the current version (:func:`kgc.migrations.upgrade`), with dotted ``overrides``
+    (``{"train.lr": 3e-5}``, keys already checked) applied, validated by its task's recipe class as a whole; a bad
+    value or key ends in one message naming ``source``. ``saved``: a run's own recipe (already validated when the
+    run was made; names of PyKEEN models are not looked up again; its vintage read from the keys it lists)."""
+    saved = bool(tree.pop(_SAVED, False)) or saved
+    task = tree.get("task", TASKS.default)
+    for key, value in (overrides or {}).items():
+        if key == "task":
+            task = value
+    if not isinstance(task, str) or task not in TASKS:
+        raise KGCError(f"{source}: task {task!r}: unknown. Registered tasks: {', '.join(TASKS)}")
+    cls = recipe_type(task)
+    upgrade(tree, source=source, saved=saved, recipe_type=cls)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
+    tree.setdefault("task", task)
     try:
-        return Recipe.model_validate(tree, context={"saved": saved})
+        return cls.model_validate(tree, context={"saved": saved})
     except ValidationError as err:
-        raise _explain(err, source) from None
+        raise _explain(err, source, cls) from None
 
 
 def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, *, saved: bool = False) -> Recipe:
@@ -559,7 +481,7 @@ def resolve_recipe(recipe: "str | Path | Recipe | Mapping[str, Any]",
     if isinstance(recipe, (str, Path)):
         tree, source = read_recipe_tree(recipe), str(recipe)
     elif isinstance(recipe, Recipe):
-        tree, source = recipe.model_dump(mode="json", exclude_unset=True), "recipe"
+        tree, source = {**recipe.model_dump(mode="json", exclude_unset=True), "version": recipe.version}, "recipe"
     elif isinstance(recipe, Mapping):
         tree, source = copy.deepcopy(dict(recipe)), "recipe"
     else:

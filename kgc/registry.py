@@ -25,8 +25,9 @@ class Registry(Mapping, Generic[T]):
     ``registry[name]`` raises ``KeyError`` like a dict; :meth:`lookup` raises a :class:`KGCError` that names
     the recipe key and lists what is registered."""
 
-    def __init__(self, kind: str, key: str, builtins: tuple[str, ...]) -> None:
+    def __init__(self, kind: str, key: str, builtins: tuple[str, ...], default: str | None = None) -> None:
         self.kind, self.key, self._builtins = kind, key, builtins
+        self.default = default  # the member a recipe gets when it names none (the plugin list's one choice)
         self._members: dict[str, T] = {}
         self._loaded = False
 
@@ -69,6 +70,6 @@ class Registry(Mapping, Generic[T]):
 
 
 # conditioners: kgc.conditioning.base.Conditioner subclasses (kgc/conditioning/<name>.py)
-CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", ("kgc.conditioning",))
+CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", ("kgc.conditioning",), default="biencoder")
 # tasks: kgc.training.task.Task subclasses, one package each (kgc/linkpred, kgc/csts)
-TASKS: Registry = Registry("task", "task", ("kgc.linkpred", "kgc.csts"))
+TASKS: Registry = Registry("task", "task", ("kgc.linkpred", "kgc.csts"), default="linkpred")

@@ -7,9 +7,10 @@ its page. The server adds
 * ``GET /health`` — 200 ``{"status": "ready"}`` once the model and index are loaded (503 ``loading`` before;
   503 ``error`` with the message when loading failed);
 * ``GET /info`` — run, task, dataset, conditioner, device, the test metrics of ``results.json``, batching counts;
-* ``POST /explain`` — what ``kgc explain`` computes (a router's weight per token of the head under each relation,
-  Hyper-CL's spectra);
-* ``GET /`` — the task's page; ``/docs`` — FastAPI's OpenAPI page.
+* ``POST /explain`` — what ``kgc explain`` computes (a router's weight per token of a sentence under each condition,
+  Hyper-CL's spectra); its body is the task's (:meth:`kgc.training.task.Task.explain_request`);
+* ``GET /`` — the task's page; ``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) — the OpenAPI pages, their scripts and
+  styles served from the package (``kgc/static/apidocs``, with their licences), so they work offline.
 
 Errors are JSON: a malformed body 422 (FastAPI's validation), an unknown name 404 with ``suggestions`` (and
 ``valid`` names for a relation), a run another writer holds 409, other bad input 400, the model still loading
@@ -26,9 +27,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, List, Optional
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from kgc.batching import MicroBatcher
 from kgc.errors import KGCError, RunBusy
@@ -145,15 +144,6 @@ class _LimitBodies:
             await self._reply(send, *refused, {"connection": "close"})
 
 
-class ExplainBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    head: Optional[str] = Field(None, description="link prediction: the head entity (id, name or text)")
-    relations: List[str] = Field([], description="link prediction: relations (default every relation)")
-    inverse: bool = False
-    sentence: Optional[str] = Field(None, description="C-STS: the sentence")
-    conditions: List[str] = Field([], description="C-STS: conditions")
-
-
 class _State:
     """Loading state and the batchers of one app."""
 
@@ -163,17 +153,41 @@ class _State:
         self.started = time.time()
 
 
-def _headline(results: dict) -> dict:
-    """The figures of a run's ``results.json`` a reader compares (link prediction: both directions, realistic)."""
-    both = results.get("both", {}).get("realistic") if isinstance(results.get("both"), dict) else None
-    if isinstance(both, dict):
-        names = {"mrr": "inverse_harmonic_mean_rank", "hits@1": "hits_at_1", "hits@3": "hits_at_3",
-                 "hits@10": "hits_at_10"}
-        return {k: both[v] for k, v in names.items() if v in both}
-    return {k: v for k, v in results.items() if isinstance(v, (int, float))}
-
-
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
+
+# Swagger UI and ReDoc, vendored from npm (swagger-ui-dist, redoc; versions and licences in its README.md): FastAPI's
+# own /docs and /redoc load them from a CDN, and are blank offline
+APIDOCS = Path(__file__).parent / "static" / "apidocs"
+APIDOCS_URL = "/static/apidocs"
+SWAGGER_JS, SWAGGER_CSS = "swagger-ui/swagger-ui-bundle.js", "swagger-ui/swagger-ui.css"
+REDOC_JS, FAVICON = "redoc/redoc.standalone.js", "swagger-ui/favicon-32x32.png"
+
+
+def _add_api_docs(app) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) with every script, style and icon from :data:`APIDOCS` (no
+    request leaves the server: no CDN, no web fonts, no online validator)."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount(APIDOCS_URL, StaticFiles(directory=APIDOCS), name="apidocs")
+    openapi, assets = app.openapi_url, APIDOCS_URL + "/"  # paths from the server's root, as the task's pages use
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui():
+        return get_swagger_ui_html(openapi_url=openapi, title=f"{app.title} - Swagger UI",
+                                   swagger_js_url=assets + SWAGGER_JS, swagger_css_url=assets + SWAGGER_CSS,
+                                   swagger_favicon_url=assets + FAVICON,
+                                   oauth2_redirect_url=app.swagger_ui_oauth2_redirect_url,
+                                   swagger_ui_parameters={"validatorUrl": None})  # no badge from swagger.io
+
+    @app.get(app.swagger_ui_oauth2_redirect_url, include_in_schema=False)
+    def swagger_ui_redirect():
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc():
+        return get_redoc_html(openapi_url=openapi, title=f"{app.title} - ReDoc", redoc_js_url=assets + REDOC_JS,
+                              redoc_favicon_url=assets + FAVICON, with_google_fonts=False)
 
 
 def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
@@ -195,7 +209,9 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
     from fastapi.exceptions import RequestValidationError
 
     from kgc.errors import DiskFull, ServiceStopping
+    from kgc.training.task import task_class
 
+    task = task_class(run.task)  # what differs between tasks: asked of it, never branched on here
     serving = run.serving()
     state = _State()
     limits = limits or Limits()
@@ -232,10 +248,12 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
         for b in state.batchers:
             b.close()
 
-    app = FastAPI(title="kgc serve", lifespan=lifespan, default_response_class=JSONResponse,
+    app = FastAPI(title="kgc serve", lifespan=lifespan, default_response_class=JSONResponse, docs_url=None,
+                  redoc_url=None,  # both served from the package below (_add_api_docs): they work offline
                   description=f"{run.task} run `{run.path}` ({run.recipe.model.conditioner}). "
                               "Answers are batched across concurrent requests.")
     app.state.kgc = state
+    _add_api_docs(app)
     app.state.serving = serving
     app.state.limits = limits
     if trusted_hosts is not None:
@@ -304,23 +322,26 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
             try:
                 import json
 
-                out["test"] = _headline(json.loads(results.read_text(encoding="utf-8")))
+                out["test"] = task.headline(json.loads(results.read_text(encoding="utf-8")))
             except (OSError, ValueError):
                 out["test"] = None
         if state.status == "ready":
             out.update(serving.info())
         return out
 
-    @app.post("/explain", tags=["service"], dependencies=[Depends(require_ready)],
-              summary="what a condition selects (kgc explain): router weights, spectra")
-    def explain(body: ExplainBody = Body(...)):
-        from kgc.explain import explain as explain_inputs
+    request = task.explain_request()  # the body's fields: the keywords of the run's explain_inputs
+    if request is not None:
+        def explain(body=Body(...)):
+            from kgc.explain import explain as explain_inputs
 
-        with serving.lock:
-            inputs = run.explain_inputs(head=body.head, relations=body.relations, inverse=body.inverse,
-                                        sentence=body.sentence, conditions=body.conditions)
-            ex, title = explain_inputs(inputs)
-        return {**ex.to_json(), "title": title}
+            with serving.lock:
+                inputs = run.explain_inputs(**body.model_dump())
+                ex, title = explain_inputs(inputs)
+            return {**ex.to_json(), "title": title}
+
+        explain.__annotations__["body"] = request  # the task's model, for validation and the OpenAPI schema
+        app.post("/explain", tags=["service"], dependencies=[Depends(require_ready)],
+                 summary="what a condition selects (kgc explain): router weights, spectra")(explain)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page():

@@ -232,7 +232,7 @@ def test_every_conditioner_explains_itself_or_refuses_clearly(case, encoder, spe
     ex = explain_conditioner(cond, conditions, names, sentence=sentence, tokenizer=tokenizer)
     assert isinstance(ex, Explanation) and ex.kind == cond.explain_kind and ex.conditions == names
     assert ex.values.shape[0] == len(conditions)
-    if ex.kind == "router":
+    if ex.kind == "tokens":
         assert ex.tokens[0] == "[CLS]" and ex.values.shape[1] == len(ex.tokens) == 1 + len(sentence) + (
             cond.name == "router")  # the router weighs [CLS] s [SEP]; the bi-encoder [CLS] s of [CLS] s [SEP] c [SEP]
         torch.testing.assert_close(torch.from_numpy(ex.values).sum(1), torch.ones(len(conditions)))
@@ -263,10 +263,10 @@ def test_explain_takes_what_a_run_hands_it(encoder, special, tokenizer):
                                conditions=CONDS[:2], names=["a", "b"], sentence_hint="give --head")
 
     ex, title = explain(inputs(make("hypernet-lowrank", encoder, special), None))
-    assert ex.kind == "hypernet" and title == "singular values of W_c: hypernet (lowrank, K=4)"
+    assert ex.kind == "spectrum" and title == "singular values of W_c: hypernet (lowrank, K=4)"
     with pytest.raises(KGCError, match="give --head"):
         explain(inputs(make("router", encoder, special), None))
     ex, title = explain(inputs(make("router", encoder, special), SENTS[0]))
-    assert ex.kind == "router" and ex.conditions == ["a", "b"] and title == "router weight w per token: s0"
+    assert ex.kind == "tokens" and ex.conditions == ["a", "b"] and title == "router weight w per token: s0"
     with pytest.raises(KGCError, match="this run's conditioner is concat"):
         explain(inputs(make("concat", encoder, special), SENTS[0]))

@@ -50,7 +50,7 @@ def read_tsv(path: Path) -> list[dict]:
 ], ids=["biencoder", "hadamard", "concat", "hypernet-s2sent", "router-top1-cached", "case-frozen"])
 def test_every_conditioner_on_synthetic_csts(model, encoder, tiny_bert, tmp_path, monkeypatch):
     from kgc.csts.data import load_csts
-    from kgc.recipe import SynthConfig
+    from kgc.csts.recipe import SynthConfig
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     run = tmp_path / "run"

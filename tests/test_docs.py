@@ -353,7 +353,7 @@ def test_recipe_key_reference_is_generated_from_the_schema(reference):
     text = reference.expand(page, "recipes.md")
     for row in key_reference():
         assert f"| `{row['key']}`" in text, row["key"]
-    assert "*(csts only)*" in text and "*(linkpred only)*" in text
+    assert "*(task csts)*" in text and "*(task linkpred)*" in text and "*(model.conditioner hypernet)*" in text
 
 
 def test_cli_reference_is_generated_from_the_app(reference):
@@ -386,18 +386,139 @@ def test_docstring_roles_name_objects_of_kgc(caplog):
     assert "[`kgc.Run`][kgc.training.run.Run]" in pkg["api"].docstring.value
 
 
-def test_no_table_is_cut_by_a_blank_line():
-    """A table row after a blank line, with no header separator under it, renders as raw `|` text (and `mkdocs
-    build --strict` does not catch it): a table's rows must follow one another."""
-    separator = re.compile(r"^\|[\s:|-]+\|\s*$")
+def table_problems(text: str) -> list[tuple[int, str]]:
+    """(line, why) for each table in ``text`` that Python-Markdown would not render as one: a run of ``|`` rows
+    (indented or not, outside fenced blocks) must have a header separator as its second line and a blank line (or
+    the page's start) before it. A table cut by a blank line leaves its later rows as raw ``|`` text, and a table
+    glued to the paragraph above it renders whole as text; ``mkdocs build --strict`` catches neither."""
+    separator = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+    lines, fence, found, n = text.splitlines(), None, [], 0
+    while n < len(lines):
+        stripped = lines[n].strip()
+        m = re.match(r"(`{3,}|~{3,})", stripped)
+        if fence is None and m:
+            fence = m.group(1)
+        elif fence is not None and re.fullmatch(rf"{re.escape(fence[0])}{{{len(fence)},}}", stripped):
+            fence = None
+        if fence is not None or m or not stripped.startswith("|"):
+            n += 1
+            continue
+        start = n
+        while n < len(lines) and lines[n].strip().startswith("|"):
+            n += 1
+        if n - start < 2 or not separator.match(lines[start + 1]):
+            found.append((start + 1, "rows without a header separator under their first row (a table cut by a "
+                                     "blank line, or a row on its own)"))
+        elif start > 0 and lines[start - 1].strip():
+            found.append((start + 1, "a table right under a line of text (a blank line must come before it)"))
+    return found
+
+
+def test_table_problems_finds_cut_and_glued_tables():
+    good = "text\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```text\n| not | a table |\n```\n"
+    assert table_problems(good) == []
+    cut = "| a | b |\n|---|---|\n| 1 | 2 |\n\n| 3 | 4 |\n"
+    assert [line for line, _ in table_problems(cut)] == [5]
+    glued = "a paragraph\n| a | b |\n|---|---|\n"
+    assert "right under a line of text" in table_problems(glued)[0][1]
+    nested = "- item\n\n    | a | b |\n    |:--|--:|\n    | 1 | 2 |\n\n    | 3 | 4 |\n"
+    assert [line for line, _ in table_problems(nested)] == [7]
+
+
+def test_no_table_is_cut_by_a_blank_line(reference):
+    """Every table of the README, the changelog and every page renders as one table: the pages as written, and
+    the two pages whose references are generated at build time as the build expands them."""
     found = []
     for path in doc_files():
-        lines, fenced = path.read_text(encoding="utf-8").splitlines(), False
-        for n, line in enumerate(lines):
-            if line.lstrip().startswith("```"):
-                fenced = not fenced
-            if fenced or not line.startswith("|") or n == 0 or lines[n - 1].strip():
-                continue
-            if n + 1 >= len(lines) or not separator.match(lines[n + 1]):
-                found.append(f"{path.relative_to(ROOT)}:{n + 1}: {line[:80]}")
-    assert not found, "rows cut off from their table:\n" + "\n".join(found)
+        text = path.read_text(encoding="utf-8")
+        if reference.PLACEHOLDER.search(text):
+            text = reference.expand(text, path.name)
+        found += [f"{path.relative_to(ROOT)}:{line}: {why}" for line, why in table_problems(text)]
+    assert not found, "tables that do not render as tables:\n" + "\n".join(found)
+
+
+def test_home_page_starts_with_the_readmes_two_commands():
+    """The site's home page opens as the README does: its first block holds the README's first two commands (set up
+    and run the quickstart, run the tests), before any section."""
+    def commands(block: Block) -> list[str]:
+        return [line.split("#")[0].strip() for line in block.code.splitlines() if line.strip()]
+
+    readme, home = blocks(ROOT / "README.md")[0], blocks(ROOT / "docs" / "index.md")[0]
+    assert commands(readme)[:2] == ["make quickstart", "make test"]
+    assert home.lang == readme.lang and commands(home)[:2] == commands(readme)[:2]
+    text = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert text.index("```") < text.index("\n## "), "the two commands come before the home page's first section"
+
+
+def test_api_signatures_are_formatted_one_parameter_a_line():
+    """mkdocstrings-python writes each signature on one clipped line unless Black or Ruff is installed: the docs
+    extra names one, and mkdocs.yml asks for separate, annotated signatures formatted to a page's width."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    docs = [re.split(r"[<>=!~ \[]", dep, maxsplit=1)[0].lower() for dep in extra["optional-dependencies"]["docs"]]
+    assert {"ruff", "black"} & set(docs), docs
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
+    plugin = next(p["mkdocstrings"] for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)
+    options = plugin["handlers"]["python"]["options"]
+    assert options["separate_signature"] == "true" and options["show_signature_annotations"] == "true"
+    assert 60 <= int(options["line_length"]) <= 90
+
+
+NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
+
+
+def cited_number_problems(path: Path, text: str) -> list[str]:
+    """Each decimal figure of ``text`` (a part of ``path``) must appear on a page linked from the same paragraph,
+    list item or table row — or, for a table row with no link, from the paragraph above its table."""
+    problems, inherited = [], []
+    chunks = re.split(r"\n\s*\n|\n(?=\s*[-*] )|\n(?=\|)", text)
+    for chunk in chunks:
+        targets = []
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", chunk):
+            if not re.match(r"[a-z]+://", link):
+                targets.append((path.parent / link).resolve())
+        is_row = chunk.lstrip().startswith("|")
+        if not is_row:
+            inherited = targets
+        elif not targets:
+            targets = inherited
+        prose = re.sub(r"`[^`]*`", "", chunk)
+        for number in NUMBER.findall(prose):
+            pattern = re.compile(rf"(?<![\w.]){re.escape(number)}(?![\w.])")
+            if not any(t.is_file() and pattern.search(t.read_text(encoding="utf-8")) for t in targets):
+                problems.append(f"{path.relative_to(ROOT)}: {number} in {chunk.strip()[:70]!r} is on no page it links")
+    return problems
+
+
+def test_every_figure_of_the_choosing_page_is_on_the_page_it_cites():
+    """docs/choosing.md and the README's results table quote measured figures: each one must be found on the results
+    page it links, so a figure cannot be invented or drift from its measurement."""
+    problems = cited_number_problems(ROOT / "docs" / "choosing.md",
+                                     (ROOT / "docs" / "choosing.md").read_text(encoding="utf-8"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## How well it does"):readme.index("\n## ", readme.index("## How well it does") + 5)]
+    problems += cited_number_problems(ROOT / "README.md", table)
+    assert not problems, "\n".join(problems)
+
+
+def test_explain_heatmap_reads_at_page_width(tmp_path):
+    """`kgc explain`'s heatmap (docs/figures/explain_*.png) is drawn 8 inches wide whatever the sentence's length: a
+    long entity text wraps onto several rows of tokens instead of a strip too wide for a page."""
+    import numpy as np
+
+    from kgc.explain import WIDTH_INCHES, Explanation, plot
+
+    def size(png: Path) -> tuple[int, int]:
+        head = png.read_bytes()[:24]
+        return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+    relations = ["_hypernym", "_has_part", "_derivationally_related_form", "_member_meronym"]
+    sizes = {}
+    for n in (6, 44):
+        w = np.random.default_rng(0).random((len(relations), n))
+        ex = Explanation("tokens", relations, w / w.sum(1, keepdims=True), tokens=[f"tok{i}" for i in range(n)],
+                         layers=[5], special=[False] * n)
+        sizes[n] = size(plot(ex, tmp_path / f"w{n}.png", "router weight w per token: " + "x" * 120))
+    assert sizes[6][0] == sizes[44][0] <= 160 * WIDTH_INCHES  # one width, ~800 px at the page's scale
+    assert sizes[44][1] > 2 * sizes[6][1]  # 44 tokens: the rows wrap (three here), the cells keep their size

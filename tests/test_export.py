@@ -220,7 +220,7 @@ def test_router_exports_its_towers_and_says_its_queries_need_kgc(tmp_path_factor
 
 def test_kgc_json_describes_the_conditioner_in_its_own_words():
     """export.py knows no conditioner: kgc.json's part is the name, the entry point and the conditioner's spec."""
-    from kgc.export import _conditioner_meta
+    from kgc.linkpred.export import _conditioner_meta
 
     class NewConditioner:  # stands in for a conditioner kgc.export has never heard of
         name, enters_at = "new", "pooled"

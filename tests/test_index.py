@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from kgc.bench import bench_index, clustered_unit_vectors, index_table
+from kgc.linkpred.bench import bench_index, clustered_unit_vectors, index_table
 from kgc.errors import KGCError
 from kgc.linkpred import index_types
 from kgc.linkpred.index import (build_index, index_params, index_plan, load_embeddings, load_index, stored_config,
                                 update_search_params)
 from kgc.linkpred.index_types import TYPES, index_config, resolve, search_index
-from kgc.recipe import IndexConfig, load_recipe
+from kgc.linkpred.index_types import index_options
+from kgc.recipe import load_recipe
 
 # recall@10 each type must reach on 5k × 32 clustered vectors with its default parameters
 MIN_RECALL = {"flat": 0.999, "ivf": 0.95, "hnsw": 0.95, "ivfpq": 0.4}
@@ -65,7 +66,7 @@ def test_defaults_scale_with_the_entity_count():
     p = resolve(index_config(None, type="ivfpq"), 1_000_000, 384)
     assert p == {"type": "ivfpq", "nlist": 4000, "pq_bytes": 48, "train_size": 256_000, "nprobe": 32}
     assert resolve(index_config(None, type="ivf", nprobe=500), 5000, 32)["nprobe"] == 128  # capped at nlist
-    assert resolve(IndexConfig(), 10, 4) == {"type": "flat"}
+    assert resolve(index_options(), 10, 4) == {"type": "flat"}
 
 
 # ---------------------------------------------------------------- a run's index (stand-in run and model)
@@ -124,8 +125,8 @@ def test_meta_records_type_and_parameters(run_and_model):
 def test_changed_type_is_detected_and_rebuilt_from_stored_embeddings(run_and_model):
     run, model = run_and_model
     run.path.mkdir()
-    build_index(run, model, progress=False, config=IndexConfig())  # flat
-    assert index_plan(run, model, IndexConfig()) == ("none", "up to date (flat)")
+    build_index(run, model, progress=False, config=index_options())  # flat
+    assert index_plan(run, model, index_options()) == ("none", "up to date (flat)")
     action, why = index_plan(run, model, index_config(None, type="hnsw", hnsw_m=16))
     assert action == "build" and "it is flat, asked for hnsw (hnsw_m=16" in why
     meta = build_index(run, model, progress=False, config=index_config(None, type="hnsw", hnsw_m=16))
@@ -167,7 +168,7 @@ def test_index_file_that_disagrees_with_meta_is_refused(run_and_model):
 
 
 def test_bad_parameters_name_the_key_and_the_fix(vectors):
-    with pytest.raises(KGCError, match=r"index.type: Input should be 'flat', 'ivf', 'hnsw' or 'ivfpq'.*'annoy'"):
+    with pytest.raises(KGCError, match=r"index.type 'annoy': unknown. Choose one of flat, ivf, hnsw, ivfpq"):
         index_config(None, type="annoy")
     with pytest.raises(KGCError, match=r"index.pq_bytes=5 does not divide the embedding dim 32.*1, 2, 4, 8, 16, 32"):
         resolve(index_config(None, type="ivfpq", pq_bytes=5), 5000, 32)
@@ -181,7 +182,7 @@ def test_bad_parameters_name_the_key_and_the_fix(vectors):
         resolve(index_config(None, type="ivfpq"), 100, 32)
     with pytest.raises(KGCError, match=r"index.hnsw_m: Input should be greater than or equal to 2"):
         index_config(None, type="hnsw", hnsw_m=1)
-    with pytest.raises(KGCError, match=r"'index.type': Input should be"):
+    with pytest.raises(KGCError, match=r"'index.type': unknown \('annoy'\). Choose one of 'flat', 'ivf', 'hnsw', 'ivfpq'"):
         load_recipe(None, ["index.type=annoy"])
     with pytest.raises(KGCError, match="read only by task linkpred"):
         load_recipe(None, ["task=csts", "data.dataset=synth-csts", "index.type=ivf"])

@@ -372,7 +372,13 @@ def test_recipe_keys_lists_every_key_with_a_default_and_a_line():
     from kgc.recipe import key_reference, valid_keys
 
     rows = key_reference()
-    assert [r["key"] for r in rows] == valid_keys()
+    assert list(dict.fromkeys(r["key"] for r in rows)) == valid_keys()
+    # a member's key says whose it is; a key two members define differently has a row each
+    assert [r["for"] for r in rows if r["key"] == "model.rank"] == ["model.conditioner hypernet"]
+    assert {r["for"] for r in rows if r["key"] == "model.router_layers"} == {"model.conditioner biencoder",
+                                                                             "model.conditioner router"}
+    assert [r["for"] for r in rows if r["key"] == "index.nprobe"] == ["task linkpred; index.type ivf, ivfpq"]
+    assert [r["for"] for r in rows if r["key"] == "train.lr"] == [""]
     missing = [r["key"] for r in rows if not r["description"]]
     assert not missing, f"recipe keys without a description: {missing}"
     out = kgc("recipe", "keys", "train.num").stdout

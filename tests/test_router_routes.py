@@ -131,21 +131,22 @@ def test_runs_saved_before_word_routing_route_as_they_were_trained(tmp_path):
     old = tmp_path / "other" / "recipe.yaml"
     old.parent.mkdir()
     old.write_text("name: old\nmodel: {conditioner: hypernet, weighting: one_plus_w, scorer: query_key}\n")
-    assert load_recipe(old, saved=True).model.weighting is None
+    m = load_recipe(old, saved=True).model  # version 1's unread keys dropped on upgrade: hypernet has none of them
+    assert m.conditioner == "hypernet" and "weighting" not in m.model_dump() and "scorer" not in m.model_dump()
 
 
 def test_explain_measures_the_spread_and_says_when_routing_is_condition_blind():
     from kgc.explain import Explanation, render_text
 
     values = np.array([[0.90, 0.05, 0.05, 0.00], [0.90, 0.04, 0.06, 0.00]])
-    ex = Explanation("router", ["r1", "r2"], values, tokens=["[CLS]", "a", "b", "[SEP]"],
+    ex = Explanation("tokens", ["r1", "r2"], values, tokens=["[CLS]", "a", "b", "[SEP]"],
                      layers=[1], special=[True, False, False, True])
     np.testing.assert_allclose(ex.special_share(), [0.90, 0.90])
     np.testing.assert_allclose(ex.spread(), [0.005, 0.005])  # ½ (|0.05 − 0.045| + |0.05 − 0.055|)
     assert ex.condition_blind() is True
     text = render_text(ex)
     assert "condition-blind" in text and "w on special tokens: 0.900" in text
-    routed = Explanation("router", ["r1", "r2"], np.array([[0, 0.8, 0.2, 0], [0, 0.2, 0.8, 0]]),
+    routed = Explanation("tokens", ["r1", "r2"], np.array([[0, 0.8, 0.2, 0], [0, 0.2, 0.8, 0]]),
                          tokens=["[CLS]", "a", "b", "[SEP]"], layers=[1], special=[True, False, False, True])
     np.testing.assert_allclose(routed.spread(), [0.3, 0.3])
     assert routed.condition_blind() is False and "condition-blind" not in render_text(routed)

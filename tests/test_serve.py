@@ -201,6 +201,30 @@ def test_entities_relations_info_and_pages(client, lp_run):
     assert r.status_code == 400 and "biencoder" in r.json()["detail"]  # nothing to explain in a bi-encoder
 
 
+def test_api_docs_work_offline(client):
+    """/docs (Swagger UI) and /redoc (ReDoc) name no asset on another host, so they render without internet: every
+    script, stylesheet and icon is a path of this server, which serves it; the OpenAPI document they read loads, with
+    the task's own /explain body (link prediction's fields only)."""
+    import re
+
+    for page, names in (("/docs", ["swagger-ui-bundle.js", "swagger-ui.css"]), ("/redoc", ["redoc.standalone.js"])):
+        r = client.get(page)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
+        assert "http://" not in r.text and "https://" not in r.text, page  # no CDN, no web fonts, no validator
+        urls = re.findall(r'<(?:script|link)[^>]*?(?:src|href)="([^"]*)"', r.text)
+        assert all(any(u.endswith(n) for u in urls) for n in names), urls
+        for url in urls:
+            assert url.startswith("/") and not url.startswith("//"), url  # a path here, not another host
+            asset = client.get(url)
+            kind = {".js": "javascript", ".css": "text/css", ".png": "image/png"}[Path(url).suffix]
+            assert asset.status_code == 200 and kind in asset.headers["content-type"] and len(asset.content) > 500, url
+    assert client.get("/docs/oauth2-redirect").status_code == 200
+    spec = client.get("/openapi.json").json()
+    assert "/predict" in spec["paths"] and "/explain" in spec["paths"]
+    body = spec["paths"]["/explain"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert set(spec["components"]["schemas"][body.rsplit("/", 1)[1]]["properties"]) == {"head", "relations", "inverse"}
+
+
 def test_post_entities_adds_and_persists(tiny_bert, tmp_path, data_home):
     out = tmp_path / "run"
     kgc.train(tiny_linkpred(tiny_bert), out, progress=False, echo=None)
@@ -332,7 +356,7 @@ def test_query_engine_runs_answer_as_the_encoder_would(tiny_bert, tmp_path, data
     q = run.resolve("virus", "causes", top_k=20)
     via_engine = run.answer_many([q])[0]
     direct = run.model().encode_query_tokens([q.tokens], [q.r]).detach().float().numpy()
-    np.testing.assert_allclose(run._query_vectors([q]), direct, atol=1e-5)
+    np.testing.assert_allclose(run.predictor.query_vectors([q], run.entities), direct, atol=1e-5)
     with TestClient(kgc.api.app(run), raise_server_exceptions=False) as c:
         ready(c)
         assert c.get("/info").json()["query_engine"] is True
@@ -376,6 +400,7 @@ def test_csts_similarity_route(tiny_bert, tmp_path):
         assert c.post("/similarity", json={**pair, "condition": "  "}).status_code == 422
         assert c.post("/predict", json={"head": "a", "relation": "b"}).status_code == 404  # not a C-STS route
         assert 'id="s1"' in c.get("/").text and c.get("/info").json()["task"] == "csts"
+        assert c.post("/explain", json={"head": "virus"}).status_code == 422  # the C-STS body: sentence, conditions
 
 
 # ---------------------------------------------------------------- kgc predict --input

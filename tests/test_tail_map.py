@@ -127,7 +127,7 @@ def test_embedded_and_added_entities_go_through_the_map(tiny_bert, tmp_path, dat
     run.index(progress=False)
     run.add_entities(tmp_path / "new.tsv", progress=False)
     vec = run.embed_entities([text])
-    index_rows = run._index_table()  # the index's table: the graph's entities, then the added one
+    index_rows = run.entities.table()  # the index's table: the graph's entities, then the added one
     assert index_rows.shape[0] == model.bank.graph.num_entities + 1
     np.testing.assert_allclose(index_rows[-1].numpy(), vec[0], atol=1e-4)
     np.testing.assert_allclose(index_rows[3].numpy(), table[3].numpy(), atol=1e-4)

@@ -32,26 +32,22 @@ def _code(text: str) -> str:
 def recipe_keys_markdown() -> str:
     """One table per recipe section (``data``, ``model``, …; the top-level keys first), from the schema."""
     from kgc.recipe import key_reference
-    from kgc.registry import TASKS
 
     rows = key_reference()
-    only: dict[str, list[str]] = {}
-    every = {r["key"] for r in rows}
-    for task in TASKS:
-        for key in every - {r["key"] for r in key_reference(task)}:
-            only.setdefault(key, []).append(task)
-    owner = {key: [t for t in TASKS if t not in out] for key, out in only.items()}
     sections: dict[str, list[dict[str, str]]] = {}
     for r in rows:
         section = r["key"].split(".", 1)[0] if "." in r["key"] else ""
         sections.setdefault(section, []).append(r)
-    out = [f"{len(rows)} keys. A key marked with a task is read only by that task's recipes (`task: …`); a recipe "
-           "of the other task that sets it is refused.", ""]
+    keys_count = len({r["key"] for r in rows})
+    out = [f"{keys_count} keys. A key marked with a task is read only by that task's recipes (`task: …`); one marked "
+           "with a member (`model.conditioner router`, `index.type hnsw`, `structure.model rules`) exists only "
+           "under it, and a key two members define differently has a row for each. A recipe that sets a key its "
+           "task or member does not read is refused, with the ones that do read it named.", ""]
     for section, keys in sections.items():
         out += [f"### `{section}`" if section else "### Top level", "",
                 "| key | type | default | what it does |", "|---|---|---|---|"]
         for r in keys:
-            task = f" *({', '.join(owner[r['key']])} only)*" if r["key"] in owner else ""
+            task = f" *({r['for']})*" if r["for"] else ""
             out.append(f"| {_code(r['key'])}{task} | {_code(r['type'])} | {_code(r['default'])} | "
                        f"{_cell(r['description'])} |")
         out.append("")

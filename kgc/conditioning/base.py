@@ -30,11 +30,13 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Literal, NamedTuple, Sequence
 
 import torch
+from pydantic import model_validator
 from torch import nn
 
 from kgc.data.texts import SpecialTokens
 from kgc.encoding.backbone import TextEncoder, to_device
 from kgc.errors import KGCError
+from kgc.recipe import ModelConfig
 from kgc.registry import CONDITIONERS
 
 TokenLists = Sequence[Sequence[int]]
@@ -43,23 +45,44 @@ TokenLists = Sequence[Sequence[int]]
 class Explained(NamedTuple):
     """What a conditioner shows ``kgc explain``, as numbers; :mod:`kgc.explain` names and renders them."""
 
-    kind: str  # "router": a weight per token of one sentence; "hypernet": a spectrum per condition
+    kind: str  # "tokens": a weight per token of one sentence; "spectrum": singular values per condition
     values: torch.Tensor  # router: (conditions, tokens) w, rows sum to 1; hypernet: (conditions, H) σ, descending
     token_ids: tuple[int, ...] = ()  # router: the ids of the tokens w covers, special tokens included
     layers: tuple[int, ...] = ()  # router: the layers w was read in (averaged over them)
 
 
+class ConditionerOptions(ModelConfig):
+    """A conditioner's ``model:`` section: the keys every conditioner reads plus its own, declared by a subclass
+    beside the conditioner (``conditioner: Literal["name"]`` and its fields) and named by ``Conditioner.Options``.
+    The defaults that depend on other options (:meth:`Conditioner.resolved_options`) are written into the
+    section, so a saved run's recipe.yaml names what it trained with whatever later defaults become."""
+
+    @model_validator(mode="after")
+    def _resolved(self) -> "ConditionerOptions":
+        mine = self.options()
+        for key, value in CONDITIONERS[self.conditioner].resolved_options(mine).items():
+            if value != mine[key]:
+                self.__dict__[key] = value  # not setattr: assignment would validate (and resolve) again
+        return self
+
+
 def register(cls: type["Conditioner"]) -> type["Conditioner"]:
-    """Class decorator: add a conditioner to the registry (``kgc.registry.CONDITIONERS``) under its ``name``."""
+    """Class decorator: add a conditioner to the registry (``kgc.registry.CONDITIONERS``) under its ``name``; its
+    ``options`` are its Options' own fields."""
+    if cls.Options.model_fields["conditioner"].default != cls.name:
+        raise KGCError(f"{cls.__name__}.Options declares conditioner {cls.Options.model_fields['conditioner'].default!r}"
+                       f", not {cls.name!r}")
+    cls.options = tuple(k for k in cls.Options.model_fields if k not in ModelConfig.model_fields)
     return CONDITIONERS.register(cls)
 
 
 class Conditioner(nn.Module, ABC):
-    """Base class. Subclasses set ``name``, ``enters_at`` and ``options`` and implement the three stages."""
+    """Base class. Subclasses set ``name``, ``enters_at`` and ``Options`` and implement the three stages."""
 
     name: ClassVar[str]
     enters_at: ClassVar[Literal["input", "layer", "pooled"]]
-    options: ClassVar[tuple[str, ...]] = ()  # recipe fields under ``model.`` this conditioner takes
+    Options: ClassVar[type[ConditionerOptions]]  # its ``model:`` section (the recipe keys it reads)
+    options: ClassVar[tuple[str, ...]] = ()  # its own fields of Options (set by :func:`register`)
     encodes_conditions: ClassVar[bool] = True  # False where a condition's state is just its token ids
     # what ``kgc explain`` shows for this class (None: nothing), listed when another conditioner refuses
     explains: ClassVar[str | None] = None
@@ -109,8 +132,9 @@ class Conditioner(nn.Module, ABC):
 
     @property
     def explain_kind(self) -> str | None:
-        """What :meth:`explain` returns here: ``"router"`` (a weight per token of a sentence under each condition,
-        needs a sentence), ``"hypernet"`` (each condition's spectrum) or None (nothing to show)."""
+        """What :meth:`explain` returns here: ``"tokens"`` (a weight per token of a sentence under each condition,
+        needs a sentence: CSR's routing), ``"spectrum"`` (each condition's singular values: Hyper-CL's W_c) or None
+        (nothing to show)."""
         return None
 
     def explain(self, conditions: TokenLists, sentence: Sequence[int] | None = None) -> Explained:

@@ -14,15 +14,27 @@ below T − k still run once per distinct input and can come from the layer cach
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import torch
+from pydantic import Field
 
-from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
+from kgc.conditioning.base import Conditioner, ConditionerOptions, Explained, TokenLists, register
 from kgc.conditioning.routing import Route, RoutedAttention, explained
 from kgc.encoding.backbone import unique_rows_on
 from kgc.encoding.layers import check_bert_family
 from kgc.errors import KGCError
+
+
+class BiEncoderOptions(ConditionerOptions):
+    """SimKGC's bi-encoder: ``[CLS] head [SEP] relation [SEP]`` through the whole encoder; optionally CSR's token
+    weights inside its top k layers."""
+    conditioner: Literal["biencoder"] = Field("biencoder", description="biencoder: SimKGC's head and relation as "
+                                              "one input (the condition enters at the token input)")
+    router_layers: Optional[int] = Field(None, ge=0, description="CSR routing in the top k layers (default 0, off)")
+    weighting: Optional[Literal["one_plus_w", "w_only", "centred"]] = Field(
+        None, description="with router_layers: the factor is 1 + w (CSR's Eq. 1; the default), w alone, or "
+                          "1 + w − 1/n over the n tokens w covers")
 
 
 @register
@@ -30,7 +42,7 @@ class BiEncoder(Conditioner):
     name = "biencoder"
     enters_at = "input"
     encodes_conditions = False
-    options = ("router_layers", "weighting")
+    Options = BiEncoderOptions
     explains = "CSR's token weights inside the bi-encoder (biencoder with model.router_layers > 0)"
 
     def __init__(self, *, router_layers: int | None = 0, weighting: str | None = "one_plus_w", **kwargs) -> None:
@@ -73,7 +85,7 @@ class BiEncoder(Conditioner):
 
     @property
     def explain_kind(self) -> str | None:
-        return "router" if self.routing is not None else None
+        return "tokens" if self.routing is not None else None
 
     def not_explainable(self, what: str | None = None) -> KGCError:
         return super().not_explainable(what or f"{self.name} without router_layers")

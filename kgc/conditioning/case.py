@@ -28,21 +28,33 @@ Dropout(0.15), and MSE against label / 5; here a BERT-family encoder pools the c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
-from kgc.conditioning.base import Conditioner, TokenLists, register
+from kgc.conditioning.base import Conditioner, ConditionerOptions, TokenLists, register
 from kgc.errors import KGCError
+
+
+class CaseOptions(ConditionerOptions):
+    """CASE: the condition embedded given the sentence, minus the condition alone, then a learnt projection."""
+    conditioner: Literal["case"] = Field("case", description="case: CASE (the condition enters at the token input)")
+    case_projection: Literal["linear", "mlp"] = Field("linear", description="W x, or a two-layer MLP")
+    case_dim: Optional[int] = Field(None, ge=1, description="projection width k (default H)")
+    case_head: Literal["paper", "legacy"] = Field(
+        "paper", description="the paper's heads (linear: Dropout(0.2) on W x; mlp: ReLU, Dropout(0.15), twice, no "
+                             "biases) or legacy (the heads of CASE runs saved before this key existed: linear W x; "
+                             "mlp W2 Dropout(0.1)(LeakyReLU(W1 x)))")
 
 
 @register
 class Case(Conditioner):
     name = "case"
     enters_at = "input"
-    options = ("case_projection", "case_dim", "case_head")
+    Options = CaseOptions
 
     def __init__(self, *, case_projection: str = "linear", case_dim: int | None = None, case_head: str = "paper",
                  **kwargs) -> None:

@@ -18,13 +18,14 @@ Every output is L2-normalised.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
-from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
+from kgc.conditioning.base import Conditioner, ConditionerOptions, Explained, TokenLists, register
 from kgc.errors import KGCError
 
 # the parts an exported query is composed from (kgc.json), the same for every conditioner here
@@ -49,9 +50,15 @@ class PooledConditioner(Conditioner):
         return self.encoder.encode_unique(self.padded(conditions))  # (conditions, H)
 
 
+class HadamardOptions(ConditionerOptions):
+    """The Hadamard tri-encoder: h_s ⊙ h_c."""
+    conditioner: Literal["hadamard"] = Field("hadamard", description="hadamard: h_s ⊙ h_c (after pooling)")
+
+
 @register
 class Hadamard(PooledConditioner):
     name = "hadamard"
+    Options = HadamardOptions
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -70,10 +77,16 @@ class Hadamard(PooledConditioner):
         return F.normalize(sentence_state * cond, dim=-1)
 
 
+class ConcatOptions(ConditionerOptions):
+    """The concatenation tri-encoder: [h_s ; h_c] through a learnt map."""
+    conditioner: Literal["concat"] = Field("concat", description="concat: [h_s ; h_c] mapped (after pooling)")
+    dropout: float = Field(0.1, ge=0, lt=1, description="dropout on [h_s ; h_c]")
+
+
 @register
 class Concat(PooledConditioner):
     name = "concat"
-    options = ("dropout",)
+    Options = ConcatOptions
 
     def __init__(self, *, dropout: float = 0.1, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -94,10 +107,18 @@ class Concat(PooledConditioner):
         return F.normalize(F.gelu(self.proj(self.dropout(pair))), dim=-1)
 
 
+class HyperNetOptions(ConditionerOptions):
+    """Hyper-CL: the condition generates a matrix W_c applied to the pooled sentence."""
+    conditioner: Literal["hypernet"] = Field("hypernet", description="hypernet: Hyper-CL (after pooling)")
+    rank: Optional[int] = Field(None, ge=1, description="rank K of W1 W2ᵀ (default H/12)")
+    hypernet_form: Literal["lowrank", "residual", "full"] = Field(
+        "lowrank", description="W_c = W1 W2ᵀ (Hyper-CL), I + W1 W2ᵀ (residual), or a full H×H matrix")
+
+
 @register
 class HyperNet(PooledConditioner):
     name = "hypernet"
-    options = ("rank", "hypernet_form")
+    Options = HyperNetOptions
     explains = "Hyper-CL's W_c (hypernet)"
 
     def __init__(self, *, rank: int | None = None, hypernet_form: str = "lowrank", **kwargs) -> None:
@@ -130,13 +151,13 @@ class HyperNet(PooledConditioner):
 
     @property
     def explain_kind(self) -> str | None:
-        return "hypernet"
+        return "spectrum"
 
     @torch.no_grad()
     def explain(self, conditions: TokenLists, sentence: Sequence[int] | None = None) -> Explained:
         """The singular values of W_c (H × H) of each condition, descending (``sentence`` is not needed)."""
         mats = self.matrices(self.encode_conditions(conditions))  # (conditions, H, H)
-        return Explained("hypernet", torch.linalg.svdvals(mats.float()).cpu())
+        return Explained("spectrum", torch.linalg.svdvals(mats.float()).cpu())
 
     def encode_conditions(self, conditions: TokenLists):
         """W_c of each distinct condition: (conditions, H, H) full, or the factors (conditions, H, K) ×2."""

@@ -61,12 +61,13 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple, Optional, Sequence
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from kgc.conditioning.base import Conditioner, Explained, TokenLists, register
+from kgc.conditioning.base import Conditioner, ConditionerOptions, Explained, TokenLists, register
 from kgc.conditioning.routing import Route, RoutedAttention, explained, word_mask
 from kgc.encoding.backbone import unique_rows_on
 from kgc.encoding.layers import check_bert_family
@@ -85,12 +86,39 @@ class RouterCondition(NamedTuple):
     mask: torch.Tensor | None  # (conditions, m) their padding mask
 
 
+class RouterOptions(ConditionerOptions):
+    """CSR's router: the condition's query scores the sentence's tokens at layer T − k; ``kgc/conditioning/router.py``
+    describes each option."""
+    conditioner: Literal["router"] = Field("router", description="router: CSR (the condition enters at layer T − k)")
+    router_layers: Optional[int] = Field(None, ge=0, description="the condition enters at layer T - k (default 1)")
+    weighting: Optional[Literal["one_plus_w", "w_only", "centred"]] = Field(
+        None, description="the factor is 1 + w (CSR's Eq. 1), w alone, or 1 + w − 1/n over the n tokens w covers "
+                          "(centred: the default; uniform w leaves the encoder as it is)")
+    scorer: Literal["query_key", "paper", "hidden", "heavy", "learned", "cls_attention"] = Field(
+        "paper", description="how the condition scores the sentence's tokens (paper: the CSR paper's equation; "
+                             "learned: the released code's trained scorer; kgc/conditioning/router.py describes each)")
+    cross_attend: Literal["none", "top", "all"] = Field(
+        "none", description="the sentence also attends to the condition's tokens in no layer, the router layers, "
+                            "or every layer (the released code; nothing cacheable)")
+    renormalise: bool = Field(True, description="scorer cls_attention: w renormalised over the sentence's tokens "
+                                                "(false: the released code's raw [CLS] probabilities)")
+    route_over: Literal["words", "all"] = Field(
+        "words", description="w is a softmax over the sentence's word tokens, its [CLS]/[SEP] masked out and left "
+                             "unscaled (words), or over every token, special ones included (all: the routing of "
+                             "router runs saved before this key existed, whose w sat on [CLS])")
+    route_temperature: float = Field(1.0, gt=0, description="w = softmax(score / τ); τ < 1 concentrates w "
+                                                            "(1: the paper)")
+    route_scales: Optional[Literal["context", "values"]] = Field(
+        None, description="the factor multiplies each token's value, so every token attends more to the routed "
+                          "ones (values, the default), or its attention context (context: the CSR paper's Eq. 1; "
+                          "the default for scorer cls_attention, which reads w off that attention)")
+
+
 @register
 class Router(Conditioner):
     name = "router"
     enters_at = "layer"
-    options = ("router_layers", "weighting", "scorer", "cross_attend", "renormalise", "route_over",
-               "route_temperature", "route_scales")
+    Options = RouterOptions
     explains = "CSR's token weights (router)"
 
     def __init__(self, *, router_layers: int | None = 1, weighting: str | None = "centred", scorer: str = "paper",
@@ -188,7 +216,7 @@ class Router(Conditioner):
 
     @property
     def explain_kind(self) -> str | None:
-        return "router"
+        return "tokens"
 
     @torch.no_grad()
     def explain(self, conditions: TokenLists, sentence: Sequence[int] | None = None) -> Explained:

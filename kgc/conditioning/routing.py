@@ -92,7 +92,7 @@ def explained(route: Route, rows: torch.Tensor, width: int, token_ids: Sequence[
     layers = sorted(route.seen)
     w = torch.stack([route.seen[i] for i in layers]).mean(0).float().cpu()[rows][:, :width]  # (conditions, tokens)
     w = w / w.sum(1, keepdim=True).clamp_min(1e-12)
-    return Explained("router", w, tuple(int(i) for i in token_ids), tuple(layers))
+    return Explained("tokens", w, tuple(int(i) for i in token_ids), tuple(layers))
 
 
 class RoutedSelfAttention(nn.Module):

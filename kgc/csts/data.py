@@ -185,7 +185,7 @@ def find_csts(dataset: str, path: str | None = None, synth=None) -> Path:
     if dataset.lower() == SYNTH:
         from kgc.csts.synth import synthetic_folder
 
-        from kgc.recipe import SynthConfig
+        from kgc.csts.recipe import SynthConfig
 
         return synthetic_folder(**(synth or SynthConfig()).model_dump())
     from kgc.data.catalog import find_dataset

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
+from kgc.csts.recipe import CSTSRecipe
 from kgc.recipe import Recipe
 from kgc.training.task import Task
 
@@ -24,8 +26,29 @@ if TYPE_CHECKING:  # imported where used: registering the task (every recipe's v
     from kgc.csts.loss import CSTSLoss
     from kgc.csts.model import Texts
 
-KEYS = frozenset({"data.synth", "loss.mse_weight", "loss.contrastive", "loss.contrastive_weight",
-                  "loss.contrastive_temperature"})
+class ExplainRequest(BaseModel):
+    """``POST /explain`` on a C-STS run: the sentence's tokens under each condition (``kgc explain``)."""
+    model_config = ConfigDict(extra="forbid")
+    sentence: Optional[str] = Field(None, description="the sentence")
+    conditions: List[str] = Field([], description="conditions")
+
+
+def _read_pairs(path: str | Path) -> list[dict]:
+    from kgc.csts.predict import read_queries
+
+    return read_queries(Path(path))
+
+
+def _write_pairs(path: str | Path | None, rows: list[dict], echo=print) -> None:
+    from kgc.csts.predict import write_scores
+
+    write_scores(None if path is None else Path(path), rows, echo=echo)
+
+
+def _synth(out: str | Path, **options) -> None:
+    from kgc.csts.synth import write_synthetic
+
+    write_synthetic(Path(out), **options)
 
 
 def _data_key(recipe: Recipe) -> str:
@@ -38,19 +61,44 @@ class CSTSTask(Task):
     title = "C-STS"
     unit = "pairs"
     metric = "dev_spearman"
-    recipe_keys = KEYS
+    recipe_class = CSTSRecipe
     distributed = False  # a batch is whole sentence-pair groups (c_high with c_low): one rank must see it whole
     splits = ("test", "validation", "train")
     compare_columns = ["recipe", "conditioner", "pooling", "data", "Spearman", "Pearson", "pair accuracy",
                        "trainable params", "total params", "train pairs/s", "train seconds", "eval seconds",
                        "cache bytes"]
     compare_metric = "Spearman"
+    dataset_files = ("csts_train.csv",)
 
     @classmethod
     def run_class(cls):
         from kgc.csts.service import CSTSRun
 
         return CSTSRun
+
+    @classmethod
+    def datasets(cls) -> list:
+        """The official C-STS CSVs (encrypted upstream) and the synthetic set kgc generates."""
+        from kgc.data.catalog import CatalogEntry
+
+        return [
+            CatalogEntry("csts", "CSTS", "Conditional STS (Deshpande et al. 2023), official CSVs; encrypted upstream",
+                         files={f"csts_{s}.csv": None for s in ("train", "validation", "test")},
+                         url="https://raw.githubusercontent.com/princeton-nlp/c-sts/main/data/csts.tar.enc",
+                         probe=cls.dataset_files, encrypted=True),
+            CatalogEntry("synth-csts", "synth-csts", "synthetic conditional similarity, made by kgc "
+                         "(`kgc data synth-csts OUT`)", probe=cls.dataset_files,
+                         generated="$KGC_CACHE_HOME/synth-csts (on first use)", command="kgc data synth-csts OUT"),
+        ]
+
+    @classmethod
+    def api_functions(cls):
+        """``kgc similarity --tsv``'s files, and ``kgc data synth-csts``."""
+        return {"read_pairs": _read_pairs, "write_pairs": _write_pairs, "synth_csts": _synth}
+
+    @classmethod
+    def explain_request(cls):
+        return ExplainRequest
 
     @classmethod
     def check_dataset(cls, folder: Path) -> None:
@@ -132,6 +180,9 @@ class CSTSTask(Task):
         model, tokenizer = build_model(self.recipe, backbone_folder, pretrained=pretrained)
         self.texts = Texts(self.data, tokenizer)  # every sentence and condition tokenised once
         return model, tokenizer
+
+    def conditioner_parameters(self, model):
+        return [p for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")]
 
     def make_loss(self) -> "CSTSLoss":
         from kgc.csts.loss import CSTSLoss

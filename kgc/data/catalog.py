@@ -1,9 +1,10 @@
 """Names → local folders. Lookup order: an explicit path → $KGC_DATA_HOME/<NAME> → ./data/<NAME>
 → the copies bundled inside the pykeen wheel (UMLS, Nations, Kinships) → ``kgc data fetch NAME``.
 
-Link-prediction sets are KG-BERT or PyKEEN label-TSV folders (Wikidata5M's own layout is converted to KG-BERT's
-by its fetch, :mod:`kgc.data.wikidata5m`); ``csts`` (task csts) is a folder of the
-official C-STS CSVs, fetched from the authors' encrypted archive with the password they give on request.
+The entries here are KG-BERT or PyKEEN label-TSV folders, the format this layer reads (Wikidata5M's own layout is
+converted to KG-BERT's by its fetch, :mod:`kgc.data.wikidata5m`). A task adds the datasets only it reads
+(:meth:`kgc.training.task.Task.datasets`, e.g. the C-STS CSVs, fetched from the authors' encrypted archive with the
+password they give on request). Which task a dataset is for is the task whose ``dataset_files`` mark its folder.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kgc.fileio import atomic_dir, sha256_file
 from kgc.registry import TASKS
 
 KGBERT = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
+KGBERT_FILES = ("train.tsv", "train.txt")  # a KG-BERT or a PyKEEN label-TSV folder holds one (kgc.data.graph)
 
 
 @dataclass(frozen=True)
@@ -32,17 +34,21 @@ class CatalogEntry:
     files: dict[str, str | None] = field(default_factory=dict)  # file → sha256 (None: not pinned)
     url: str | None = None  # folder URL; each file is url/<file>
     pykeen_bundle: str | None = None  # sub-folder of pykeen/datasets holding train/valid/test.txt
-    task: str = "linkpred"
+    probe: tuple[str, ...] = KGBERT_FILES  # a folder holding any of these is the dataset's (a task's dataset_files)
     encrypted: bool = False  # url is one ``openssl enc -aes-256-cbc -a -salt -pbkdf2`` tar archive
     wikidata5m: str | None = None  # Wikidata5M split (transductive/inductive): archives converted at fetch
     generated: str | None = None  # made by kgc itself on first use, under this folder (no files to find)
+    command: str | None = None  # a generated entry: the command that writes it into a folder
 
     @property
-    def probe(self) -> tuple[str, ...]:
-        return PROBES[self.task]
+    def task(self) -> str | None:
+        """The registered task that reads this dataset (the one whose ``dataset_files`` are its ``probe``)."""
+        return task_reading(self.probe)
 
 
-PROBES = {"linkpred": ("train.tsv", "train.txt"), "csts": ("csts_train.csv",)}
+def task_reading(files: tuple[str, ...]) -> str | None:
+    """The registered task whose datasets hold one of ``files`` (:attr:`kgc.training.task.Task.dataset_files`)."""
+    return next((name for name in TASKS if set(TASKS[name].dataset_files) & set(files)), None)
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -82,13 +88,7 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry("nations", "Nations", "Nations (Kemp et al. 2006), labels only", pykeen_bundle="nations"),
         CatalogEntry("kinships", "Kinships", "Alyawarra kinship (Kemp et al. 2006), labels only",
                      pykeen_bundle="kinships"),
-        CatalogEntry("csts", "CSTS", "Conditional STS (Deshpande et al. 2023), official CSVs; encrypted upstream",
-                     files={f"csts_{s}.csv": None for s in ("train", "validation", "test")},
-                     url="https://raw.githubusercontent.com/princeton-nlp/c-sts/main/data/csts.tar.enc",
-                     task="csts", encrypted=True),
         # Wikidata5M: archives (mirrors and sizes in kgc.data.wikidata5m) converted to KG-BERT files at fetch
-        CatalogEntry("synth-csts", "synth-csts", "synthetic conditional similarity, made by kgc "
-                     "(`kgc data synth-csts OUT`)", task="csts", generated="$KGC_CACHE_HOME/synth-csts (on first use)"),
         CatalogEntry("wikidata5m", "Wikidata5M", "Wikidata + Wikipedia abstracts (Wang et al. 2021), transductive; "
                      "4.6M entities, ~1.3 GB download", url="https://deepgraphlearning.github.io/project/wikidata5m",
                      wikidata5m="transductive"),
@@ -99,10 +99,19 @@ CATALOG: dict[str, CatalogEntry] = {
 }
 
 
+def entries() -> dict[str, CatalogEntry]:
+    """The whole catalog: this layer's entries (:data:`CATALOG`), then each registered task's own."""
+    found = dict(CATALOG)
+    for name in TASKS:
+        for entry in TASKS[name].datasets():
+            found.setdefault(entry.name, entry)
+    return found
+
+
 def catalog_entry(name: str) -> CatalogEntry | None:
     """The entry for a name, ignoring case and dashes (``FB15k-237`` → fb15k237, ``Wikidata5M-inductive``)."""
     key = name.lower().replace("-", "")
-    return next((e for n, e in CATALOG.items() if n.replace("-", "") == key), None)
+    return next((e for n, e in entries().items() if n.replace("-", "") == key), None)
 
 
 def data_homes() -> list[tuple[str, Path]]:
@@ -125,8 +134,8 @@ def _pykeen_folder(entry: CatalogEntry) -> Path | None:
     return folder if (folder / "train.txt").is_file() else None
 
 
-def _looks_like_dataset(folder: Path, task: str = "linkpred") -> bool:
-    return folder.is_dir() and any((folder / f).exists() for f in PROBES[task])  # a folder there: the reader says so
+def _looks_like_dataset(folder: Path, files: tuple[str, ...] = KGBERT_FILES) -> bool:
+    return folder.is_dir() and any((folder / f).exists() for f in files)  # a folder there: the reader says so
 
 
 def _candidates(entry: CatalogEntry, home: Path) -> list[Path]:
@@ -134,18 +143,21 @@ def _candidates(entry: CatalogEntry, home: Path) -> list[Path]:
 
 
 def dataset_task(name_or_path: str) -> str | None:
-    """The task a catalog name or a folder holds data for (a folder: by the files it holds, :data:`PROBES`), or
-    None when that is not clear (no such folder, or files of several tasks)."""
+    """The task a catalog name or a folder holds data for (a folder: by the files it holds, each task's
+    ``dataset_files``), or None when that is not clear (no such folder, or files of several tasks)."""
     entry = catalog_entry(name_or_path)
     if entry is not None:
         return entry.task
     folder = Path(name_or_path).expanduser()
-    tasks = [task for task in PROBES if _looks_like_dataset(folder, task)]
+    tasks = [task for task in TASKS if _looks_like_dataset(folder, TASKS[task].dataset_files)]
     return tasks[0] if len(tasks) == 1 else None
 
 
-def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpred") -> tuple[Path, str]:
-    """Return (folder, where-found) for a catalog name or a folder path; a clear error when absent."""
+def find_dataset(name_or_path: str, path: str | None = None, task: str | None = None) -> tuple[Path, str]:
+    """Return (folder, where-found) for a catalog name or a folder path; a clear error when absent. ``task``: the
+    task whose dataset it must be (None: the one that reads this layer's KG-BERT / PyKEEN folders)."""
+    files = TASKS.lookup(task).dataset_files if task is not None else KGBERT_FILES
+    task = task if task is not None else task_reading(KGBERT_FILES)
     if path is not None:
         folder = Path(path).expanduser()
         if not _looks_like_dataset(folder):
@@ -155,17 +167,17 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpr
     entry = catalog_entry(name_or_path)
     if entry is None:
         folder = Path(name_or_path).expanduser()
-        if _looks_like_dataset(folder, task):
+        if _looks_like_dataset(folder, files):
             return folder, "path"
-        names = [n for n, e in CATALOG.items() if e.task == task]
+        names = [n for n, e in entries().items() if e.task == task]
         raise KGCError(f"dataset {name_or_path!r}: not a catalog name for task {task} ({', '.join(names)}) "
-                       f"and not a folder holding {' or '.join(PROBES[task])}")
+                       f"and not a folder holding {' or '.join(files)}")
     if entry.task != task:
         raise KGCError(f"dataset {entry.name!r} is a {entry.task} dataset, and the recipe has task {task}; "
                        f"set task: {entry.task} or pick a {task} dataset")
     for label, home in data_homes():
         for folder in _candidates(entry, home):
-            if _looks_like_dataset(folder, task):
+            if _looks_like_dataset(folder, files):
                 return folder, label
     if (bundled := _pykeen_folder(entry)) is not None:
         return bundled, "pykeen wheel (labels only)"
@@ -180,7 +192,7 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str = "linkpr
 
 def list_datasets() -> list[dict[str, str]]:
     rows = []
-    for entry in CATALOG.values():
+    for entry in entries().values():
         if entry.generated:
             rows.append({"name": entry.name, "where": "generated", "folder": entry.generated,
                          "about": entry.description})
@@ -206,15 +218,15 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     """
     entry = catalog_entry(name)
     if entry is None:
-        raise KGCError(f"unknown dataset {name!r}; catalog names: {', '.join(CATALOG)}")
+        raise KGCError(f"unknown dataset {name!r}; catalog names: {', '.join(entries())}")
     if entry.generated:
         raise KGCError(f"{entry.name} is made by kgc, not downloaded: name it in a recipe (data.dataset: "
-                       f"{entry.name}), or write it with `kgc data synth-csts OUT`")
+                       f"{entry.name})" + (f", or write it with `{entry.command}`" if entry.command else ""))
     if entry.url is None:
         raise KGCError(f"{entry.name} has no download home; it ships inside the pykeen wheel")
     home = dest_home or data_homes()[0][1]
     target = home / entry.folder
-    if _looks_like_dataset(target, entry.task):
+    if _looks_like_dataset(target, entry.probe):
         return target
     if entry.wikidata5m:
         from kgc.data import wikidata5m

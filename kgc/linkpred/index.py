@@ -34,10 +34,10 @@ from kgc.errors import KGCError
 from kgc.fileio import Transaction, recover, run_lock, sha256_cached, sha256_file, sweep, write_error
 from kgc.data.graph import KnowledgeGraph
 from kgc.linkpred import index_types
+from kgc.linkpred.index_types import IndexOptions
 from kgc.linkpred.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
                                 read_new_entities, stored_entities, tsv)
 from kgc.linkpred.model import LinkPredictor
-from kgc.recipe import IndexConfig
 from kgc.training.run import RunDir
 
 
@@ -137,11 +137,11 @@ def stored_params(meta: dict) -> dict:
     return meta.get("index") or {"type": "flat"}
 
 
-def stored_config(run: RunDir) -> IndexConfig | None:
+def stored_config(run: RunDir) -> IndexOptions | None:
     """An ``index:`` section that rebuilds the run's current index as it is (its type and parameters, from
     meta.json; a stale one too), or None when there is none: to rebuild a stale index without changing its type."""
     meta = _read_meta(run.index)
-    return None if meta is None else IndexConfig(**stored_params(meta))
+    return None if meta is None else index_types.index_options(stored_params(meta))
 
 
 def index_params(run: RunDir, model: LinkPredictor) -> dict:
@@ -168,7 +168,7 @@ def _reusable_table(folder: Path, meta: dict | None, current: dict, entities: in
 
 
 def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True,
-                config: IndexConfig | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto",
+                config: IndexOptions | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto",
                 keep: list[NewEntity] | None = None, sources: list[dict] | None = None) -> dict:
     """Build ``run/index`` from scratch for the graph's entities, as ``config`` says (default: the recipe's
     ``index:`` section). The entity table is reused from a stored ``entities.npy`` made by the same weights
@@ -197,7 +197,7 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
 
 
 def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, batch_size: int, progress: bool,
-           config: IndexConfig, reuse_embeddings: bool, faiss_device: str, keep: list[NewEntity],
+           config: IndexOptions, reuse_embeddings: bool, faiss_device: str, keep: list[NewEntity],
            sources: list[dict]) -> dict:
     sweep(folder)  # staged files of a build or add that never committed
     current = fingerprint(run, model)
@@ -281,7 +281,7 @@ def _commit(tx: Transaction, run: RunDir, meta: dict, table: np.ndarray, index, 
     return meta
 
 
-def index_plan(run: RunDir, model: LinkPredictor, config: IndexConfig | None = None) -> tuple[str, str]:
+def index_plan(run: RunDir, model: LinkPredictor, config: IndexOptions | None = None) -> tuple[str, str]:
     """What ``kgc index`` has to do for ``config``: ``("build", why)``, ``("search", why)`` (only nprobe /
     ef_search differ: meta.json is updated, nothing rebuilt) or ``("none", "up to date")``."""
     config = config if config is not None else run.recipe.index
@@ -307,7 +307,7 @@ def _describe(params: dict, *, search_only: bool = False) -> str:
     return f"{params['type']} ({inner})" if inner else params["type"]
 
 
-def update_search_params(run: RunDir, model: LinkPredictor, config: IndexConfig | None = None) -> dict:
+def update_search_params(run: RunDir, model: LinkPredictor, config: IndexOptions | None = None) -> dict:
     """Store ``config``'s nprobe / ef_search in a fresh index's meta.json (no rebuild), holding the run's lock;
     returns the meta."""
     with run_lock(run.path, "updating the index's search parameters"):
@@ -396,7 +396,7 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
                        f"(+ {added} added). Rebuild it with `kgc index {run.path}`.")
     overrides = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
     if overrides:  # validated like the recipe keys (a key the stored type does not read is an error)
-        config = index_types.index_config(IndexConfig(type=params["type"]), **overrides)
+        config = index_types.index_config(index_types.index_options({"type": params["type"]}), **overrides)
         params.update({k: getattr(config, k) for k in overrides})
         if "nprobe" in overrides:
             params["nprobe"] = min(params["nprobe"], params["nlist"])

@@ -18,14 +18,62 @@ from __future__ import annotations
 
 import math
 import time
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal, Optional, Union
 
 import numpy as np
 import torch
-from pydantic import ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from kgc.errors import KGCError
-from kgc.recipe import IndexConfig
+from kgc.recipe import Section
+
+
+class IndexOptions(Section):
+    """The entity index ``kgc index RUN`` builds (options there override these): a union on ``type``, each type's
+    options beside its class below. Inner product on unit vectors throughout, so scores are cosines; every type
+    but ``flat`` is approximate (kgc bench index measures it)."""
+    type: str = Field(description="flat: exact; ivf: k-means cells, a query visits nprobe of them; hnsw: a graph "
+                                  "with hnsw_m links per node; ivfpq: ivf with vectors compressed to pq_bytes bytes")
+
+    @classmethod
+    def selected_by(cls, tree: dict) -> bool:
+        return tree.get("type", "flat") == cls.model_fields["type"].default
+
+
+class FlatOptions(IndexOptions):
+    type: Literal["flat"] = Field("flat", description="flat: exact, every entity scored (no FAISS)")
+
+
+class IvfOptions(IndexOptions):
+    type: Literal["ivf"] = Field("ivf", description="ivf: k-means cells, a query visits nprobe of them")
+    nlist: Optional[int] = Field(None, ge=1, description="number of cells (default 4·√entities, clamped to "
+                                                         "16..65536 and ≤ entities / 39)")
+    nprobe: int = Field(32, ge=1, description="cells visited per query (search time; no rebuild)")
+    train_size: Optional[int] = Field(None, ge=1, description="entities sampled to train k-means (default "
+                                                              "64·nlist, at most all of them)")
+
+
+class IvfPqOptions(IvfOptions):
+    type: Literal["ivfpq"] = Field("ivfpq", description="ivfpq: ivf with vectors compressed to pq_bytes bytes")
+    pq_bytes: Optional[int] = Field(None, ge=1, description="bytes per vector (sub-quantisers of 8 bits); must "
+                                                            "divide the embedding dim (default ≈ dim / 8)")
+
+
+class HnswOptions(IndexOptions):
+    type: Literal["hnsw"] = Field("hnsw", description="hnsw: a graph with hnsw_m links per node")
+    hnsw_m: int = Field(32, ge=2, le=256, description="links per node (memory: 8·M bytes per entity)")
+    ef_search: int = Field(64, ge=1, description="candidate list per query (search time; no rebuild)")
+    ef_construction: int = Field(40, ge=1, description="candidate list while inserting (build quality/time)")
+
+
+# the recipe's ``index:`` section: one member per type, chosen by ``type`` (default flat)
+IndexConfig = Annotated[Union[FlatOptions, IvfOptions, HnswOptions, IvfPqOptions], Field(discriminator="type")]
+_INDEX_ADAPTER: TypeAdapter = TypeAdapter(IndexConfig)
+
+
+def index_options(tree: dict | None = None) -> IndexOptions:
+    """The options of the type ``tree`` names (``{"type": "hnsw", "ef_search": 128}``; default flat), validated."""
+    return _INDEX_ADAPTER.validate_python({"type": "flat", **(tree or {})})
 
 
 def faiss_module():
@@ -99,12 +147,13 @@ class IndexType:
     gpu: ClassVar[bool] = False  # FAISS has a GPU version of it
     summary: ClassVar[str]
     faiss_classes: ClassVar[tuple[str, ...]] = ()  # FAISS class names an index of this type loads as
+    Options: ClassVar[type[IndexOptions]]  # its recipe keys (``index:`` when ``type`` is this one)
 
     def factory(self, params: dict) -> str:
         """The ``faiss.index_factory`` string for resolved ``params``."""
         raise NotImplementedError
 
-    def resolve(self, config: IndexConfig, entities: int, dim: int) -> dict:
+    def resolve(self, config: IndexOptions, entities: int, dim: int) -> dict:
         """The type's own keys, defaults filled in and checked against the sizes."""
         return {"type": self.name}
 
@@ -114,6 +163,7 @@ class IndexType:
 
 class Flat(IndexType):
     name, gpu, summary = "flat", True, "exact: every entity scored (one matrix product in torch, no FAISS)"
+    Options = FlatOptions
 
     def factory(self, params):
         return "Flat"
@@ -121,6 +171,7 @@ class Flat(IndexType):
 
 class IVF(IndexType):
     name, gpu = "ivf", True
+    Options: type[IndexOptions] = IvfOptions
     build, search = ("nlist", "train_size"), ("nprobe",)
     summary = "k-means cells, a query scans nprobe of them (IndexIVFFlat)"
     faiss_classes = ("IndexIVFFlat", "GpuIndexIVFFlat")
@@ -154,6 +205,7 @@ class IVF(IndexType):
 
 class IVFPQ(IVF):
     name = "ivfpq"
+    Options = IvfPqOptions
     build = ("nlist", "pq_bytes", "train_size")
     summary = "ivf whose vectors are product-quantised to pq_bytes bytes (IndexIVFPQ)"
     faiss_classes = ("IndexIVFPQ", "GpuIndexIVFPQ")
@@ -178,6 +230,7 @@ class IVFPQ(IVF):
 
 class HNSW(IndexType):
     name = "hnsw"
+    Options = HnswOptions
     build, search = ("hnsw_m", "ef_construction"), ("ef_search",)
     summary = "navigable small-world graph, beam search of width ef_search (IndexHNSWFlat)"
     faiss_classes = ("IndexHNSWFlat",)
@@ -197,33 +250,35 @@ TYPES: dict[str, IndexType] = {t.name: t for t in (Flat(), IVF(), HNSW(), IVFPQ(
 FAISS_PARAMETER = {"nprobe": "nprobe", "ef_search": "efSearch"}
 PQ_BITS = 8  # bits per sub-quantiser code: 256 centroids each, so ivfpq needs >= 256 training vectors
 _FAISS_CLASS = {cls: t.name for t in TYPES.values() for cls in t.faiss_classes}
+_MEMBERS: dict[str, type[IndexOptions]] = {t.name: t.Options for t in TYPES.values()}
 
 
-def index_config(base: IndexConfig | None = None, **changes) -> IndexConfig:
+def index_config(base: IndexOptions | None = None, **changes) -> IndexOptions:
     """``base`` (a recipe's ``index:`` section) with ``changes`` applied (``None`` values are ignored), validated.
 
-    A change the resulting type does not read (``nprobe`` for ``hnsw``) is an error, not a silent no-op."""
+    A change the resulting type does not read (``nprobe`` for ``hnsw``) is an error, not a silent no-op; the base's
+    keys the new type does not read are left behind when ``type`` changes."""
     changes = {k: v for k, v in changes.items() if v is not None}
-    tree = {**(base or IndexConfig()).model_dump(), **changes}
-    try:
-        config = IndexConfig.model_validate(tree)
-    except ValidationError as err:
-        lines = []
-        for e in err.errors():
-            loc = ".".join(str(p) for p in e["loc"])
-            if e["type"] == "extra_forbidden":
-                lines.append(f"unknown key 'index.{loc}'. Valid keys: {', '.join(IndexConfig.model_fields)}")
-            else:
-                lines.append(f"index.{loc}: {e['msg']} (got {e.get('input')!r})")
-        raise KGCError("bad index parameters:\n  " + "\n  ".join(lines)) from None
-    kind = TYPES[config.type]
-    unread = sorted(k for k in changes if k != "type" and k not in kind.build + kind.search)
+    kind = changes.get("type", base.type if base is not None else "flat")
+    member = _MEMBERS.get(kind)
+    if member is None:
+        raise KGCError(f"index.type {kind!r}: unknown. Choose one of {', '.join(TYPES)}")
+    unread = sorted(k for k in changes if k not in member.model_fields)
     if unread:
         readers = {k: ", ".join(t.name for t in TYPES.values() if k in t.build + t.search) for k in unread}
+        if not all(readers.values()):
+            raise KGCError(f"unknown index key(s) {', '.join('index.' + k for k in unread)}. Valid keys for "
+                           f"{kind}: {', '.join(member.model_fields)}")
         only = next(iter(readers.values())) if len(readers) == 1 else "; ".join(f"{k}: {v}" for k, v in readers.items())
-        raise KGCError(f"{', '.join('index.' + k for k in unread)}: not read by index type {config.type} (only by "
+        raise KGCError(f"{', '.join('index.' + k for k in unread)}: not read by index type {kind} (only by "
                        f"{only}). Drop {'it' if len(unread) == 1 else 'them'}, or choose that type.")
-    return config
+    kept = {k: v for k, v in (base.model_dump() if base is not None else {}).items() if k in member.model_fields}
+    try:
+        return index_options({**kept, **changes})
+    except ValidationError as err:
+        lines = [f"index.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']} (got {e.get('input')!r})"
+                 for e in err.errors()]
+        raise KGCError("bad index parameters:\n  " + "\n  ".join(lines)) from None
 
 
 def default_nlist(entities: int) -> int:
@@ -240,7 +295,7 @@ def default_pq_bytes(dim: int) -> int:
     return max(d for d in divisors(dim) if d <= max(1, dim // 8))
 
 
-def resolve(config: IndexConfig, entities: int, dim: int) -> dict:
+def resolve(config: IndexOptions, entities: int, dim: int) -> dict:
     """The parameters an index of ``entities`` vectors of ``dim`` is built and searched with: the type's own keys
     only, defaults filled in, checked against the sizes (``{"type": "ivf", "nlist": 4000, "train_size": …}``)."""
     return TYPES[config.type].resolve(config, entities, dim)

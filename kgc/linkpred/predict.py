@@ -1,6 +1,6 @@
 """Top-k answers to (head, relation, ?): by cosine from a run's FAISS index, or by the fused text + structure
 score over every entity (:func:`kgc.linkpred.structure.predict_fused`); and the query files of
-``kgc predict --input``."""
+``kgc predict --input`` (:func:`predict_file`). A question's options are :class:`kgc.linkpred.query.QueryOptions`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 from kgc.data.graph import KnowledgeGraph
+from kgc.errors import KGCError
+from kgc.linkpred.query import QueryOptions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,15 +40,17 @@ class Query:
     h: int | None
     r: int
     tokens: list
-    top_k: int = 10
-    filter_known: bool = False
-    include_head: bool = False
+    options: QueryOptions
+
+    @property
+    def top_k(self) -> int:
+        return self.options.top_k
 
     def excluded(self, known: set[int]) -> set[int]:
         """Entity ids left out of the answers: the head (unless ``include_head``), and ``known`` with
         ``filter_known``."""
-        out = set(known) if self.filter_known else set()
-        if self.h is not None and not self.include_head:
+        out = set(known) if self.options.filter_known else set()
+        if self.h is not None and not self.options.include_head:
             out.add(self.h)
         return out
 
@@ -87,18 +91,11 @@ def _prediction(rank: int, e: int, score: float, graph: KnowledgeGraph, known: s
     return Prediction(rank, graph.entities[e], graph.full_texts[e], score, e in known, graph.names[e])
 
 
-def search_answers(query_vector: np.ndarray, index, graph: KnowledgeGraph, *, top_k: int = 10,
-                   exclude: set[int] = frozenset(), known: set[int] = frozenset()) -> list[Prediction]:
-    """The index's top ``top_k`` entities for one query vector (1, dim), leaving out the ids in ``exclude``;
-    ``known`` marks answers the graph has. ``graph`` names the index's rows (the run's graph with its added
-    entities)."""
-    return search_many(query_vector, index, graph, top_ks=[top_k], excludes=[exclude], knowns=[known])[0]
-
-
 def search_many(query_vectors: np.ndarray, index, graph: KnowledgeGraph, *, top_ks: list[int],
                 excludes: list[set[int]], knowns: list[set[int]]) -> list[list[Prediction]]:
-    """:func:`search_answers` for (queries, dim) vectors in one index search (as deep as the deepest query
-    needs); each query keeps its own top-k, exclusions and known answers."""
+    """The index's top ``top_ks[i]`` entities for each of (queries, dim) vectors in one index search (as deep as
+    the deepest query needs), leaving out the ids in ``excludes[i]``; ``knowns[i]`` marks answers the graph has.
+    ``graph`` names the index's rows (the run's graph with its added entities)."""
     from kgc.linkpred.index_types import search_index
 
     k = min(index.ntotal, max(t + len(x) for t, x in zip(top_ks, excludes)))
@@ -116,7 +113,7 @@ def search_many(query_vectors: np.ndarray, index, graph: KnowledgeGraph, *, top_
     return answers
 
 
-def rank_scores(scores: torch.Tensor, graph: KnowledgeGraph, *, top_k: int = 10,
+def rank_scores(scores: torch.Tensor, graph: KnowledgeGraph, *, top_k: int,
                 exclude: set[int] = frozenset(), known: set[int] = frozenset()) -> list[Prediction]:
     """The top ``top_k`` of dense (entities,) scores (fused), leaving out ``exclude``."""
     scores = scores.clone()
@@ -136,20 +133,16 @@ class QueryLine:
     line: int
     head: str
     relation: str
-    options: dict  # per-line top_k / inverse / filter_known / include_head / free_text (JSONL only)
-
-
-LINE_OPTIONS = {"top_k": int, "inverse": bool, "filter_known": bool, "include_head": bool, "free_text": bool}
+    options: dict  # the line's own QueryOptions keys (JSONL only), over the file's defaults
 
 
 def read_query_file(path: str | Path) -> list[QueryLine]:
     """Questions from ``path``: TSV lines ``head<TAB>relation`` (blank lines and ``#`` comments skipped), or, for
-    a ``.jsonl`` file, one object per line with ``head``, ``relation`` and optional ``top_k``, ``inverse``,
-    ``filter_known``, ``include_head``, ``free_text``. A bad line is one KGCError naming it."""
+    a ``.jsonl`` file, one object per line with ``head``, ``relation`` and any :class:`QueryOptions` (``top_k``,
+    ``inverse``, ``filter_known``, ``include_head``, ``free_text``). A bad line is one KGCError naming it."""
     import json
 
     from kgc.data.graph import text_lines
-    from kgc.errors import KGCError
 
     path = Path(path)
     if not path.is_file():
@@ -168,15 +161,16 @@ def read_query_file(path: str | Path) -> list[QueryLine]:
             if not isinstance(obj, dict) or not isinstance(obj.get("head"), str) or \
                     not isinstance(obj.get("relation"), str):
                 raise KGCError(f'{path}:{lineno}: expected {{"head": "…", "relation": "…"}}, got {line[:80]!r}')
-            extra = sorted(set(obj) - {"head", "relation"} - set(LINE_OPTIONS))
+            options = {k: v for k, v in obj.items() if k not in ("head", "relation")}
+            extra = sorted(set(options) - set(QueryOptions.model_fields))
             if extra:
                 raise KGCError(f"{path}:{lineno}: unknown key(s) {', '.join(extra)}; a line may give head, relation, "
-                               f"{', '.join(LINE_OPTIONS)}")
-            for key, kind in LINE_OPTIONS.items():
-                if key in obj and (type(obj[key]) is not kind):
-                    raise KGCError(f"{path}:{lineno}: {key} must be {kind.__name__}, got {obj[key]!r}")
-            out.append(QueryLine(lineno, obj["head"], obj["relation"],
-                                 {k: obj[k] for k in LINE_OPTIONS if k in obj}))
+                               f"{', '.join(QueryOptions.model_fields)}")
+            try:
+                QueryOptions.of(options)
+            except KGCError as exc:
+                raise KGCError(f"{path}:{lineno}: {exc}") from None
+            out.append(QueryLine(lineno, obj["head"], obj["relation"], options))
             continue
         parts = line.rstrip("\r\n").split("\t")
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
@@ -200,3 +194,46 @@ def answer_rows(q: QueryLine, a: Answers) -> list[dict]:
 def answer_record(q: QueryLine, a: Answers) -> dict:
     """``kgc predict --input … --format jsonl``: one object per question."""
     return {"line": q.line, **a.to_json()}
+
+
+def predict_file(run, path: str | Path, out: str | Path | None = None, *, format: str | None = None,
+                 batch_size: int = 64, progress: bool = False, echo=None, **options) -> dict:
+    """:meth:`kgc.linkpred.service.LinkPredRun.predict_file` for ``run``: every question of the file resolved
+    first (a bad one stops it, naming its line), then answered ``batch_size`` at a time; ``options``: the
+    file's default :class:`QueryOptions`, each JSONL line's own over them."""
+    import json
+    import time
+
+    from tqdm.auto import tqdm
+
+    from kgc.fileio import tsv_text, write_text
+
+    fmt = format or ("tsv" if out is not None and Path(out).suffix.lower() == ".tsv" else "jsonl")
+    if fmt not in ("jsonl", "tsv"):
+        raise KGCError(f"--format {fmt}: choose jsonl or tsv")
+    if batch_size < 1:
+        raise KGCError(f"--batch-size {batch_size}: at least 1")
+    defaults = QueryOptions.of(options)  # a bad default is said as such, not as the first line's
+    lines = read_query_file(path)
+    queries = []
+    for q in lines:
+        try:
+            queries.append(run.resolve(q.head, q.relation, progress=progress, note=False,
+                                       **QueryOptions.of(defaults, **q.options).model_dump()))
+        except KGCError as exc:
+            raise KGCError(f"{path}:{q.line}: {exc}") from None
+    start, records, rows = time.perf_counter(), [], []
+    for s in tqdm(range(0, len(queries), batch_size), desc="questions", unit="batch", disable=not progress,
+                  leave=False):
+        for q, a in zip(lines[s: s + batch_size], run.answer_many(queries[s: s + batch_size])):
+            if fmt == "jsonl":
+                records.append(json.dumps(answer_record(q, a), ensure_ascii=False) + "\n")
+            rows += answer_rows(q, a)  # one per answer: the TSV's rows, and the count
+    seconds = time.perf_counter() - start
+    text = "".join(records) if fmt == "jsonl" else tsv_text(rows, ANSWER_COLUMNS)
+    if out is not None:
+        write_text(out, text)
+    elif echo is not None and text.strip():
+        echo(text.rstrip("\n"))
+    return {"questions": len(queries), "answers": len(rows), "seconds": round(seconds, 3),
+            "per_second": round(len(queries) / max(seconds, 1e-9), 1), "format": fmt}

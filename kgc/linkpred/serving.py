@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kgc.errors import KGCError, ServiceStopping
 from kgc.linkpred.added import MAX_DESCRIPTION, MAX_ID, MAX_NAME
+from kgc.linkpred.query import QueryOptions
 from kgc.training.serving import BatcherFactory, Serving
 
 if TYPE_CHECKING:
@@ -35,23 +36,28 @@ log = logging.getLogger("kgc.serve")
 
 
 MAX_QUERIES = 1024  # per request
-MAX_TOP_K = 1000
+MAX_TOP_K = 1000  # answers per query from the server (Python and the CLI ask for any number)
 MAX_ANSWERS = 20_000  # the sum of top_k over a request's queries: one response stays small
 MAX_TEXT = 10_000  # characters of a head or relation (a head is cut to data.max_tokens tokens anyway)
 
 
-class PredictQuery(BaseModel):
-    """(head, relation, ?) — or (?, relation, head) with ``inverse``."""
-    model_config = ConfigDict(extra="forbid")
+class PredictQuery(QueryOptions):
+    """(head, relation, ?) — or (?, relation, head) with ``inverse`` — and the question's options
+    (:class:`~kgc.linkpred.query.QueryOptions`), ``top_k`` at most :data:`MAX_TOP_K` here."""
     head: str = Field(..., min_length=1, max_length=MAX_TEXT,
                       description="entity id, name or text; or free text with free_text")
     relation: str = Field(..., min_length=1, max_length=MAX_TEXT, description="relation name or text")
-    top_k: int = Field(10, ge=1, le=MAX_TOP_K)
-    inverse: bool = Field(False, description="ask (?, relation, head)")
-    filter_known: bool = Field(False, description="leave out answers the graph already has")
-    include_head: bool = Field(False, description="keep the head itself among the answers")
-    free_text: bool = Field(False, description="embed a head that names no entity as text, even when it "
-                                               "is close to an entity's name")
+
+    @field_validator("top_k")
+    @classmethod
+    def _server_limit(cls, v: int) -> int:
+        if v > MAX_TOP_K:
+            raise ValueError(f"top_k={v}: the server answers at most {MAX_TOP_K} per query")
+        return v
+
+    def options(self) -> dict[str, Any]:
+        """The question's :class:`QueryOptions`, as keyword arguments."""
+        return self.model_dump(include=set(QueryOptions.model_fields))
 
 
 class NewEntityBody(BaseModel):
@@ -125,7 +131,7 @@ class LinkPredServing(Serving):
 
     # ------------------------------------------------------------ work
 
-    def _answer(self, items: list[dict]) -> "list[bytes | BaseException]":
+    def _answer(self, items: list[PredictQuery]) -> "list[bytes | BaseException]":
         """One batch, on the batcher's thread: each query resolved (a bad name is that query's own error), all
         answered in one forward pass and one index search, each encoded as JSON — so a request costs the event
         loop only its parsing and its reply. A batch that fails is answered query by query, so one bad query
@@ -200,10 +206,8 @@ class LinkPredServing(Serving):
                     out[i] = split
         return out
 
-    def resolve_one(self, q: dict) -> "Query":
-        return self.run.resolve(q["head"], q["relation"], q["top_k"], inverse=q["inverse"],
-                                filter_known=q["filter_known"], include_head=q["include_head"],
-                                free_text=q["free_text"], note=False)
+    def resolve_one(self, q: PredictQuery) -> "Query":
+        return self.run.resolve(q.head, q.relation, note=False, **q.options())
 
     def search_names(self, q: str, limit: int) -> list[dict]:
         """Entities whose name or id starts with ``q`` (case-insensitive), then those that contain it."""
@@ -295,7 +299,7 @@ class LinkPredServing(Serving):
         order = np.random.default_rng(seed).permutation(len(q))
         rels = graph.num_relations
         return [("/predict", {"head": graph.entities[int(q[i, 0])], "relation": graph.relations[int(q[i, 1]) % rels],
-                              "inverse": bool(q[i, 1] >= rels), "top_k": 10})
+                              "inverse": bool(q[i, 1] >= rels)})
                 for i in (order[j % len(order)] for j in range(n))]
 
     # ------------------------------------------------------------ routes
@@ -316,7 +320,7 @@ class LinkPredServing(Serving):
             if sum(q.top_k for q in items) > MAX_ANSWERS:
                 raise KGCError(f"{sum(q.top_k for q in items):,} answers asked in one request (the sum of top_k): "
                                f"ask for at most {MAX_ANSWERS:,}, or split the request")
-            futures = answers.submit_many([q.model_dump() for q in items])
+            futures = answers.submit_many(items)
             done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
             for i, r in enumerate(done):
                 if isinstance(r, BaseException):

@@ -24,24 +24,68 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, Optional
 
 import numpy as np
 import torch
+from pydantic import Field, ValidationInfo, model_validator
 
 from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_with
-from kgc.recipe import StructureConfig
+from kgc.linkpred.fusion_options import FusionOptions
 
 FORMULA = ("fused = alpha * z(text cosine) + (1 - alpha) * z(structural score); z standardises each query's "
            "scores over all entities (mean 0, population std 1); alpha chosen on dev by filtered MRR")
 EPS = 1e-12
+
 
 def has_structure(folder: Path) -> bool:
     """``folder`` (a run's ``structure/``) holds a trained structural model (PyKEEN's or mined rules)."""
     from kgc.linkpred.rules import RULES_FILE
 
     return (Path(folder) / "model.pt").is_file() or (Path(folder) / RULES_FILE).is_file()
+
+
+class PykeenOptions(FusionOptions):
+    """``structure.model``: a PyKEEN model trained beside the text model on the same train triples (its own
+    pipeline: ``pipeline_kwargs``); checked against PyKEEN's resolvers when a recipe is made."""
+    dim: int = Field(200, ge=1, description="embedding_dim")
+    epochs: int = Field(100, ge=1, description="the structural model's training epochs")
+    batch_size: int = Field(256, ge=1, description="its training batch")
+    lr: float = Field(1e-3, gt=0, description="Adam's learning rate")
+    loss: Optional[str] = Field(None, description="a PyKEEN loss name (e.g. NSSALoss); default: the model's own")
+    loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {margin: 9, adversarial_temperature: 1}")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="further model options besides dim")
+    training_loop: Literal["lcwa", "slcwa"] = Field(
+        "lcwa", description="lcwa: every (h, r) scored against all entities (fast on small graphs); slcwa: "
+                            "sampled negatives (structure.negatives)")
+    negatives: int = Field(32, ge=1, description="slcwa: negatives per positive (basic sampler)")
+    seed: Optional[int] = Field(None, description="default: train.seed")
+    device: Optional[str] = Field(None, description="default: train.device")
+
+    @classmethod
+    def selected_by(cls, tree: dict) -> bool:
+        return str(tree.get("model", "RotatE")).lower() != "rules"
+
+    @model_validator(mode="after")
+    def _known_to_pykeen(self, info: ValidationInfo) -> "PykeenOptions":
+        if (info.context or {}).get("saved"):  # a run's own recipe: checked when it was made (and pykeen is slow to
+            return self                          # import; `kgc predict` on a fused run does not need it)
+        from pykeen.losses import loss_resolver
+        from pykeen.models import model_resolver
+
+        for kind, resolver, name in (("model", model_resolver, self.model), ("loss", loss_resolver, self.loss)):
+            if name is None:
+                continue
+            try:
+                resolver.lookup(name)
+            except (KeyError, ValueError):
+                raise ValueError(f"structure.{kind}={name!r} is not a PyKEEN {kind}. Choose one of: "
+                                 f"{', '.join(sorted(c.__name__ for c in resolver))}"
+                                 + (" (or rules: mined from the train graph)" if kind == "model" else "")) from None
+        return self
+
 
 
 def _factory(triples: np.ndarray, graph: KnowledgeGraph, inverse: bool = True):
@@ -55,7 +99,7 @@ def _factory(triples: np.ndarray, graph: KnowledgeGraph, inverse: bool = True):
                           create_inverse_triples=inverse)
 
 
-def pipeline_kwargs(config: StructureConfig, *, seed: int, device, progress: bool) -> dict:
+def pipeline_kwargs(config: PykeenOptions, *, seed: int, device, progress: bool) -> dict:
     """``pykeen.pipeline.pipeline`` keyword arguments for ``config`` (everything but the triples)."""
     kwargs = {}
     if config.training_loop == "slcwa":
@@ -72,7 +116,7 @@ def pipeline_kwargs(config: StructureConfig, *, seed: int, device, progress: boo
                 device=device, **kwargs)
 
 
-def train_structure(config: StructureConfig, graph: KnowledgeGraph, folder: str | Path, *, seed: int = 0,
+def train_structure(config: FusionOptions, graph: KnowledgeGraph, folder: str | Path, *, seed: int = 0,
                     device: str = "auto", progress: bool = False, echo=print) -> dict:
     """Train ``config.model`` with PyKEEN's pipeline on ``graph``'s train triples (kgc's ids), evaluate it on dev
     (PyKEEN's filtered evaluation), save ``RUN/structure/{model.pt, meta.json}``; return the meta."""
@@ -110,7 +154,7 @@ def train_structure(config: StructureConfig, graph: KnowledgeGraph, folder: str 
     return meta
 
 
-def _mine_rules(config: StructureConfig, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
+def _mine_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
     """``structure.model: rules``: mine, save and rank dev with the rules alone (kgc's filtered protocol)."""
     from kgc.linkpred.rules import mine, rule_summary
 
@@ -157,7 +201,7 @@ class Structure:
 
     @property
     def alphas(self) -> list[float]:
-        return list(StructureConfig(**self.meta["params"]).alphas)
+        return list(self.meta["params"].get("alphas") or FusionOptions().alphas)
 
     @torch.no_grad()
     def scores(self, heads: np.ndarray, rels: np.ndarray) -> torch.Tensor:

@@ -8,8 +8,11 @@ The loop itself (optimiser, schedule, checkpoints, resume, metrics, curves) is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List, Optional
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from kgc.linkpred.recipe import LinkPredRecipe
 from kgc.recipe import Recipe
 from kgc.training.task import Task
 
@@ -56,15 +59,25 @@ def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray", train_keys: 
                          num_relations2=2 * graph.num_relations)
 
 
-KEYS = frozenset({
-    "data.long_text", "data.neighbor_text", "data.max_neighbors", "data.short_description_words",
-    "model.shared_towers", "model.tail_map_rank", "loss.in_batch", "loss.pre_batch", "loss.pre_batch_weight",
-    "loss.self_negative", "loss.self_negative_weight",
-    "loss.margin", "loss.temperature", "loss.learn_temperature", "loss.min_temperature", "loss.max_temperature",
-    "loss.mask_false_negatives", "loss.symmetric", "loss.table_negatives", "loss.table_tails",
-    "eval.rerank", "eval.max_score_bytes", "index", "structure"})
 RESULT_KEYS = [("MRR", "inverse_harmonic_mean_rank"), ("H@1", "hits_at_1"), ("H@3", "hits_at_3"),
                ("H@10", "hits_at_10"), ("MR", "arithmetic_mean_rank")]
+
+
+def _latest_run(root: str | Path = "runs") -> Path:
+    from kgc.linkpred.service import find_latest_run
+
+    return find_latest_run(root)
+
+
+HEADLINE = {"mrr": "inverse_harmonic_mean_rank", "hits@1": "hits_at_1", "hits@3": "hits_at_3", "hits@10": "hits_at_10"}
+
+
+class ExplainRequest(BaseModel):
+    """``POST /explain`` on a link-prediction run: the head's tokens under each relation (``kgc explain``)."""
+    model_config = ConfigDict(extra="forbid")
+    head: Optional[str] = Field(None, description="the head entity (id, name or text)")
+    relations: List[str] = Field([], description="relations (default every relation)")
+    inverse: bool = Field(False, description="the inverse direction of the relations")
 
 
 def format_table(results: dict) -> str:
@@ -82,18 +95,69 @@ class LinkPredTask(Task):
     title = "link prediction"
     unit = "triples"
     metric = "dev_mrr"
-    recipe_keys = KEYS
+    recipe_class = LinkPredRecipe
     splits = ("test", "dev")
     compare_columns = ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "head above gold", "dev MRR",
                        "trainable params", "total params", "train triples/s", "train seconds", "eval seconds",
                        "query seconds", "cache bytes"]
     compare_metric = "MRR"
+    dataset_files = ("train.tsv", "train.txt")  # KG-BERT or PyKEEN label-TSV folders (kgc.data.graph reads them)
+    export_description = "link-prediction towers (a run trained with task: linkpred)"
 
     @classmethod
     def run_class(cls):
         from kgc.linkpred.service import LinkPredRun
 
         return LinkPredRun
+
+    @classmethod
+    def public_names(cls):
+        from kgc.linkpred.predict import Answers
+        from kgc.linkpred.query import QueryOptions
+
+        return {**super().public_names(), "Answers": Answers, "QueryOptions": QueryOptions}
+
+    @classmethod
+    def api_functions(cls):
+        """``latest_run``: the newest link-prediction run under ./runs (``kgc.load()``, ``kgc predict`` without one)."""
+        return {"latest_run": _latest_run}
+
+    @classmethod
+    def headline(cls, results: dict) -> dict:
+        """Both directions, realistic ranks: MRR and Hits@1/3/10."""
+        both = results.get("both", {}).get("realistic") if isinstance(results.get("both"), dict) else None
+        if not isinstance(both, dict):
+            return super().headline(results)
+        return {name: both[key] for name, key in HEADLINE.items() if key in both}
+
+    @classmethod
+    def explain_request(cls):
+        return ExplainRequest
+
+    @classmethod
+    def export(cls, run, out: Path, *, format: str | None = None) -> dict:
+        """The towers as sentence-transformers (default) or Hugging Face folders (:mod:`kgc.linkpred.export`)."""
+        from kgc.linkpred.export import FORMATS, export_towers
+
+        return export_towers(run, out, format=format or FORMATS[0])
+
+    @classmethod
+    def bench_commands(cls):
+        from kgc.linkpred.bench import commands
+
+        return commands()
+
+    @classmethod
+    def bench_tables(cls):
+        from kgc.linkpred.bench import tables
+
+        return tables()
+
+    @classmethod
+    def bench_write_request(cls, run, n: int, seed: int = 0):
+        from kgc.linkpred.bench import added_entities_request
+
+        return added_entities_request(run, n, seed)
 
     @classmethod
     def check_data(cls, recipe: Recipe, dataset=None):
@@ -240,6 +304,12 @@ class LinkPredTask(Task):
 
     def after_step(self, criterion):
         criterion.clamp_()  # τ back within [min_temperature, max_temperature]
+
+    def conditioner_parameters(self, model):
+        return [p for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")]
+
+    def loss_figures(self, criterion) -> dict[str, float]:
+        return {"tau": criterion.temperature}  # SimKGC's learnt temperature
 
     def before_step(self, model, criterion, step: int) -> None:
         """``loss.table_negatives`` N: every N steps (from step 0) every entity's tail-tower embedding, in eval mode

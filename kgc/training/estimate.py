@@ -186,12 +186,7 @@ def _conditioner(recipe: Recipe):
 def _scores_entities(recipe: Recipe) -> bool:
     """Whether the recipe's task trains SimKGC's objective over entities (it reads ``loss.table_negatives``): a
     query tower and a tail tower; else one sentence tower under a condition (C-STS)."""
-    from kgc.registry import TASKS
-
-    try:
-        return "loss.table_negatives" in TASKS.get(recipe.task).recipe_keys
-    except Exception:  # noqa: BLE001
-        return False
+    return "table_negatives" in type(getattr(recipe, "loss", None)).model_fields if hasattr(recipe, "loss") else False
 
 
 def workload(recipe: Recipe, task: Any = None, *, world: int = 1, shape: BackboneShape | None = None) -> Workload:
@@ -245,8 +240,8 @@ def workload(recipe: Recipe, task: Any = None, *, world: int = 1, shape: Backbon
     frozen = shape.layers - n
     cached = 0.0
     cache_seqs = 0
-    plain = shape.layers - (int(recipe.model.router_layers or 0) if cond.enters_at != "layer" else
-                            max(1, int(recipe.model.router_layers or 1)))
+    routed = getattr(recipe.model, "router_layers", None)  # the layers a routing conditioner runs per pair
+    plain = shape.layers - (int(routed or 0) if cond.enters_at != "layer" else max(1, int(routed or 1)))
     if frozen > 0 and enc.cache and min(frozen, plain) > 0:  # every tower that runs reads the one cache
         cached = query_seqs + tail_seqs
         per_save = tc.checkpoint_every * global_batch * cached

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,32 +71,6 @@ class _NoLog:
 
     def truncate_after(self, step: int) -> None:
         pass
-
-
-def default_run_dir(recipe: Recipe) -> Path:
-    return Path("runs") / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def prepare_new_run(recipe: Recipe, out: Path | None, hold: contextlib.ExitStack | None = None, *,
-                    restart: bool = False) -> Path:
-    """The new run's folder (``out``, default ``runs/<name>-<time>``), created, with its lock taken first: into
-    ``hold`` (held until that stack closes), else only while the folder is checked. A folder that holds a run
-    already, or one another process is writing (a second ``kgc train --out`` started at the same moment), is a
-    KGCError before anything is written into it."""
-    run_dir = Path(out) if out else default_run_dir(recipe)
-    with contextlib.ExitStack() as brief:
-        (hold if hold is not None else brief).enter_context(run_lock(run_dir, "training"))
-        if restart:  # a run that died before its first checkpoint, started again in place: its leftovers go
-            for stale in ("metrics.jsonl", "curves.png", "checkpoints"):
-                f = run_dir / stale
-                shutil.rmtree(f) if f.is_dir() else f.unlink(missing_ok=True)
-        elif RunDir.died_young(run_dir):
-            raise KGCError(f"{run_dir} holds a run that stopped before its first checkpoint. Start it again in place "
-                           f"with `kgc train --resume {run_dir}` (its recipe.yaml), or pick another --out.")
-        elif (run_dir / "recipe.yaml").exists():
-            raise KGCError(f"{run_dir} already holds a run. Continue it with `kgc train --resume {run_dir}` "
-                           "or pick another --out.")
-    return run_dir
 
 
 class _Step(nn.Module):
@@ -199,9 +172,9 @@ class _Setup:
             self.say(f"resuming {run.path} from step {ckpt['step']}")
             self._init_model(recipe, task, run.path, ckpt, run)
             return
-        target = Path(out) if out else default_run_dir(recipe)
+        target = Path(out) if out else RunDir.default_path(recipe.name)
         existed = target.exists()
-        run_dir = _on_main(lambda: prepare_new_run(recipe, target, hold, restart=restart))
+        run_dir = _on_main(lambda: RunDir.create(target, hold, restart=restart))  # the one maker of run folders
         if restart:
             self.say(f"{run_dir} stopped before its first checkpoint: starting it again from step 0 (its recipe.yaml)")
         self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
@@ -259,7 +232,7 @@ class _Setup:
         if tc.max_steps:
             self.total = min(self.total, tc.max_steps)
         self.most = self.total  # the steps the recipe allows: train.schedule=minutes fits its end below this
-        own = {id(p) for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")}
+        own = {id(p) for p in task.conditioner_parameters(model)}  # train.conditioner_lr's
         self.optimizer = make_optimizer([model, criterion], tc.lr, tc.weight_decay, other=own,
                                         other_lr=tc.conditioner_lr, fused=self.device.type == "cuda")
         self.scheduler = linear_schedule(self.optimizer, tc.warmup_steps, self.total)
@@ -368,7 +341,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             rate = (s.seen - seen0) / (s.seconds() - clock0)  # this process's, validation excluded
             logged = s.step % tc.log_every == 0 or s.step == s.total
             if logged:  # reading the loss or τ waits for the device: only on the steps that log them
-                tau = getattr(criterion, "temperature", None)
+                figures = task.loss_figures(criterion)  # e.g. SimKGC's learnt τ as "tau"
                 loss_value = dist.mean(loss)  # the global batch's loss
                 if tc.schedule == "minutes" and tc.max_minutes and s.step > step0:  # the decay ends with the minutes
                     s.total = fit_schedule(s.scheduler, step=s.step,
@@ -394,12 +367,11 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 s.say(line)
             bar.update(1)
             if logged:
-                bar.set_postfix(loss=f"{loss_value:.3f}", **({"tau": f"{tau:.4f}"} if tau is not None else {}),
+                bar.set_postfix(loss=f"{loss_value:.3f}", **{k: f"{v:.4f}" for k, v in figures.items()},
                                 **{rate_key: f"{rate:.1f}"})
                 s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5),
-                                train_seconds=round(s.seconds(), 3), seen=s.seen,
-                                **({"tau": tau} if tau is not None else {}), lr=s.scheduler.get_last_lr()[0],
-                                **{rate_key: round(rate, 2)})
+                                train_seconds=round(s.seconds(), 3), seen=s.seen, **figures,
+                                lr=s.scheduler.get_last_lr()[0], **{rate_key: round(rate, 2)})
             every = recipe.eval.validate_every_steps if task.can_validate else None
             if every and s.step % every == 0 and s.step % s.steps_per_epoch != 0 and s.step < s.total:  # else: below
                 s.validate(epoch)

@@ -119,8 +119,10 @@ class RunDir:
         if not path.exists():
             return (f"{path}: no such folder. Give a run directory (what `kgc train RECIPE --out {path}` makes), "
                     "e.g. one under runs/.")
-        if path.is_dir() and any((path / f).is_file() for f in ("train.tsv", "train.txt", "entity2text.txt",
-                                                               "csts_train.csv")):
+        from kgc.registry import TASKS
+
+        marks = {f for name in TASKS for f in TASKS[name].dataset_files}  # what each task's dataset folders hold
+        if path.is_dir() and any((path / f).is_file() for f in marks):
             return (f"{path} is a dataset folder, not a kgc run directory (no recipe.yaml); train a run on it with "
                     f"`kgc train RECIPE --set data.path={path} --out runs/NAME` and give that run's folder.")
         return (f"{path} is not a kgc run directory (no recipe.yaml); train one with `kgc train RECIPE --out {path}`, "
@@ -184,6 +186,61 @@ class RunDir:
     def data_folder(path: str | Path) -> Path:
         """Where ``kgc.train(data=…)`` writes the triples it was given (before the run has a recipe.yaml)."""
         return Path(path) / "data"
+
+    # ------------------------------------------------------------ a new run directory
+
+    LEFTOVERS = ("metrics.jsonl", "curves.png")  # files of a run that died before its first checkpoint
+
+    @staticmethod
+    def default_path(name: str) -> Path:
+        """Where a new run goes when no folder is named: ``runs/<name>-<time>``."""
+        from datetime import datetime
+
+        return Path("runs") / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+    @staticmethod
+    def create(path: str | Path, hold: contextlib.ExitStack | None = None, *, restart: bool = False) -> Path:
+        """A new run's folder ``path``, created — the one place a run directory is made (``kgc train``, and
+        ``kgc.train(data=…)`` before it writes the triples into it) — with its lock taken first: into ``hold``
+        (held until that stack closes), else only while the folder is checked. A folder that holds a run already, or
+        one another process is writing (a second ``kgc train --out`` started at the same moment), is a KGCError
+        before anything is written into it. ``restart``: a run that died before its first checkpoint, started again
+        in place: its leftovers go, as one transaction. The run exists once its recipe.yaml is written, last, over
+        its backbone/ (the commit point: a folder without it is no run, and ``create`` takes it again)."""
+        import shutil
+
+        from kgc.fileio import Transaction, run_lock
+
+        path = Path(path)
+        with contextlib.ExitStack() as brief:
+            (hold if hold is not None else brief).enter_context(run_lock(path, "training"))
+            if restart:
+                with Transaction(path) as tx:
+                    for name in RunDir.LEFTOVERS:
+                        tx.remove(name)
+                    tx.commit()
+                shutil.rmtree(path / "checkpoints", ignore_errors=True)
+            elif RunDir.died_young(path):
+                raise KGCError(f"{path} holds a run that stopped before its first checkpoint. Start it again in place "
+                               f"with `kgc train --resume {path}` (its recipe.yaml), or pick another --out.")
+            elif (path / "recipe.yaml").exists():
+                raise KGCError(f"{path} already holds a run. Continue it with `kgc train --resume {path}` or pick "
+                               "another --out.")
+        return path
+
+    @staticmethod
+    def discard(path: str | Path, *, existed: bool, made: tuple[str, ...]) -> None:
+        """Undo a :meth:`create` that failed before the run was committed: the folder goes when it did not exist
+        before, else only what was ``made`` in it (``"data"``, ``"backbone"`` …) — nothing half-written stays."""
+        import shutil
+
+        path = Path(path)
+        if not existed:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        for name in made:
+            f = path / name
+            shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
 
     def output(self, stem: str, split: str = "test", kind: str | None = None, ext: str = "json") -> Path:
         """``<stem>[.<kind>][.<split>].<ext>``, e.g. results.json, ranks.dev.tsv, results.inductive.json; the test

@@ -25,7 +25,7 @@ def pooling_options(recipe: Recipe) -> dict[str, Any]:
 
 def conditioner_options(recipe: Recipe) -> dict[str, Any]:
     """The ``model.*`` options the recipe's conditioner declares."""
-    return {k: getattr(recipe.model, k) for k in conditioner_class(recipe.model.conditioner).options}
+    return recipe.model.options()
 
 
 def build_encoders(recipe: Recipe, backbone_folder: Path, *, pretrained: bool = True,

@@ -4,15 +4,20 @@ package branches on its name.
 
 A task registers (class attributes and hooks of its Task subclass):
 
-* its **recipe keys** — the dotted keys only it reads (``recipe_keys``); the recipe refuses them under the
-  other tasks and leaves them out of a run's saved ``recipe.yaml``;
+* its **recipe** (``recipe_class``): a :class:`~kgc.recipe.Recipe` subclass with its own sections (its loss, its
+  data extras), so a key only it reads exists only in its recipes;
 * its **run class** (``run_class()``): what ``kgc.load`` returns for its run directories, with the task's verbs;
 * its **dataset check** (``check_dataset``), run on a freshly fetched folder before it is published, and the
   report ``kgc data check`` prints (``check_data``);
 * its **training hooks** — data, model, objective, batches, validation (the abstract methods below), and
   whether its batches can be split over processes (``distributed``);
-* its **evaluation** (through the run class), **result formatting** (``report``) and **compare row**
-  (``compare_columns``, ``compare_split``, ``compare_row``).
+* its **evaluation** (through the run class), **result formatting** (``report``, ``headline``) and **compare row**
+  (``compare_columns``, ``compare_split``, ``compare_row``);
+* what the tools and the API ask of it instead of naming it: its datasets (``dataset_files``, ``datasets``), the
+  body of ``POST /explain`` (``explain_request``), ``kgc export`` (``export``), its benchmarks (``bench_commands``,
+  ``bench_tables``, ``bench_write_request``), the API functions only it answers (``api_functions``) and the names
+  ``import kgc`` offers (``public_names``); the loop asks it for the conditioner's own parameters
+  (``conditioner_parameters``) and the objective's figures to log (``loss_figures``).
 
 Adding a task is one package that defines such a class and registers it in its ``__init__.py`` (and its name
 in :data:`kgc.registry.TASKS`' built-ins).
@@ -48,11 +53,13 @@ class Task(ABC):
     title: ClassVar[str]  # "link prediction", "C-STS"
     unit: ClassVar[str]  # what a training example is: "triples", "pairs"
     metric: ClassVar[str]  # the validation metric that selects best.pt, e.g. "dev_mrr"
-    recipe_keys: ClassVar[frozenset[str]] = frozenset()  # dotted keys (or whole sections) only this task reads
+    recipe_class: ClassVar[type[Recipe]]  # its recipe: the common sections and its own (kgc.recipe.recipe_type)
     distributed: ClassVar[bool] = True  # whether a global batch may be split over torchrun processes
     splits: ClassVar[tuple[str, ...]] = ("test",)  # what `kgc evaluate --split` takes; the first is the default
     compare_columns: ClassVar[list[str]] = []
     compare_metric: ClassVar[str] = ""  # the column `kgc compare` prints per recipe
+    dataset_files: ClassVar[tuple[str, ...]] = ()  # any one of them marks a folder as a dataset of this task
+    export_description: ClassVar[str] = ""  # what `kgc export` writes for this task's runs ("": nothing)
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
@@ -103,6 +110,60 @@ class Task(ABC):
         """The recipe's row of ``kgc compare``'s table (keys: ``compare_columns``)."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------ hooks for the tools (compare, bench, export, serve)
+
+    @classmethod
+    def datasets(cls) -> list:
+        """Catalog entries (:class:`kgc.data.catalog.CatalogEntry`) of the datasets only this task reads, beside the
+        data layer's own (KG-BERT and PyKEEN folders); their ``probe`` is this task's ``dataset_files``."""
+        return []
+
+    @classmethod
+    def headline(cls, results: dict) -> dict:
+        """The figures of a ``results.json`` a reader compares (``GET /info``'s ``test``): by default its numbers."""
+        return {k: v for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    @classmethod
+    def explain_request(cls) -> Any:
+        """The pydantic model of ``POST /explain``'s body: its fields are the keywords of the run's
+        ``explain_inputs`` (None: the server offers no ``/explain``)."""
+        return None
+
+    @classmethod
+    def export(cls, run: "Run", out: Path, *, format: str | None = None) -> dict:
+        """``kgc export``: write ``run`` into the folder ``out`` (atomically; a ``kgc.json`` in it says what it holds)
+        and return that ``kgc.json``. Only tasks with an ``export_description`` export."""
+        raise KGCError(f"{run.path} is a {cls.name} run; kgc export has nothing to write for it")
+
+    @classmethod
+    def bench_commands(cls) -> dict[str, Callable[..., dict]]:
+        """The task's benchmarks, ``kgc bench NAME`` → a function returning the figures (``kgc.bench`` finds them
+        here; ``kgc bench serve`` is every task's)."""
+        return {}
+
+    @classmethod
+    def bench_write_request(cls, run: "Run", n: int, seed: int = 0) -> "tuple[str, Any, str] | None":
+        """(path, JSON body, what it does) of one request that writes ``n`` items into the served run, for ``kgc
+        bench serve --add N`` (queries measured during a write); None: the task's server takes no writes."""
+        return None
+
+    @classmethod
+    def bench_tables(cls) -> dict[str, Callable[..., str]]:
+        """Markdown renderings of its benchmarks' results, by kind (``kgc.api.table``)."""
+        return {}
+
+    @classmethod
+    def api_functions(cls) -> dict[str, Callable[..., Any]]:
+        """Functions of ``kgc.api`` that only this task answers, by their API name (``latest_run``, ``read_pairs``
+        …): the API asks the tasks for them instead of importing one."""
+        return {}
+
+    @classmethod
+    def public_names(cls) -> dict[str, Any]:
+        """Classes ``import kgc`` offers for this task (``kgc.<name>``, loaded on first use): its run class …"""
+        run_class = cls.run_class()
+        return {run_class.__name__: run_class}
+
     # ------------------------------------------------------------ training hooks
 
     @abstractmethod
@@ -146,6 +207,15 @@ class Task(ABC):
 
     def after_step(self, criterion: "nn.Module") -> None:
         """After every optimiser step (e.g. keep a learnt temperature within its bounds)."""
+
+    def conditioner_parameters(self, model: "nn.Module") -> "list[nn.Parameter]":
+        """The parameters ``train.conditioner_lr`` applies to: the conditioner's own (not its encoder's)."""
+        return []
+
+    def loss_figures(self, criterion: "nn.Module") -> dict[str, float]:
+        """Figures of the objective logged beside the loss on the steps that log (e.g. a learnt temperature as
+        ``tau``); reading one may wait for the device."""
+        return {}
 
     def to(self, device: "torch.device") -> None:
         """Move task-side tensors (e.g. the false-negative keys) to the training device."""

@@ -1,0 +1,452 @@
+"""Link prediction's benchmarks (``kgc bench inference / train / loss / index / structure``), each run as ratios
+inside one process; :mod:`kgc.bench` finds them through ``LinkPredTask.bench_commands``.
+
+``kgc bench inference``: answer every test query of a dataset in both directions with each
+conditioner on the same backbone, entity embeddings already cached (computed once and shared). Each
+conditioner then pays only what its design requires: the bi-encoder a full encoder pass per query; the
+router its per-entity layer-t states (reported as one-time preparation) and the top k layers per
+query; the tri-encoders and Hyper-CL one pass per relation and a composition per query.
+
+``kgc bench train``: training triples/s of a recipe with full fine-tuning against
+``encoder.trainable_layers = n``, on the same fixed batches. The partial run first fills its layer
+cache with one untimed pass over those batches, so the figure is the steady state of epoch ≥ 2 (or
+of any run after the first that uses the same backbone).
+
+``kgc bench loss``: the recipe's SimKGC objective alone (forward and backward) on batches of the recipe's graph, random
+unit vectors in place of the towers: the false-negative masks by binary search in the sorted train keys (what
+training runs) against the same masks by ``torch.isin`` (the reference they replaced), equal losses checked, s/step
+of each and their ratio.
+
+``kgc bench index``: the entity index types (flat, ivf, hnsw, ivfpq) on synthetic clustered unit vectors at a
+chosen scale (1M × 384 is the figure in docs/scale.md): build time, index bytes, queries/s of one batched search
+(best of ``repeats``, FAISS on every core) and recall@10 against the exact flat search, with a sweep over the
+search-time parameter (nprobe, ef_search) of each approximate type.
+
+``kgc bench structure``: PyKEEN alone on its own bundled copy of the recipe's dataset (:func:`bench_structure`).
+
+``kgc bench serve --add N`` asks :func:`added_entities_request` (``LinkPredTask.bench_write_request``) for its
+write: ``POST /entities`` with texts like the graph's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kgc.data.graph import load_graph
+from kgc.encoding.backbone import resolve_backbone
+from kgc.errors import KGCError
+from kgc.linkpred.model import QueryEngine, build_model
+from kgc.profiling import collect, section
+from kgc.recipe import load_recipe
+from kgc.registry import CONDITIONERS
+from kgc.training.common import make_optimizer, seed_everything
+from kgc.training.task import task_class
+
+
+@torch.no_grad()
+def bench_inference(*, dataset: str = "wn18rr", conditioners=None,
+                    limit: int | None = None, batch_size: int = 256, overrides: list[str] | None = None,
+                    echo=print, progress: bool = True) -> dict:
+    base = [f"data.dataset={dataset}", "model.shared_towers=true", *(overrides or [])]
+    recipe = load_recipe(None, base)
+    graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
+    triples = graph.splits["test"][:limit]
+    queries = np.concatenate([triples, graph.inverse_queries(triples)])
+    folder = resolve_backbone(recipe.model.backbone)
+    seed_everything(0)
+    table, table_seconds, rows = None, 0.0, []
+    for name in conditioners or list(CONDITIONERS):  # "router" or, with model options, "router:cross_attend=top,router_layers=2"
+        kind, _, opts = name.partition(":")
+        extra = [f"model.{kv.strip()}" for kv in opts.split(",") if kv.strip()]
+        model, _ = build_model(load_recipe(None, base + [f"model.conditioner={kind}", *extra]), graph, folder)
+        model.eval()
+        if table is None:  # the cached entity embeddings, shared by every conditioner (same tail tower)
+            start = time.perf_counter()
+            table = model.entity_table(batch_size, progress=progress)
+            table_seconds = time.perf_counter() - start
+            echo(f"entity embeddings: {graph.num_entities} entities in {table_seconds:.1f}s (computed once, shared)")
+        start = time.perf_counter()
+        engine = QueryEngine(model, batch_size=batch_size, progress=progress, entity_table=table)
+        prep = time.perf_counter() - start
+        start = time.perf_counter()
+        for s in range(0, len(queries), batch_size):
+            chunk = queries[s: s + batch_size]
+            scores = engine(chunk[:, 0], chunk[:, 1]) @ table.t()  # (batch, entities)
+            scores.topk(10, dim=1)
+        seconds = time.perf_counter() - start
+        rows.append({"conditioner": name, "prepare_seconds": round(prep, 2), "query_seconds": round(seconds, 3),
+                     "_seconds": max(seconds, 1e-9),
+                     "queries": int(len(queries)), "queries_per_s": round(len(queries) / seconds, 1),
+                     "passes": dict(engine.passes)})
+        echo(f"{name:<10} prepare {prep:8.2f}s   answer {len(queries)} queries {seconds:8.2f}s")
+    base = next((r["_seconds"] for r in rows if r["conditioner"] == CONDITIONERS.default), None)
+    for row in rows:
+        exact = row.pop("_seconds")
+        row[f"speedup_vs_{CONDITIONERS.default}"] = None if base is None else round(base / exact, 1)
+    return {"dataset": graph.source, "backbone": recipe.model.backbone, "entities": graph.num_entities,
+            "entity_table_seconds": round(table_seconds, 2), "threads": torch.get_num_threads(), "rows": rows}
+
+
+def _timed_steps(task, model, criterion, optimizer, batches) -> float:
+    """Seconds for full optimisation steps (forward, loss, backward, AdamW) over ``batches``."""
+    start = time.perf_counter()
+    for batch in batches:
+        with section("step"):
+            loss = task.batch_loss(model, criterion, batch)
+            optimizer.zero_grad(set_to_none=True)
+            with section("backward (trained towers, loss)"):
+                loss.backward()
+            with section("optimiser (AdamW)"):
+                optimizer.step()
+    return time.perf_counter() - start
+
+
+def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5, batch_size: int = 32,
+                overrides: list[str] | None = None, full: bool = True, echo=print) -> dict:
+    """``full=False``: the partial row alone (its pace, e.g. one row of a conditioner table), no speed-up."""
+    rows, graph = [], None
+    for layers in (("all",) if full else ()) + (trainable_layers,):
+        recipe = load_recipe(recipe_path, [f"train.batch_size={batch_size}", f"encoder.trainable_layers={layers}",
+                                           *(overrides or [])])
+        if graph is None:  # both modes read the same data section
+            graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
+        task = task_class(recipe.task)(recipe, graph=graph)  # its model (a tail tower that does not train is frozen),
+        # objective
+        seed_everything(recipe.train.seed)
+        rng = np.random.default_rng(recipe.train.seed)
+        batches = [task.examples[rng.choice(len(task.examples), batch_size, replace=False)] for _ in range(steps)]
+        model, _ = task.build_model(resolve_backbone(recipe.model.backbone))
+        model.attach_layer_cache(recipe)
+        criterion = task.make_loss()
+        optimizer = make_optimizer([model, criterion], recipe.train.lr, recipe.train.weight_decay)
+        model.train()
+        start = time.perf_counter()
+        task.before_step(model, criterion, 0)  # loss.table_negatives: the entity table, as training's first step
+        table_seconds = time.perf_counter() - start
+
+        warm = batches if model.layer_cache is not None else batches[:1]  # fill the cache / warm allocations
+        warm_seconds = _timed_steps(task, model, criterion, optimizer, warm)
+        with collect() as parts:  # where a steady-state step's time goes (kgc.profiling sections)
+            seconds = _timed_steps(task, model, criterion, optimizer, batches)
+        rate = steps * batch_size / seconds
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        rows.append({"trainable_layers": layers, "triples_per_s": round(rate, 2), "seconds": round(seconds, 2),
+                     "warmup_seconds": round(warm_seconds, 2), "trainable_params": trainable,
+                     "entity_table_seconds": round(table_seconds, 2) if criterion.table is not None else None,
+                     "cache_layer": None if model.layer_cache is None else model.layer_cache.layer,
+                     "seconds_per_step": {k: round(v / steps, 4) for k, v in parts.items()}})
+        echo(f"trainable_layers={layers}: {rate:.1f} triples/s over {steps} steps of {batch_size} "
+             f"(warm-up {warm_seconds:.1f}s" + (f"; entity table {table_seconds:.1f}s, once per refresh)"
+                                                 if criterion.table is not None else ")"))
+        step = parts.get("step", seconds) / steps
+        for name, total in sorted(parts.items(), key=lambda kv: -kv[1]):
+            if name != "step":
+                echo(f"    {name:<40} {total / steps:8.3f} s/step  {100 * total / steps / step:5.1f} %")
+        model.save_cache()
+    ratio = rows[-1]["triples_per_s"] / rows[0]["triples_per_s"] if full else None
+    if full:
+        echo(f"speed-up of trainable_layers={trainable_layers} over full fine-tuning: {ratio:.2f}x")
+    return {"recipe": str(recipe_path), "rows": rows, "speedup": None if ratio is None else round(ratio, 2),
+            "threads": torch.get_num_threads()}
+
+
+# ---------------------------------------------------------------- kgc bench loss
+
+
+@contextlib.contextmanager
+def _isin_masks():
+    """A context in which the loss builds its masks with ``torch.isin`` over every (query, candidate) key, the
+    reference :func:`kgc.linkpred.loss.is_known` and :func:`~kgc.linkpred.loss.false_negative_mask_all` replaced."""
+    from kgc.linkpred import loss
+
+    saved = loss.is_known, loss.false_negative_mask_all
+    loss.is_known = lambda keys, train_keys: torch.isin(keys, train_keys)
+    loss.false_negative_mask_all = lambda hr, gold, train_keys, n: loss.false_negative_mask(
+        hr, gold, torch.arange(n, device=hr.device), train_keys, n)
+    try:
+        yield
+    finally:
+        loss.is_known, loss.false_negative_mask_all = saved
+
+
+def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = None,
+               overrides: list[str] | None = None, echo=print) -> dict:
+    recipe = load_recipe(recipe_path, overrides or [])
+    graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
+    task = task_class(recipe.task)(recipe, graph=graph)  # its objective, as training makes it
+    b = batch_size or recipe.train.batch_size
+    keys = torch.as_tensor(graph.train_keys)
+    r2, n, dim = 2 * graph.num_relations, graph.num_entities, 384
+    gen = torch.Generator().manual_seed(recipe.train.seed)
+    rows = keys[torch.randint(0, keys.numel(), (steps, b), generator=gen)]
+    batches = [(k // n // r2, k // n % r2, k % n) for k in rows]  # (heads, rels, tails) of real train triples
+    unit = lambda *shape: torch.nn.functional.normalize(torch.randn(*shape, dim, generator=gen), dim=-1)
+    table = unit(n) if recipe.loss.table_negatives else None
+    vectors = [(unit(b), unit(b), unit(b)) for _ in range(steps)]
+    figures, losses = {}, {}
+    for name, context in (("binary search", contextlib.nullcontext), ("torch.isin", _isin_masks)):
+        criterion = task.make_loss()
+        criterion.set_table(table)
+        out = []
+        with context():
+            start = time.perf_counter()
+            for (heads, rels, tails), (q, t, h) in zip(batches, vectors):
+                q = q.clone().requires_grad_(True)
+                tail, head = (None, None) if criterion.table_tails else (t, h)
+                loss = criterion(q, tail, head, heads=heads, rels=rels, tails=tails, train_keys=keys,
+                                 num_entities=n, num_relations2=r2)
+                loss.backward()
+                out.append(float(loss.detach()))
+            figures[name] = (time.perf_counter() - start) / steps
+        losses[name] = out
+    if losses["binary search"] != losses["torch.isin"]:
+        raise KGCError("kgc bench loss: the two masks gave different losses (a bug in kgc.linkpred.loss)")
+    ratio = figures["torch.isin"] / figures["binary search"]
+    for name, sec in figures.items():
+        echo(f"{name:<14} {1000 * sec:9.2f} ms/step (batch {b}, {n:,} entities, {keys.numel():,} train keys"
+             + (", the entity-table block" if table is not None else "") + ")")
+    echo(f"binary search over torch.isin: {ratio:.1f}x faster; losses equal over {steps} steps")
+    return {"recipe": str(recipe_path), "batch_size": b, "entities": n, "train_keys": int(keys.numel()),
+            "table": table is not None, "ms_per_step": {k: round(1000 * v, 3) for k, v in figures.items()},
+            "speedup": round(ratio, 2), "threads": torch.get_num_threads()}
+
+
+# ---------------------------------------------------------------- kgc bench index
+
+
+def clustered_unit_vectors(n: int, dim: int, *, clusters: int = 2000, seed: int = 0, stream: int = 0,
+                           spread: float = 1.2, latent: int = 24, chunk: int = 65_536) -> np.ndarray:
+    """(n, dim) float32 unit vectors from a mixture of ``clusters`` Gaussians on the sphere; deterministic.
+
+    The mixture (centres, noise shape) depends on ``seed`` only; ``stream`` draws an independent sample of it
+    (0: the database, 1: held-out query points). Centres are random directions inside a ``latent``-dimensional
+    subspace, so neighbouring clusters overlap as topics do; a point is its centre + ``spread`` · noise, the noise
+    a Gaussian whose variance along the i-th axis of a random rotation is ∝ 1/i (≈ 26 effective dimensions at
+    384: real sentence embeddings are far from isotropic), then normalised. Generated in chunks of float32."""
+    rng = np.random.default_rng(seed)
+    latent = min(latent, dim)
+    basis = rng.standard_normal((latent, dim), dtype=np.float32)
+    centres = rng.standard_normal((clusters, latent), dtype=np.float32) @ basis  # (clusters, dim)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    rotation, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+    scales = 1.0 / np.sqrt(np.arange(1, dim + 1))
+    scales /= np.sqrt((scales ** 2).sum())  # E|noise|² = 1
+    mix = (scales[:, None] * rotation.T).astype(np.float32)  # (dim, dim): standard normal -> shaped noise
+    out = np.empty((n, dim), np.float32)
+    draw = np.random.default_rng([seed, stream])
+    for s in range(0, n, chunk):
+        m = min(chunk, n - s)
+        x = centres[draw.integers(0, clusters, m)] + spread * (draw.standard_normal((m, dim), dtype=np.float32) @ mix)
+        out[s: s + m] = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return out
+
+
+def _recall(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each query's true top-k among its returned top-k. found, truth (queries, k)."""
+    hit = (found[:, :, None] == truth[:, None, :]) & (found[:, :, None] >= 0)  # (queries, k, k)
+    return float(hit.any(2).sum(1).mean() / truth.shape[1])
+
+
+def _best_search_seconds(index, queries: np.ndarray, k: int, repeats: int) -> tuple[float, np.ndarray]:
+    from kgc.linkpred.index_types import search_index
+
+    best, ids = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _, ids = search_index(index, queries, k)
+        best = min(best, time.perf_counter() - start)
+    return best, ids
+
+
+def bench_index(*, entities: int = 1_000_000, dim: int = 384, queries: int = 1000,
+                types=("flat", "ivf", "hnsw", "ivfpq"), nprobe=(8, 16, 32, 64, 128),
+                ef_search=(16, 32, 64, 128), build: dict | None = None, k: int = 10, clusters: int = 2000,
+                seed: int = 0, threads: int | None = None, repeats: int = 3, echo=print) -> dict:
+    """Build each index type over ``entities`` synthetic vectors and search ``queries`` held-out ones.
+
+    ``build``: build keys of the recipe's ``index:`` section (nlist, hnsw_m, ef_construction, pq_bytes,
+    train_size), each given to the types that read it. One row per (type, search setting): ivf and ivfpq once
+    per ``nprobe``, hnsw once per ``ef_search``. Ground truth is the exact flat search (always run, since every
+    row's speed-up is against it)."""
+    import os
+
+    import faiss
+
+    from kgc.linkpred import index_types
+
+    unknown = [t for t in types if t not in index_types.TYPES]
+    if unknown or not types:
+        raise KGCError(f"--types {','.join(unknown)}: unknown index type. Choose from "
+                       f"{', '.join(index_types.TYPES)}.")
+    if min(entities, dim, queries, k) < 1 or k > entities:
+        raise KGCError(f"need entities >= k >= 1, dim >= 1 and queries >= 1 (got entities={entities}, k={k}, "
+                       f"dim={dim}, queries={queries})")
+    before = faiss.omp_get_max_threads()
+    threads = threads or os.cpu_count() or 1
+    faiss.omp_set_num_threads(threads)
+    try:
+        start = time.perf_counter()
+        base = clustered_unit_vectors(entities, dim, clusters=clusters, seed=seed)  # (entities, dim)
+        held_out = clustered_unit_vectors(queries, dim, clusters=clusters, seed=seed, stream=1)  # (queries, dim)
+        noisy = held_out + 0.1 / np.sqrt(dim) * np.random.default_rng([seed, 2]).standard_normal(
+            held_out.shape, dtype=np.float32)
+        xq = noisy / np.linalg.norm(noisy, axis=1, keepdims=True)
+        data_seconds = time.perf_counter() - start
+        echo(f"data: {entities} × {dim} clustered unit vectors ({clusters} clusters) + {queries} held-out queries "
+             f"in {data_seconds:.1f}s; FAISS {faiss.__version__}, {threads} threads")
+        rows, flat_seconds, truth = [], None, None
+        for kind in dict.fromkeys(["flat", *types]):  # flat first: the ground truth and the speed baseline
+            spec = index_types.TYPES[kind]
+            keys = {key: v for key, v in (build or {}).items() if key in spec.build and v is not None}
+            config = index_types.index_config(None, type=kind, **keys)
+            params = index_types.resolve(config, entities, dim)
+            index, info = index_types.build(base, params, seed=seed)
+            build_seconds = info["train_seconds"] + info["add_seconds"]
+            size = index_types.index_bytes(index)
+            echo(f"{kind}: {info['factory']} built in {build_seconds:.1f}s (train {info['train_seconds']:.1f}s, "
+                 f"add {info['add_seconds']:.1f}s) on {info['device']}, {size / 2**20:.1f} MiB")
+            sweep = {"ivf": ("nprobe", nprobe), "ivfpq": ("nprobe", nprobe), "hnsw": ("ef_search", ef_search)}
+            key, values = sweep.get(kind, (None, [None]))
+            for value in values:
+                if key is not None:
+                    params = {**params, key: min(value, params["nlist"]) if key == "nprobe" else value}
+                    index_types.set_search_params(index, params)
+                seconds, ids = _best_search_seconds(index, xq, k, repeats)
+                if kind == "flat":
+                    flat_seconds, truth = seconds, ids
+                if kind == "flat" and "flat" not in types:
+                    continue
+                row = {"type": kind, "params": dict(params), "factory": info["factory"], "device": info["device"],
+                       "build_seconds": round(build_seconds, 2), "train_seconds": info["train_seconds"],
+                       "add_seconds": info["add_seconds"], "index_bytes": size,
+                       "bytes_per_entity": round(size / entities, 1), "search_seconds": round(seconds, 4),
+                       "queries_per_s": round(queries / seconds, 1),
+                       "speedup_vs_flat": round(flat_seconds / seconds, 2),
+                       f"recall_at_{k}": round(_recall(ids, truth), 4)}
+                rows.append(row)
+                what = f"{key}={params[key]}" if key else "exact"
+                echo(f"  {what:<14} {row['queries_per_s']:>10.1f} queries/s  {row['speedup_vs_flat']:>7.2f}× flat  "
+                     f"recall@{k} {row[f'recall_at_{k}']:.4f}")
+            del index
+    finally:
+        faiss.omp_set_num_threads(before)
+    good = [r for r in rows if r[f"recall_at_{k}"] >= 0.95 and r["type"] != "flat"]
+    best = max(good, key=lambda r: r["speedup_vs_flat"], default=None)
+    return {"entities": entities, "dim": dim, "queries": queries, "k": k, "clusters": clusters, "seed": seed,
+            "threads": threads, "repeats": repeats, "faiss_version": faiss.__version__,
+            "data_seconds": round(data_seconds, 2), "flat_queries_per_s": round(queries / flat_seconds, 1),
+            "rows": rows,
+            "fastest_at_recall_0.95": None if best is None else {
+                "type": best["type"], "params": best["params"], "speedup_vs_flat": best["speedup_vs_flat"],
+                f"recall_at_{k}": best[f"recall_at_{k}"]}}
+
+
+def index_table(result: dict) -> str:
+    """The rows of :func:`bench_index` as a markdown table."""
+    k = result["k"]
+    lines = [f"| type | parameters | build (s) | index size | bytes / entity | queries/s | × flat | recall@{k} |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        params = ", ".join(f"{key}={v}" for key, v in r["params"].items() if key != "type") or "exact"
+        lines.append(f"| {r['type']} | {params} | {r['build_seconds']:.1f} | {r['index_bytes'] / 2**20:,.1f} MiB | "
+                     f"{r['bytes_per_entity']:,.0f} | {r['queries_per_s']:,.0f} | {r['speedup_vs_flat']:.1f} | "
+                     f"{r[f'recall_at_{k}']:.3f} |")
+    return "\n".join(lines)
+
+
+# datasets PyKEEN ships inside its wheel (no download): kgc's catalog name -> PyKEEN's dataset name
+PYKEEN_BUNDLED = {"umls": "UMLS", "kinships": "Kinships", "nations": "Nations"}
+STRUCTURE_METRICS = {"mrr": "inverse_harmonic_mean_rank", "hits_at_1": "hits_at_1", "hits_at_3": "hits_at_3",
+                     "hits_at_10": "hits_at_10"}
+
+
+def bench_structure(recipe_path: Path, *, overrides: list[str] | None = None, seeds=(0,), progress: bool = True,
+                    echo=print) -> dict:
+    """``kgc bench structure``: PyKEEN alone, as a PyKEEN user runs it — ``pipeline(dataset=<its own bundled
+    copy>, …)`` with the recipe's ``structure:`` settings and inverse triples, evaluated by PyKEEN on test
+    (filtered, both directions, realistic ranks) — the reference for the structure-only row of ``kgc evaluate``
+    on a run of the same recipe (kgc trains the same pipeline on its own ids)."""
+    import pykeen
+    from pykeen.pipeline import pipeline
+
+    from kgc.linkpred.structure import pipeline_kwargs
+    from kgc.training.common import pick_device
+
+    recipe = load_recipe(recipe_path, overrides)
+    config = recipe.structure
+    if config is None:
+        raise KGCError(f"{recipe_path}: no `structure:` section to run with PyKEEN alone (see recipes/*_fused.yaml)")
+    if config.is_rules:
+        raise KGCError(f"{recipe_path}: structure.model=rules is not a PyKEEN model; `kgc structure RUN` mines the "
+                       "rules in seconds and prints their dev MRR alone")
+    name = PYKEEN_BUNDLED.get(recipe.data.dataset) if recipe.data.path is None else None
+    if name is None:
+        raise KGCError(f"{recipe_path}: data.dataset={recipe.data.dataset!r} is not one PyKEEN ships in its wheel "
+                       f"({', '.join(PYKEEN_BUNDLED)}); PyKEEN would download it, and this benchmark runs offline")
+    device = pick_device(config.device or recipe.train.device)
+    rows = []
+    for seed in seeds:
+        echo(f"PyKEEN pipeline: {config.model} on PyKEEN's {name}, seed {seed}")
+        result = pipeline(dataset=name, dataset_kwargs={"create_inverse_triples": True},
+                          **pipeline_kwargs(config, seed=seed, device=device, progress=progress))
+        mr = result.metric_results
+        row = {"seed": seed, "train_seconds": round(result.train_seconds, 1)}
+        row.update({k: round(float(mr.get_metric(f"both.realistic.{m}")), 4) for k, m in STRUCTURE_METRICS.items()})
+        rows.append(row)
+        echo("  " + "  ".join(f"{k} {v}" for k, v in row.items()))
+    mean = {k: round(float(np.mean([r[k] for r in rows])), 4) for k in ["train_seconds", *STRUCTURE_METRICS]}
+    return {"recipe": str(recipe_path), "dataset": name, "model": config.model,
+            "params": config.model_dump(mode="json"), "create_inverse_triples": True, "rows": rows, "mean": mean,
+            "pykeen_version": pykeen.get_version(), "device": str(device)}
+
+
+def structure_table(result: dict, run_results: dict | None = None) -> str:
+    """Markdown: PyKEEN alone (mean over seeds), and kgc's structure-only and fused rows of a run's results.json."""
+    head = "| | MRR | H@1 | H@3 | H@10 |\n|---|---|---|---|---|\n"
+    fmt = lambda name, m: f"| {name} | " + " | ".join(f"{m[k]:.4f}" for k in STRUCTURE_METRICS) + " |\n"  # noqa: E731
+    seeds = len(result["rows"])
+    out = head + fmt(f"PyKEEN alone: pipeline on its {result['dataset']} ({seeds} seed{'s' * (seeds > 1)})",
+                     result["mean"])
+    if run_results:
+        def pick(block):
+            return {k: float(block["both"]["realistic"][m]) for k, m in STRUCTURE_METRICS.items()}
+        comps = run_results.get("kgc", {}).get("components")
+        if comps:
+            out += fmt("kgc: text only", pick(comps["text"]))
+            fused = run_results["kgc"]["structure"]
+            alpha = "alpha per relation" if fused.get("per_relation") else f"alpha {fused['alpha']}"
+            out += fmt(f"kgc: structure only ({fused.get('model', result['model'])})", pick(comps["structure"]))
+            out += fmt(f"kgc: fused ({alpha})", pick(run_results))
+        else:
+            out += fmt("kgc run", pick(run_results))
+    return out.rstrip("\n")
+
+
+# ---------------------------------------------------------------- kgc bench serve --add
+
+
+def added_entities_request(run: Any, n: int, seed: int = 0) -> tuple[str, dict, str]:
+    """(path, body, what it does) of the write ``kgc bench serve --add N`` makes while the clients query: ``n``
+    entities to add, with texts as long as the graph's (an entity's name and description, renamed)."""
+    graph = run.graph()
+    rows = np.random.default_rng(seed).integers(0, graph.num_entities, n)
+    entities = [{"id": f"kgc-bench-added-{i}", "name": f"{graph.names[e]} {i}"[:1000],
+                 "description": (graph.descriptions[e] or "")[:10_000]} for i, e in enumerate(rows.tolist())]
+    return "/entities", {"entities": entities}, f"adding {n} entities"
+
+
+def commands() -> dict:
+    """``kgc bench NAME`` → its function, for :meth:`kgc.linkpred.task.LinkPredTask.bench_commands`."""
+    return {"inference": bench_inference, "train": bench_train, "loss": bench_loss, "index": bench_index,
+            "structure": bench_structure}
+
+
+def tables() -> dict:
+    """Markdown of the results, by kind, for :meth:`kgc.linkpred.task.LinkPredTask.bench_tables`."""
+    return {"index": index_table, "structure": structure_table}

@@ -1,0 +1,100 @@
+"""Link prediction's part of a recipe: its data extras, the SimKGC loss, re-ranking and score blocks at evaluation,
+the entity index (a union on ``index.type``) and the structural side (a union on ``structure.model``).
+
+The task registers :class:`LinkPredRecipe` (``LinkPredTask.recipe_class``); ``kgc.recipe`` validates a recipe
+whose ``task`` is ``linkpred`` with it, the ``model:`` union of the registered conditioners added."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from kgc.linkpred.index_types import IndexConfig, index_options
+from kgc.linkpred.rules import RulesOptions
+from kgc.linkpred.structure import PykeenOptions
+from kgc.recipe import DataConfig, EvalConfig, Recipe, Section
+
+
+class LinkPredData(DataConfig):
+    long_text: bool = Field(False, description="use entity2textlong.txt where the dataset has it")
+    neighbor_text: bool = Field(True, description="append train-graph neighbour names to short descriptions")
+    max_neighbors: int = Field(10, ge=0, description="at most this many neighbour names appended")
+    short_description_words: int = Field(20, ge=0, description="descriptions below this many words get neighbours")
+
+
+class LinkPredLoss(Section):
+    """SimKGC's objective (kgc/linkpred/loss.py): InfoNCE with an additive margin and a learnable temperature over
+    in-batch, pre-batch and self negatives."""
+    in_batch: bool = Field(True, description="the batch's other tails are negatives")
+    pre_batch: int = Field(0, ge=0, description="number of previous batches whose tails are negatives")
+    pre_batch_weight: float = Field(0.5, description="logit weight of pre-batch negatives (log w added)")
+    self_negative: bool = Field(True, description="the head itself is a negative (SimKGC)")
+    self_negative_weight: float = Field(1.0, gt=0, description="the head's self-negative counts as w negatives "
+                                                                 "(its logit + log w; 1: SimKGC)")
+    margin: float = Field(0.02, description="additive margin γ subtracted from the positive cosine")
+    temperature: float = Field(0.05, gt=0, description="τ: logits are cosines / τ (the starting value when learnt)")
+    learn_temperature: bool = Field(True, description="τ is a parameter (log 1/τ learnt, clamped after each step)")
+    min_temperature: float = Field(0.01, gt=0, description="the learnt τ stays at or above this")
+    max_temperature: float = Field(1.0, gt=0, description="the learnt τ stays at or below this")
+    mask_false_negatives: bool = Field(True, description="negatives that are known answers (train) are masked")
+    symmetric: bool = Field(True, description="add SimKGC's tail -> query cross-entropy term")
+    table_negatives: Optional[int] = Field(
+        None, ge=1, description="every N steps embed every entity with the tail tower (no gradient) and score each "
+                                "query against that whole table as extra negatives (ANCE-style; unset: off)")
+    table_tails: bool = Field(
+        False, description="with table_negatives: read the batch's tails and heads from that table too, so only the "
+                           "query tower runs and trains between refreshes (a full softmax over every entity; "
+                           "without shared_towers the tail tower stays as loaded and its table is computed once)")
+
+    @model_validator(mode="after")
+    def _table_tails_need_a_table(self) -> "LinkPredLoss":
+        if self.table_tails and not self.table_negatives:
+            raise ValueError("loss.table_tails reads the tails from the entity table: set loss.table_negatives=N "
+                             "too (N: steps between refreshes of the table)")
+        return self
+
+
+class RerankConfig(Section):
+    enabled: bool = Field(False, description="SimKGC's graph re-ranking at evaluation")
+    n_hop: int = Field(2, ge=1, description="entities within n hops of the head on the train graph get the bonus")
+    weight: float = Field(0.05, description="the bonus added to their cosine")
+
+
+class LinkPredEval(EvalConfig):
+    rerank: RerankConfig = RerankConfig()
+    max_score_bytes: int = Field(256 * 2**20, ge=4096, description="largest dense (queries × entities) float32 "
+                                 "score block evaluation forms; entity blocks when one row is larger")
+
+
+def _structure_tag(value: Any) -> str:
+    model = value.get("model", "RotatE") if isinstance(value, dict) else getattr(value, "model", "RotatE")
+    return "rules" if str(model).lower() == "rules" else "pykeen"
+
+
+_structure_tag.key = "model"  # type: ignore[attr-defined]  # the key it reads (kgc.recipe's key reference)
+
+
+# ``structure:``: a PyKEEN model, or mined rules (chosen by ``structure.model``)
+StructureConfig = Annotated[Union[Annotated[PykeenOptions, Tag("pykeen")], Annotated[RulesOptions, Tag("rules")]],
+                            Discriminator(_structure_tag)]
+
+
+class LinkPredRecipe(Recipe):
+    """A link-prediction recipe (``task: linkpred``)."""
+    ignored_model_keys: ClassVar[frozenset[str]] = frozenset()
+    task: Literal["linkpred"] = Field("linkpred", description="a registered task: linkpred (link prediction) or "
+                                                              "csts (conditional STS)")
+    data: LinkPredData = LinkPredData()
+    loss: LinkPredLoss = LinkPredLoss()
+    eval: LinkPredEval = LinkPredEval()
+    index: IndexConfig = Field(default_factory=index_options, description="the entity index (a union on type)")
+    structure: Optional[StructureConfig] = Field(None, description="a PyKEEN model (or mined rules) beside the "
+                                                                   "text model (absent: off)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _index_type_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("index"), dict) and "type" not in data["index"]:
+            data = {**data, "index": {"type": "flat", **data["index"]}}
+        return data

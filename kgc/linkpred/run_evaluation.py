@@ -1,0 +1,132 @@
+"""A run's evaluations — by the text model, fused with the structural model, within the index's top K, over the
+entities of an inductive split — from the run's predictor (model, structural model, α) and entity index (its
+embeddings, its search), and their files written into the run as one transaction."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kgc.errors import KGCError
+from kgc.fileio import Transaction, tsv_text
+
+if TYPE_CHECKING:
+    from kgc.linkpred.entity_index import EntityIndex
+    from kgc.linkpred.predictor import Predictor
+    from kgc.linkpred.ranking import Evaluation
+    from kgc.training.run import RunDir
+
+
+def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | None = None, *,
+                 batch_size: int | None = None, rerank: bool | None = None, progress: bool = False,
+                 entities_from: str | Path | None = None, candidates: str | None = None, use_index: bool = False,
+                 top_k: int | None = None, text_only: bool = False,
+                 echo=print) -> "tuple[Evaluation, str, str | None]":
+    """(evaluation, split, kind of its results file: None, "text" or "inductive") of ``split`` (test or dev):
+    filtered ranks, both directions, in PyKEEN's layout (``.results`` with a ``"kgc"`` block, ``.ranks``,
+    ``.seconds``). A run with a structural model ranks by the fused score (α chosen on dev). ``entities_from`` (a
+    KG-BERT folder, e.g. from ``kgc data inductive-split``) ranks its ``split`` triples over its own entities,
+    unseen in training — ``candidates`` ``"split"`` (the entities of the split's triples, SimKGC's protocol) or
+    ``"all"``; ``use_index`` ranks within the top ``top_k`` (100) of the run's index, re-scored exactly;
+    ``text_only``: a run with a structural model ranked by its text model alone, as a run without one is (its
+    ``eval.rerank`` applies). Bad combinations of options are one KGCError, before the model is loaded."""
+    from kgc.linkpred.evaluate import evaluate
+
+    split = split or "test"
+    if split not in ("test", "dev"):
+        raise KGCError(f"split {split!r}: choose test or dev")
+    if use_index and entities_from is not None:
+        raise KGCError("use_index (--use-index) ranks against the run's own FAISS index; drop it with "
+                       "entities_from (--entities-from)")
+    if candidates is not None and entities_from is None:
+        raise KGCError("candidates (--candidates) goes with entities_from (--entities-from)")
+    if top_k is not None and not use_index:
+        raise KGCError("top_k (--top-k) goes with use_index (--use-index)")
+    recipe = predictor.recipe
+    rr = recipe.eval.rerank.model_dump()
+    if rerank is not None:
+        rr["enabled"] = rerank
+    bs = batch_size or recipe.eval.batch_size
+    budget = recipe.eval.max_score_bytes
+    if entities_from is not None:
+        from kgc.linkpred.inductive import inductive_graph
+
+        if rerank:
+            raise KGCError("--rerank with --entities-from: graph re-ranking boosts the train-graph neighbours of "
+                           "the head, and unseen entities have none (SimKGC turns it off for inductive "
+                           "evaluation; with an empty graph it would boost only the head itself). Drop --rerank.")
+        graph, info = inductive_graph(entities_from, predictor.graph(), split=split, candidates=candidates or "split",
+                                      long_text=recipe.data.long_text, warn=echo)
+        ev = evaluate(predictor.model_for(graph), graph, split, batch_size=bs, rerank=None, progress=progress,
+                      max_score_bytes=budget)  # never re-ranked, whatever eval.rerank says
+        ev.results["kgc"]["inductive"] = info
+        return ev, split, "inductive"
+    graph = predictor.graph()
+    if not len(graph.splits[split]):
+        raise KGCError(f"{graph.source}: the {split} split has no triples to rank (train with testing= / "
+                       "validation= factories, or a dataset with that split)")
+    path = predictor.dir.path
+    fused = predictor.fused
+    if text_only and not fused:
+        raise KGCError(f"{path} has no structural model: its evaluation is the text model's already; "
+                       "drop text_only (--text-only)")
+    if fused and not text_only:
+        if use_index or rerank:
+            raise KGCError(f"{path} has a structural model: its evaluation fuses text and structure over "
+                           "every entity; drop --use-index / --rerank, or rank by the text model alone with "
+                           "--text-only")
+        return evaluate_fused(predictor, entities, split, bs, progress), split, None
+    search = None
+    if use_index:
+        top_k = 100 if top_k is None else top_k
+        if top_k < 1:
+            raise KGCError(f"--top-k {top_k}: rank within at least 1 retrieved entity")
+        search = (entities.open(deep=True), top_k)  # missing: the message says build it
+    ev = evaluate(predictor.model(), graph, split, batch_size=bs, rerank=rr, progress=progress,
+                  entity_table=entities.embeddings(), max_score_bytes=budget, search=search)
+    if use_index:
+        ev.results["kgc"]["search"]["index"] = entities.params()
+    if text_only:
+        ev.results["kgc"]["text_only"] = True  # the run's structural model left out
+    return ev, split, "text" if text_only else None
+
+
+def evaluate_fused(predictor: "Predictor", entities: "EntityIndex", split: str, batch_size: int,
+                   progress: bool) -> "Evaluation":
+    """α on dev (the predictor's, chosen once), then ``split`` fused (the main result) with ``kgc.components``
+    text-only (α = 1) and structure-only (α = 0), all ranked in one pass per split through the ranking protocol."""
+    import numpy as np
+
+    from kgc.linkpred.evaluate import entity_states, evaluate
+    from kgc.linkpred.structure import FORMULA, alpha_of, fused_scorer
+
+    start = time.perf_counter()
+    model, graph = predictor.model(), predictor.graph()
+    structure = predictor.structure()
+    budget = predictor.recipe.eval.max_score_bytes
+    engine, table, *_ = entity_states(model, batch_size=batch_size, progress=progress,  # once, for dev and test;
+                                      entity_table=entities.embeddings(),  # each split's evaluation
+                                      heads=np.empty(0, dtype=np.int64))  # adds its heads' states
+    choice = predictor.alpha_choice(batch_size=batch_size, progress=progress, engine=engine, entity_table=table)
+    alpha = alpha_of(choice)
+    ev = evaluate(model, graph, split, batch_size=batch_size, entity_table=table, progress=progress, engine=engine,
+                  scorer=fused_scorer(structure, list(dict.fromkeys([alpha, 1.0, 0.0]))), max_score_bytes=budget)
+    ev.seconds = time.perf_counter() - start
+    ev.results["kgc"]["evaluation_seconds"] = round(ev.seconds, 3)
+    ev.results["kgc"]["structure"] = {"model": structure.name, "alpha": choice["alpha"], "grid": choice["grid"],
+                                      "formula": FORMULA, "params": structure.meta["params"],
+                                      **{k: choice[k] for k in ("per_relation", "per_relation_dev_mrr")
+                                         if k in choice}}
+    ev.results["kgc"]["components"] = {"text": ev.variants[1.0], "structure": ev.variants[0.0]}
+    return ev
+
+
+def write_evaluation(run: "RunDir", ev: "Evaluation", split: str, kind: str | None = None) -> None:
+    """``results[.kind][.split].json`` and ``ranks[…].tsv`` as one transaction: they always belong to one
+    evaluation."""
+    results, ranks = run.results(split, kind), run.table("ranks", split, kind)
+    with Transaction(results.parent) as tx:
+        tx.write_json(results.name, ev.results)
+        tx.write_text(ranks.name, tsv_text(ev.ranks))
+        tx.commit()
