@@ -10,8 +10,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALLER = ["data.synth.train_pairs=600", "data.synth.validation_pairs=100", "data.synth.test_pairs=300",
-           "train.epochs=3", "train.batch_size=32"]
+SMALLER = ["data.synth.train_pairs=600", "data.synth.validation_pairs=60", "data.synth.test_pairs=200",
+           "train.epochs=3", "train.batch_size=32", "eval.validate_every_epoch=false"]
 
 
 def test_blind_baseline_scores_nothing_and_a_trained_conditioner_scores_high(tmp_path, monkeypatch):
