@@ -367,6 +367,14 @@ def synth_routing(out: str | Path, **options: Any) -> dict[str, int]:
     return {split: len(graph[split]) for split in ("train", "dev", "test")}
 
 
+def synth_graph(out: str | Path, **options: Any) -> dict:
+    """Write a synthetic graph of any size in the KG-BERT layout, power-law degrees, names from word lists (``kgc
+    data synth-graph``, :func:`kgc.data.synth_graph.synth_graph`); returns the counts, seconds and bytes."""
+    from kgc.data.synth_graph import synth_graph as write
+
+    return write(out, **options)
+
+
 def synth_csts(out: str | Path, **options: Any) -> None:
     """Write the synthetic conditional-similarity set in the official C-STS layout (``kgc data synth-csts``)."""
     _task_function("synth_csts")(out, **options)

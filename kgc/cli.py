@@ -164,6 +164,8 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
           ef_search: Optional[int] = typer.Option(None, "--ef-search", help="hnsw: search beam width"),
           ef_construction: Optional[int] = typer.Option(None, "--ef-construction", help="hnsw: build beam width"),
           pq_bytes: Optional[int] = typer.Option(None, "--pq-bytes", help="ivfpq: bytes per vector (divides dim)"),
+          rescore: Optional[int] = typer.Option(None, "--rescore", help="ivfpq: re-score the top k × rescore "
+                                                                        "exactly (1: off; no rebuild)"),
           train_size: Optional[int] = typer.Option(None, "--train-size", help="ivf, ivfpq: k-means sample"),
           force: bool = typer.Option(False, "--force", help="rebuild (and re-embed) even when up to date"),
           progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
@@ -172,12 +174,12 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
 
     The index type and its parameters are those of the existing index (a first build: the recipe's `index:`
     section; --type starts again from the recipe's), overridden by the options here. An index that is already
-    fresh and of that type is kept (only nprobe / ef_search are updated, no rebuild); a different type or build
-    parameter rebuilds it, reusing the stored entity embeddings."""
+    fresh and of that type is kept (only nprobe / ef_search / rescore are updated, no rebuild); a different type or
+    build parameter rebuilds it, reusing the stored entity embeddings."""
     import kgc
 
     params = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search,
-              "ef_construction": ef_construction, "pq_bytes": pq_bytes, "train_size": train_size}
+              "ef_construction": ef_construction, "pq_bytes": pq_bytes, "train_size": train_size, "rescore": rescore}
     if add is not None and (type_ is not None or any(v is not None for v in params.values())):
         raise KGCError("--add appends to the index as it is built; change its type or parameters in a separate "
                        f"`kgc index {run_dir} --type …` first")
@@ -509,6 +511,8 @@ def bench_index(entities: int = typer.Option(1_000_000, "--entities", min=1),
                 types: str = typer.Option("flat,ivf,hnsw,ivfpq", "--types", help="comma-separated index types"),
                 nprobe: str = typer.Option("8,16,32,64,128", "--nprobe", help="ivf, ivfpq: the values to sweep"),
                 ef_search: str = typer.Option("16,32,64,128", "--ef-search", help="hnsw: the values to sweep"),
+                rescore: str = typer.Option("1,10", "--rescore", help="ivfpq: the exact re-scoring factors to sweep "
+                                                                      "(1: plain PQ scores)"),
                 nlist: Optional[int] = typer.Option(None, "--nlist", help="ivf, ivfpq (default 4·√entities)"),
                 hnsw_m: Optional[int] = typer.Option(None, "--hnsw-m"),
                 ef_construction: Optional[int] = typer.Option(None, "--ef-construction"),
@@ -525,6 +529,7 @@ def bench_index(entities: int = typer.Option(1_000_000, "--entities", min=1),
 
     result = api.bench_index(entities=entities, dim=dim, queries=queries, types=[t.strip() for t in types.split(",") if t.strip()],
                  nprobe=_int_list("--nprobe", nprobe), ef_search=_int_list("--ef-search", ef_search),
+                 rescore=_int_list("--rescore", rescore),
                  build={"nlist": nlist, "hnsw_m": hnsw_m, "ef_construction": ef_construction, "pq_bytes": pq_bytes,
                         "train_size": train_size},
                  clusters=clusters, seed=seed, threads=threads, repeats=repeats, echo=_echo)
@@ -533,6 +538,12 @@ def bench_index(entities: int = typer.Option(1_000_000, "--entities", min=1),
     if best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best["params"].items() if k != "type")
         _echo(f"fastest at recall@{result['k']} >= 0.95: {best['type']} ({params}), {best['speedup_vs_flat']}× flat")
+    small = result["smallest_at_recall_0.95"]
+    if small is not None:
+        params = ", ".join(f"{k}={v}" for k, v in small["params"].items() if k != "type")
+        k = result["k"]
+        _echo(f"least RAM at recall@{k} >= 0.95: {small['type']} ({params}), {small['bytes_per_entity']:,.0f} bytes "
+              f"per entity, recall {small[f'recall_at_{k}']}, {small['speedup_vs_flat']}× flat")
     if out:
         api.write_json(out, result)
 
@@ -690,6 +701,36 @@ def data_synth_routing(out: Path = typer.Argument(..., help="folder for the KG-B
     _echo(f"wrote {heads} heads × {slots} relations: train {counts['train']}, dev {counts['dev']}, test "
           f"{counts['test']} triples → {out}")
     _echo(f"train on it with data.path: {out} and data.neighbor_text: false (neighbours would name the answers)")
+
+
+@data_app.command("synth-graph")
+def data_synth_graph(out: Path = typer.Argument(..., help="new folder for the KG-BERT layout (data.path)"),
+                     entities: int = typer.Option(..., "--entities", min=10, help="entities (unique names)"),
+                     relations: Optional[int] = typer.Option(None, "--relations", min=1,
+                                                             help="relations (default: entities / 100, at least 10, "
+                                                                  "at most Wikidata5M's 822)"),
+                     triples: Optional[int] = typer.Option(None, "--triples", min=1,
+                                                           help="distinct triples, all splits (default: 4.49 × "
+                                                                "entities, Wikidata5M's ratio)"),
+                     dev_triples: int = typer.Option(5000, "--dev-triples", min=0, help="dev triples, at most"),
+                     test_triples: int = typer.Option(5000, "--test-triples", min=0, help="test triples, at most"),
+                     dev_fraction: float = typer.Option(0.1, "--dev-fraction", min=0.0, max=0.5,
+                                                        help="dev holds at most this share of the triples"),
+                     test_fraction: float = typer.Option(0.1, "--test-fraction", min=0.0, max=0.5,
+                                                         help="test holds at most this share of the triples"),
+                     seed: int = typer.Option(0, "--seed"),
+                     force: bool = typer.Option(False, "--force", help="replace OUT when it is not empty")) -> None:
+    """Generate a graph of any size: power-law degrees, names and descriptions from word lists, dev and test
+    entities all seen in train (deterministic in the seed; written whole or not at all)."""
+    from kgc import api
+    from kgc.fileio import human_bytes
+
+    s = api.synth_graph(out, entities=entities, relations=relations, triples=triples, dev_triples=dev_triples,
+                        test_triples=test_triples, dev_fraction=dev_fraction, test_fraction=test_fraction, seed=seed,
+                        force=force)
+    t = s["triples"]
+    _echo(f"wrote {s['entities']:,} entities, {s['relations']:,} relations, triples train {t['train']:,} / dev "
+          f"{t['dev']:,} / test {t['test']:,} in {s['seconds']:.2f} s ({human_bytes(s['bytes'])}) → {out}")
 
 
 _ENTRY = False  # set by main(): the process is the `kgc` command itself (not a test calling `app`)

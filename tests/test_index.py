@@ -15,6 +15,7 @@ import torch
 from kgc.linkpred.bench import bench_index, clustered_unit_vectors, index_table
 from kgc.errors import KGCError
 from kgc.linkpred import index_types
+from kgc.linkpred.entity_index import EntityIndex
 from kgc.linkpred.index import (build_index, index_params, index_plan, load_embeddings, load_index, stored_config,
                                 update_search_params)
 from kgc.linkpred.index_types import TYPES, index_config, resolve, search_index
@@ -64,7 +65,8 @@ def test_defaults_scale_with_the_entity_count():
     assert index_types.default_nlist(100) == 2 and index_types.default_nlist(10) == 1
     assert index_types.default_pq_bytes(384) == 48 and index_types.default_pq_bytes(32) == 4
     p = resolve(index_config(None, type="ivfpq"), 1_000_000, 384)
-    assert p == {"type": "ivfpq", "nlist": 4000, "pq_bytes": 48, "train_size": 256_000, "nprobe": 32}
+    assert p == {"type": "ivfpq", "nlist": 4000, "pq_bytes": 48, "train_size": 256_000, "nprobe": 32, "rescore": 10}
+    assert resolve(index_options({"type": "ivfpq", "rescore": None}), 5000, 32)["rescore"] == 1  # null: off
     assert resolve(index_config(None, type="ivf", nprobe=500), 5000, 32)["nprobe"] == 128  # capped at nlist
     assert resolve(index_options(), 10, 4) == {"type": "flat"}
 
@@ -200,18 +202,26 @@ def test_recipe_round_trip_keeps_the_index_section():
 
 def test_bench_rows(tmp_path):
     result = bench_index(entities=2000, dim=16, queries=50, types=("flat", "ivf", "hnsw", "ivfpq"), nprobe=(2, 8),
-                         ef_search=(16,), clusters=20, repeats=1, echo=lambda m: None)
-    assert [(r["type"], r["params"].get("nprobe", r["params"].get("ef_search"))) for r in result["rows"]] == [
-        ("flat", None), ("ivf", 2), ("ivf", 8), ("hnsw", 16), ("ivfpq", 2), ("ivfpq", 8)]
-    keys = {"type", "params", "factory", "device", "build_seconds", "train_seconds", "add_seconds", "index_bytes",
-            "bytes_per_entity", "search_seconds", "queries_per_s", "speedup_vs_flat", "recall_at_10"}
+                         ef_search=(16,), rescore=(1, 10), clusters=20, repeats=1, echo=lambda m: None)
+    assert [(r["label"], r["params"].get("nprobe", r["params"].get("ef_search")), r["params"].get("rescore"))
+            for r in result["rows"]] == [
+        ("flat", None, None), ("ivf", 2, None), ("ivf", 8, None), ("hnsw", 16, None), ("ivfpq", 2, 1),
+        ("ivfpq+rescore", 2, 10), ("ivfpq", 8, 1), ("ivfpq+rescore", 8, 10)]
+    keys = {"type", "label", "params", "factory", "device", "build_seconds", "train_seconds", "add_seconds",
+            "index_bytes", "bytes_per_entity", "mmap_bytes_per_entity", "search_seconds", "queries_per_s",
+            "speedup_vs_flat", "recall_at_10"}
     assert all(set(r) == keys for r in result["rows"])
     flat = result["rows"][0]
     assert flat["recall_at_10"] == 1.0 and flat["speedup_vs_flat"] == 1.0 and flat["bytes_per_entity"] >= 16 * 4
     assert all(0 <= r["recall_at_10"] <= 1 and r["queries_per_s"] > 0 for r in result["rows"])
-    assert result["rows"][-1]["bytes_per_entity"] < flat["bytes_per_entity"]  # ivfpq compresses
+    plain, rescored = result["rows"][-2:]
+    assert rescored["type"] == "ivfpq" and rescored["bytes_per_entity"] == plain["bytes_per_entity"] \
+        < flat["bytes_per_entity"]  # ivfpq compresses; re-scoring reads the table from disk, not RAM
+    assert (plain["mmap_bytes_per_entity"], rescored["mmap_bytes_per_entity"]) == (0, 16 * 4)
+    assert rescored["recall_at_10"] > plain["recall_at_10"]
     table = index_table(result)
     assert table.count("\n") == 1 + len(result["rows"]) and "| ivf | nlist=51, train_size=2000, nprobe=8 |" in table
+    assert "| ivfpq+rescore | nlist=51, pq_bytes=2, train_size=2000, nprobe=8, rescore=10 |" in table
 
 
 def test_bench_cli(tmp_path):
@@ -227,3 +237,149 @@ def test_bench_cli(tmp_path):
     assert [r["type"] for r in rows] == ["ivf", "ivf"] and rows[1]["recall_at_10"] == 1.0  # every cell visited
     bad = CliRunner().invoke(app, ["bench", "index", "--entities", "600", "--nprobe", "8,x"])
     assert isinstance(bad.exception, KGCError) and "--nprobe '8,x'" in str(bad.exception)
+    res = CliRunner().invoke(app, ["bench", "index", "--entities", "600", "--dim", "8", "--queries", "20",
+                                   "--types", "ivfpq", "--nprobe", "15", "--rescore", "1,20", "--repeats", "1",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["label"], r["params"]["rescore"]) for r in rows] == [("ivfpq", 1), ("ivfpq+rescore", 20)]
+    assert "least RAM at recall@10 >= 0.95: ivfpq (" in res.output and "rescore=20" in res.output
+
+
+# ---------------------------------------------------------------- ivfpq with exact re-scoring (issue 40)
+
+
+def _recall_at(ids: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(a) & set(b)) / truth.shape[1] for a, b in zip(ids, truth)]))
+
+
+def test_rescored_ivfpq_finds_the_true_neighbours_with_exact_scores(vectors, tmp_path):
+    base, queries = vectors
+    params = resolve(index_config(None, type="ivfpq"), *base.shape)  # the defaults: rescore 10
+    assert params["rescore"] == 10 and "rescore" in index_types.search_params(params)
+    index, _ = index_types.build(base, params, device="cpu")
+    np.save(tmp_path / "entities.npy", base)
+    table = np.load(tmp_path / "entities.npy", mmap_mode="r")  # as a run's index reads it
+    rescored = index_types.with_rescore(index, table, params)
+    assert isinstance(rescored, index_types.RescoredIndex) and index_types.type_of(rescored) == "ivfpq"
+    assert index_types.with_rescore(index, table, {**params, "rescore": 1}) is index  # 1: off
+    truth = brute_force(base, queries, 10)
+    _, plain_ids = search_index(index, queries, 10)
+    scores, ids = search_index(rescored, queries, 10)
+    assert ids.shape == (100, 10) and (ids >= 0).all() and (np.diff(scores, axis=1) <= 0).all()
+    plain, exact = _recall_at(plain_ids, truth), _recall_at(ids, truth)
+    assert exact >= 0.95 and exact > plain, (plain, exact)
+    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries, base[ids]), atol=1e-5)  # exact cosines
+    rescored.BLOCK_BYTES = 4 * 100 * 32 * 7  # 7 queries (of 100 candidates) a block: the same answers
+    np.testing.assert_array_equal(search_index(rescored, queries, 10)[1], ids)
+    assert index_types.index_bytes(rescored) == index_types.index_bytes(index) < base.nbytes  # the table: not RAM
+
+
+def test_rescore_is_an_ivfpq_search_key():
+    with pytest.raises(KGCError, match=r"index.rescore: not read by index type ivf \(only by ivfpq\). Drop it"):
+        index_config(None, type="ivf", rescore=10)
+    with pytest.raises(KGCError, match=r"index.rescore: not read by index type hnsw \(only by ivfpq\)"):
+        index_config(None, type="hnsw", rescore=10)
+    with pytest.raises(KGCError, match=r"index.rescore: Input should be greater than or equal to 1"):
+        index_config(None, type="ivfpq", rescore=0)
+    with pytest.raises(KGCError, match=r"index.rescore"):
+        load_recipe(None, ["index.type=ivf", "index.rescore=10"])
+    assert load_recipe(None, ["index.type=ivfpq", "index.rescore=20"]).index.rescore == 20
+    from kgc.recipe import key_reference
+
+    row = next(r for r in key_reference() if r["key"] == "index.rescore")
+    assert row["default"] == "10" and "exact" in row["description"] and "ivfpq" in row["for"]
+
+
+@pytest.fixture()
+def ivfpq_run(tmp_path, vectors):
+    run = StandInRun(tmp_path / "run", {"type": "ivfpq"})  # the defaults: nlist 128, nprobe 32, rescore 10
+    run.path.mkdir()
+    return run, StandInModel(vectors[0])
+
+
+def test_a_run_with_ivfpq_answers_through_exact_rescoring(ivfpq_run, vectors):
+    from kgc.linkpred.predict import search_many
+
+    run, model = ivfpq_run
+    base, queries = vectors
+    meta = build_index(run, model, progress=False)
+    assert meta["index"] == {"type": "ivfpq", "nlist": 128, "pq_bytes": 4, "train_size": 5000, "nprobe": 32,
+                             "rescore": 10}
+    index = load_index(run, model)
+    assert isinstance(index, index_types.RescoredIndex) and index.factor == 10 and index.index.nprobe == 32
+    assert isinstance(index.table, np.memmap) and index.ntotal == 5000  # entities.npy, memory-mapped
+    scores, ids = search_index(index, queries, 10)
+    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries, base[ids]), atol=1e-5)
+    assert _recall_at(ids, brute_force(base, queries, 10)) >= 0.95
+    # the run's query path: its EntityIndex reads the index once, kgc predict / serve search it with search_many
+    graph = SimpleNamespace(num_entities=5000, entities=[f"e{i}" for i in range(5000)], full_texts=[""] * 5000,
+                            names=[""] * 5000)
+    entities = EntityIndex(run, torch.device("cpu"), model=lambda: model, graph=lambda: graph, tokenizer=lambda: None,
+                           batch_size=8, echo=lambda m: None)
+    searched, full, _ = entities.searcher()
+    assert isinstance(searched, index_types.RescoredIndex) and full is graph
+    answers = search_many(queries[:2], searched, graph, top_ks=[3, 3], excludes=[set(), {int(ids[1, 0])}],
+                          knowns=[set(), set()])
+    assert [[p.entity for p in row] for row in answers] == [[f"e{i}" for i in ids[0, :3]],
+                                                            [f"e{i}" for i in ids[1, 1:4]]]
+    np.testing.assert_allclose([p.score for p in answers[0]], scores[0, :3], atol=1e-6)  # exact cosines
+    plain = load_index(run, model, rescore=1)  # a search-time override: the FAISS index alone
+    assert isinstance(plain, faiss.IndexIVFPQ)
+
+
+def test_rescore_on_an_ivf_run_is_refused(run_and_model):
+    run, model = run_and_model  # an ivf index: rescore is not one of its keys, at load as in the recipe
+    run.path.mkdir()
+    build_index(run, model, progress=False)
+    with pytest.raises(KGCError, match=r"index.rescore: not read by index type ivf \(only by ivfpq\)"):
+        load_index(run, model, rescore=10)
+    assert isinstance(load_index(run, model), faiss.IndexIVFFlat)  # ivf is searched as before
+
+
+def test_changing_rescore_needs_no_rebuild(ivfpq_run):
+    run, model = ivfpq_run
+    build_index(run, model, progress=False)
+    faiss_file = run.path / "index" / "entities.faiss"
+    before = faiss_file.stat().st_mtime_ns
+    stored = stored_config(run)
+    off = stored.model_copy(update={"rescore": 1})
+    assert index_plan(run, model, off) == ("search", "nprobe=32, rescore=10 -> nprobe=32, rescore=1")
+    meta = update_search_params(run, model, off)
+    assert meta["index"]["rescore"] == 1 and faiss_file.stat().st_mtime_ns == before
+    assert isinstance(load_index(run, model), faiss.IndexIVFPQ) and index_plan(run, model, off)[0] == "none"
+    wide = off.model_copy(update={"rescore": 40})
+    update_search_params(run, model, wide)
+    assert load_index(run, model).factor == 40 and faiss_file.stat().st_mtime_ns == before
+    entities = EntityIndex(run, torch.device("cpu"), model=lambda: model, graph=lambda: None, tokenizer=lambda: None,
+                           batch_size=8, echo=lambda m: None)
+    done = entities.update(rescore=20, progress=False)  # `kgc index RUN --rescore 20`
+    assert (done["action"], done["why"]) == ("search", "nprobe=32, rescore=40 -> nprobe=32, rescore=20")
+    assert done["meta"]["index"]["rescore"] == 20 and faiss_file.stat().st_mtime_ns == before
+    with pytest.raises(KGCError, match=r"index.rescore: Input should be greater than or equal to 1"):
+        entities.update(rescore=0, progress=False)
+    meta = json.loads((run.path / "index" / "meta.json").read_text())
+    del meta["index"]["rescore"]  # an ivfpq index from before rescore: searched as it was, until updated
+    (run.path / "index" / "meta.json").write_text(json.dumps(meta))
+    assert isinstance(load_index(run, model), faiss.IndexIVFPQ)
+    assert index_plan(run, model, stored_config(run))[0] == "search"  # `kgc index RUN` stores the default
+
+
+def test_added_entities_are_rescored_from_the_grown_table(ivfpq_run, vectors, monkeypatch):
+    from kgc.linkpred import index as store
+    from kgc.linkpred.added import NewEntity
+
+    run, model = ivfpq_run
+    base, queries = vectors
+    build_index(run, model, progress=False)
+    new = queries[:3]  # added entities: the queries themselves, so each is its own nearest neighbour
+    monkeypatch.setattr(store, "_embed_new", lambda *a, **k: new.copy())  # the stand-in model has no tail tower
+    entities = [NewEntity(f"new{i}", f"new {i}") for i in range(3)]
+    store._append(run, model, SimpleNamespace(num_entities=5000), entities, sources=[], batch_size=8, progress=False)
+    index = load_index(run, model)
+    assert isinstance(index, index_types.RescoredIndex) and index.ntotal == index.table.shape[0] == 5003
+    scores, ids = search_index(index, queries[:3], 5)
+    assert ids[:, 0].tolist() == [5000, 5001, 5002]
+    np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)  # each added row, scored exactly from the new table
+    grown = np.concatenate([base, new])
+    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries[:3], grown[ids]), atol=1e-5)

@@ -8,8 +8,11 @@ fingerprint does not match the run's current weights and texts is refused, never
 
 The FAISS structure is the recipe's ``index:`` section (``kgc index RUN --type ivf --nprobe 16`` overrides it):
 flat (exact, the default), ivf, hnsw or ivfpq (:mod:`kgc.linkpred.index_types`). ``meta.json`` records the type
-and its parameters; a search uses the stored ones (``nprobe`` / ``ef_search`` are applied at load), so an index
-is never read as another type. ``entities.npy`` always holds the exact table: evaluation scores against it.
+and its parameters; a search uses the stored ones (``nprobe`` / ``ef_search`` / ``rescore`` are applied at load),
+so an index is never read as another type. ``entities.npy`` always holds the exact table: evaluation scores against
+it, and an ivfpq index with ``rescore`` re-scores its candidates against it, memory-mapped
+(:class:`~kgc.linkpred.index_types.RescoredIndex`; an ivfpq meta.json from before ``rescore`` searches without it
+until ``kgc index RUN`` stores the default).
 
 ``meta.json`` also records the byte size and sha256 of every file of the index (``files``). A file that does
 not match — truncated, overwritten, flipped bytes — makes the index *damaged*: :func:`stale_reason` says so, so
@@ -283,7 +286,7 @@ def _commit(tx: Transaction, run: RunDir, meta: dict, table: np.ndarray, index, 
 
 def index_plan(run: RunDir, model: LinkPredictor, config: IndexOptions | None = None) -> tuple[str, str]:
     """What ``kgc index`` has to do for ``config``: ``("build", why)``, ``("search", why)`` (only nprobe /
-    ef_search differ: meta.json is updated, nothing rebuilt) or ``("none", "up to date")``."""
+    ef_search / rescore differ: meta.json is updated, nothing rebuilt) or ``("none", "up to date")``."""
     config = config if config is not None else run.recipe.index
     reason = stale_reason(run, model)
     if reason is not None:
@@ -308,8 +311,8 @@ def _describe(params: dict, *, search_only: bool = False) -> str:
 
 
 def update_search_params(run: RunDir, model: LinkPredictor, config: IndexOptions | None = None) -> dict:
-    """Store ``config``'s nprobe / ef_search in a fresh index's meta.json (no rebuild), holding the run's lock;
-    returns the meta."""
+    """Store ``config``'s nprobe / ef_search / rescore in a fresh index's meta.json (no rebuild), holding the run's
+    lock; returns the meta."""
     with run_lock(run.path, "updating the index's search parameters"):
         folder = _check_fresh(run, model)
         meta = _read_meta(folder)
@@ -372,11 +375,13 @@ def load_embeddings(run: RunDir, model: LinkPredictor, *, added: bool = False) -
 
 
 def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, ef_search: int | None = None,
-               faiss_device: str = "auto"):
-    """The run's fresh index with the search parameters stored in meta.json (``nprobe`` / ``ef_search``
-    override them for this load), on a GPU when there is one (``faiss_device``: auto, gpu or cpu): for flat an
-    :class:`~kgc.linkpred.index_types.ExactIndex` over entities.npy (torch's GPU), else the FAISS index (a FAISS
-    GPU). Search it with :func:`search_index` (or ``index.search``)."""
+               rescore: int | None = None, faiss_device: str = "auto"):
+    """The run's fresh index with the search parameters stored in meta.json (``nprobe`` / ``ef_search`` /
+    ``rescore`` override them for this load), on a GPU when there is one (``faiss_device``: auto, gpu or cpu): for
+    flat an :class:`~kgc.linkpred.index_types.ExactIndex` over entities.npy (torch's GPU); for ivfpq with rescore
+    > 1 a :class:`~kgc.linkpred.index_types.RescoredIndex` (the FAISS index, its candidates re-scored against
+    entities.npy memory-mapped); else the FAISS index (a FAISS GPU). Search it with :func:`search_index` (or
+    ``index.search``)."""
     folder = _check_fresh(run, model)
     meta = _read_meta(folder)
     params = dict(stored_params(meta))
@@ -394,7 +399,8 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
     if index.ntotal != model.bank.graph.num_entities + added:
         raise KGCError(f"{folder}: holds {index.ntotal} entities, the graph has {model.bank.graph.num_entities} "
                        f"(+ {added} added). Rebuild it with `kgc index {run.path}`.")
-    overrides = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
+    overrides = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search), ("rescore", rescore))
+                 if v is not None}
     if overrides:  # validated like the recipe keys (a key the stored type does not read is an error)
         config = index_types.index_config(index_types.index_options({"type": params["type"]}), **overrides)
         params.update({k: getattr(config, k) for k in overrides})
@@ -402,7 +408,13 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
             params["nprobe"] = min(params["nprobe"], params["nlist"])
     index, _ = index_types.to_device(index, params["type"], faiss_device)
     index_types.set_search_params(index, params)
-    return index
+    table = None
+    if (params.get("rescore") or 1) > 1:  # the exact table for re-scoring: memory-mapped, read row by row
+        table = _read_table(run, mmap_mode="r")
+        if table.shape != (index.ntotal, index.d) or table.dtype != np.float32:
+            raise _damaged(run, "entities.npy", ValueError(f"{table.dtype} {table.shape}, the index holds "
+                                                           f"{index.ntotal} × {index.d}"))
+    return index_types.with_rescore(index, table, params)
 
 
 # ---------------------------------------------------------------- added entities (kgc index --add)

@@ -5,10 +5,16 @@ registry (:data:`TYPES`); adding a type is one class here.
 by one matrix product and a top k, on the GPU when there is one; its only file is the index's ``entities.npy``.
 The approximate types are FAISS structures, and FAISS is imported only when one of them is built, loaded or
 searched (:func:`faiss_module`), so kgc trains, evaluates, predicts and serves with flat where faiss is not
-installed. Every type scores by inner product on unit vectors, so a score is a cosine (for ``ivfpq``, the cosine
-with the compressed vector). A type reads two kinds of recipe keys (``index:``): *build* keys, fixed once the
-index is built (changing one means rebuilding it), and *search* keys (``nprobe``, ``ef_search``), applied
-whenever the index is loaded — they are stored in ``meta.json`` and can change without a rebuild.
+installed. Every type scores by inner product on unit vectors, so a score is a cosine (for ``ivfpq`` without
+re-scoring, the cosine with the compressed vector). A type reads two kinds of recipe keys (``index:``): *build*
+keys, fixed once the index is built (changing one means rebuilding it), and *search* keys (``nprobe``,
+``ef_search``, ``rescore``), applied whenever the index is loaded — they are stored in ``meta.json`` and can change
+without a rebuild.
+
+``ivfpq`` with ``rescore`` > 1 (the default, 10) is searched as a :class:`RescoredIndex`: the PQ index proposes
+``k × rescore`` candidates, which are scored exactly against the entity table — memory-mapped, so RAM holds the PQ
+codes, inverted lists and ids, and the table stays on disk / in the page cache — and the top k by exact cosine
+are returned (their scores are exact cosines).
 
 Where FAISS has a GPU version of a type (flat, ivf, ivfpq) and a GPU is present, the index is trained, filled
 and searched there; the file on disk is always the CPU form.
@@ -57,6 +63,10 @@ class IvfPqOptions(IvfOptions):
     type: Literal["ivfpq"] = Field("ivfpq", description="ivfpq: ivf with vectors compressed to pq_bytes bytes")
     pq_bytes: Optional[int] = Field(None, ge=1, description="bytes per vector (sub-quantisers of 8 bits); must "
                                                             "divide the embedding dim (default ≈ dim / 8)")
+    rescore: Optional[int] = Field(10, ge=1, description="candidates per answer re-scored exactly against the "
+                                                         "memory-mapped entity table (the top k × rescore of the "
+                                                         "PQ search; scores are then exact cosines); 1 or null: "
+                                                         "off (search time; no rebuild)")
 
 
 class HnswOptions(IndexOptions):
@@ -137,6 +147,59 @@ class ExactIndex:
         return torch.cat(scores).cpu().numpy(), torch.cat(ids).cpu().numpy().astype(np.int64)
 
 
+class RescoredIndex:
+    """An ivfpq index searched with exact re-scoring: ``index`` (the FAISS index) proposes ``k × factor``
+    candidates per query, which are scored against ``table`` (entities, dim) — the index's ``entities.npy``,
+    memory-mapped, so only the rows of the candidates are read — and the top k by exact cosine are returned.
+    RAM holds the PQ codes, inverted lists and ids (about pq_bytes + 8 bytes per entity), not the 4·dim bytes per
+    entity of the table (FAISS's IndexRefineFlat would). The attributes kgc reads of a FAISS index (``d``,
+    ``ntotal``, ``is_trained``, ``search``); :func:`search_index` searches it like any other."""
+
+    BLOCK_BYTES = 1 << 26  # candidate rows gathered at once per block of queries (64 MiB of float32)
+    is_trained = True
+
+    def __init__(self, index, table: np.ndarray, factor: int) -> None:
+        if table.shape != (index.ntotal, index.d):
+            raise KGCError(f"the entity table is {table.shape[0]} × {table.shape[1]}, the index holds "
+                           f"{index.ntotal} vectors of dim {index.d}")
+        self.index, self.table, self.factor = index, table, int(factor)
+
+    @property
+    def d(self) -> int:
+        return int(self.index.d)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def candidates(self, k: int) -> int:
+        """Candidates fetched from the PQ index for ``k`` answers (a FAISS GPU index returns at most 2048)."""
+        c = min(self.ntotal, k * self.factor)
+        return max(k, min(c, 2048)) if on_gpu(self.index) else c
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, ids)``, both (queries, k), best first by exact cosine; ``queries`` (queries, dim) unit rows.
+        A query the PQ index found fewer than k entities for has id -1 (score -inf) in the rest."""
+        _, cand = self.index.search(queries, self.candidates(k))  # (queries, candidates), -1 where none
+        exact = np.empty(cand.shape, np.float32)  # (queries, candidates)
+        rows = max(1, self.BLOCK_BYTES // max(1, 4 * cand.shape[1] * self.d))
+        for s in range(0, len(cand), rows):
+            vectors = self.table[np.maximum(cand[s: s + rows], 0)]  # (block, candidates, dim): the rows read
+            exact[s: s + rows] = np.einsum("bd,bcd->bc", queries[s: s + rows], vectors)
+        exact[cand < 0] = -np.inf
+        order = np.argsort(-exact, axis=1, kind="stable")[:, :k]  # (queries, k)
+        return np.take_along_axis(exact, order, 1), np.take_along_axis(cand, order, 1).astype(np.int64)
+
+
+def with_rescore(index, table: np.ndarray | None, params: dict):
+    """``index`` searched as ``params`` say: a :class:`RescoredIndex` over ``table`` when ``params["rescore"]`` is
+    above 1 (ivfpq), else ``index`` itself. An ivfpq whose meta.json predates ``rescore`` is searched without it."""
+    factor = params.get("rescore") or 1
+    if factor <= 1 or table is None:
+        return index
+    return RescoredIndex(index, table, factor)
+
+
 class IndexType:
     """One FAISS structure: its recipe keys (``build``: fixed once built; ``search``: applied at load), whether
     FAISS has a GPU version, the FAISS factory string, and how its parameters are resolved for a size."""
@@ -206,8 +269,9 @@ class IVF(IndexType):
 class IVFPQ(IVF):
     name = "ivfpq"
     Options = IvfPqOptions
-    build = ("nlist", "pq_bytes", "train_size")
-    summary = "ivf whose vectors are product-quantised to pq_bytes bytes (IndexIVFPQ)"
+    build, search = ("nlist", "pq_bytes", "train_size"), ("nprobe", "rescore")
+    summary = ("ivf whose vectors are product-quantised to pq_bytes bytes (IndexIVFPQ), its top k × rescore re-scored "
+               "exactly against the memory-mapped entity table")
     faiss_classes = ("IndexIVFPQ", "GpuIndexIVFPQ")
     min_train, train_what = 2 ** 8, " and 256-centroid codebooks"
 
@@ -223,6 +287,9 @@ class IVFPQ(IVF):
             raise KGCError(f"index.type=ivfpq needs at least {2 ** PQ_BITS} entities to train its codebooks; this "
                            f"index has {entities}. Use index.type=flat (exact) or ivf.")
         params["pq_bytes"] = pq
+
+    def resolve(self, config, entities, dim):
+        return {**super().resolve(config, entities, dim), "rescore": config.rescore or 1}  # null: 1, off
 
     def prepare(self, index, params):
         index.do_polysemous_training = False  # the factory's default: minutes of annealing, unused by our search
@@ -330,6 +397,8 @@ def gpu_available(kind: str = "ivf") -> bool:
 
 
 def on_gpu(index) -> bool:
+    if isinstance(index, RescoredIndex):
+        return on_gpu(index.index)
     if isinstance(index, ExactIndex):
         return index.device.type == "cuda"
     return type(index).__name__.startswith("Gpu")
@@ -366,6 +435,8 @@ def to_device(index, kind: str, device: str = "auto") -> tuple[object, str]:
 
 
 def to_cpu(index):
+    if isinstance(index, RescoredIndex):
+        return RescoredIndex(to_cpu(index.index), index.table, index.factor)
     if isinstance(index, ExactIndex):
         return index.to("cpu")
     return faiss_module().index_gpu_to_cpu(index) if on_gpu(index) else index
@@ -373,6 +444,8 @@ def to_cpu(index):
 
 def type_of(index) -> str | None:
     """The registry name of an index object (None for a structure this module does not build)."""
+    if isinstance(index, RescoredIndex):
+        return type_of(index.index)
     return "flat" if isinstance(index, ExactIndex) else _FAISS_CLASS.get(type(index).__name__)
 
 
@@ -410,24 +483,33 @@ def build(vectors: np.ndarray, params: dict, *, seed: int = 0, device: str = "au
 
 
 def set_search_params(index, params: dict) -> None:
-    """Apply ``nprobe`` / ``ef_search`` from ``params`` to a loaded or freshly built index."""
-    if not search_params(params):
+    """Apply ``nprobe`` / ``ef_search`` from ``params`` to a loaded or freshly built FAISS index (``rescore`` is
+    not FAISS's: :func:`with_rescore` applies it)."""
+    if isinstance(index, RescoredIndex):
+        index.factor = params.get("rescore") or 1
+        index = index.index
+    settings = {k: v for k, v in search_params(params).items() if k in FAISS_PARAMETER}
+    if not settings:
         return
     faiss = faiss_module()
     space = faiss.GpuParameterSpace() if on_gpu(index) else faiss.ParameterSpace()
-    for key, value in search_params(params).items():
+    for key, value in settings.items():
         space.set_index_parameter(index, FAISS_PARAMETER[key], value)
 
 
 def index_bytes(index) -> int:
-    """Size of the index's serialised (CPU) form: what it holds in memory, give or take a few KB of headers."""
+    """Size of the index's serialised (CPU) form: what it holds in memory, give or take a few KB of headers (a
+    :class:`RescoredIndex`: its FAISS index; the memory-mapped table is not counted)."""
+    if isinstance(index, RescoredIndex):
+        index = index.index
     if isinstance(index, ExactIndex):
         return index.ntotal * index.d * 4
     return int(faiss_module().serialize_index(to_cpu(index)).nbytes)
 
 
 def search_index(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top ``k`` of every query: ``(scores, ids)``, both (queries, k), best first; scores are cosines.
+    """Top ``k`` of every query: ``(scores, ids)``, both (queries, k), best first; scores are cosines (exact ones,
+    but for an ivfpq index without re-scoring: the cosines with its compressed vectors).
 
     ``queries`` (queries, dim) or (dim,), unit rows. ``k`` is capped at the index size; an approximate index
     may return fewer than ``k`` hits for a query (the rest have id -1)."""
