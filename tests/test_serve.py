@@ -201,6 +201,19 @@ def test_entities_relations_info_and_pages(client, lp_run):
     assert r.status_code == 400 and "biencoder" in r.json()["detail"]  # nothing to explain in a bi-encoder
 
 
+def test_a_large_graph_searches_names_by_prefix(lp_run, monkeypatch):
+    import kgc.linkpred.serving as serving
+
+    monkeypatch.setattr(serving, "PREFIX_ENTITIES", 0)  # as above 200,000 entities: sorted names, bisection
+    service = serving.LinkPredServing(lp_run)
+    service._warm()
+    hits = service.search_names("VIR", 5)
+    graph = lp_run.graph()
+    want = sorted((i for i, (n, e) in enumerate(zip(graph.names, graph.entities))
+                   if n.lower().startswith("vir") or e.lower().startswith("vir")), key=lambda i: graph.names[i].lower())
+    assert [h["id"] for h in hits] == [graph.entities[i] for i in want[:5]] and hits[0]["id"] == "virus"
+
+
 def test_api_docs_work_offline(client):
     """/docs (Swagger UI) and /redoc (ReDoc) name no asset on another host, so they render without internet: every
     script, stylesheet and icon is a path of this server, which serves it; the OpenAPI document they read loads, with

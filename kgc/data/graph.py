@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,10 +26,16 @@ import scipy.sparse as sp
 from kgc.data.catalog import find_dataset
 from kgc.errors import KGCError, UnknownName
 
+if TYPE_CHECKING:
+    from kgc.data.ragged import Ragged
+
 # a head that names no entity but is spelt this close (difflib ratio, case ignored) to an entity's id or name is
 # taken for a typo of it: 0.8 is one letter dropped, added or swapped in a 5-letter name ("Lisbn" ~ "lisbon" 0.91,
 # "virsu" ~ "virus" 0.8), while a description ("a city on the Atlantic coast") stays well below
 NEAR_MISS = 0.8
+# above this many ids and names, near misses come from a word index's candidates (kgc/data/spelling.py), not from
+# difflib over every one (about 0.5 s per 100,000 spellings)
+BRUTE_SPELLINGS = 100_000
 
 SPLIT_FILES = {"train": ("train.tsv", "train.txt"), "dev": ("dev.tsv", "valid.txt", "valid.tsv", "dev.txt"),
                "test": ("test.tsv", "test.txt")}
@@ -43,11 +49,26 @@ class AnswerIndex:
     CSR rows of just those queries (``searchsorted``)."""
 
     def __init__(self, hr_keys: np.ndarray, answers: np.ndarray, num_entities: int) -> None:
-        pairs = np.unique(np.stack([hr_keys.astype(np.int64), answers.astype(np.int64)], axis=1), axis=0)
-        self.keys, starts = np.unique(pairs[:, 0], return_index=True)  # (K,) sorted distinct query keys
+        hr_keys, answers = hr_keys.astype(np.int64), answers.astype(np.int64)
+        if len(hr_keys) and int(hr_keys.max()) < np.iinfo(np.int64).max // max(1, num_entities) - 1:
+            flat = np.sort(hr_keys * num_entities + answers)  # one int64 per pair: a plain sort, not rows
+            flat = flat[np.concatenate([[True], flat[1:] != flat[:-1]])]
+            pairs = np.stack([flat // num_entities, flat % num_entities], axis=1)
+        else:
+            pairs = np.unique(np.stack([hr_keys, answers], axis=1), axis=0)
+        first = np.flatnonzero(np.concatenate([[True], pairs[1:, 0] != pairs[:-1, 0]])) if len(pairs) else \
+            np.zeros(0, dtype=np.int64)
+        self.keys, starts = pairs[first, 0], first  # (K,) sorted distinct query keys, where each starts
         self.indptr = np.append(starts, len(pairs)).astype(np.int64)  # (K + 1,)
         self.answers = pairs[:, 1]  # (pairs,) sorted within each key
         self.num_entities = num_entities
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], num_entities: int) -> "AnswerIndex":
+        index = cls.__new__(cls)
+        index.keys, index.indptr, index.answers = arrays["keys"], arrays["indptr"], arrays["answers"]
+        index.num_entities = num_entities
+        return index
 
     def __getitem__(self, hr_keys: np.ndarray) -> sp.csr_matrix:
         """(batch, entities) boolean CSR: row i holds the known answers of query key ``hr_keys[i]``."""
@@ -74,6 +95,7 @@ class KnowledgeGraph:
     source: str = ""
     layout: str = ""  # "KG-BERT" or "PyKEEN label TSV" (read_graph)
     notes: list[str] = field(default_factory=list)  # the fallbacks read_graph took, for kgc data check / train
+    cache_dir: Path | None = field(default=None, repr=False, compare=False)  # its graph cache (kgc.data.graph_cache)
     entity_index: dict[str, int] = field(init=False)
     relation_index: dict[str, int] = field(init=False)
 
@@ -124,8 +146,14 @@ class KnowledgeGraph:
     def all_answers(self) -> "AnswerIndex":
         """Filter index: ``all_answers[hr_keys]`` is a (batch, entities) sparse matrix of every known answer from
         train + dev + test to each query ``h * 2R + r``."""
-        q = np.concatenate([self.both_directions(s) for s in ("train", "dev", "test")], axis=0)
-        return AnswerIndex(self.hr_keys(q[:, 0], q[:, 1]), q[:, 2], self.num_entities)
+        from kgc.data import graph_cache
+
+        def arrays() -> dict[str, np.ndarray]:
+            q = np.concatenate([self.both_directions(s) for s in ("train", "dev", "test")], axis=0)
+            index = AnswerIndex(self.hr_keys(q[:, 0], q[:, 1]), q[:, 2], self.num_entities)
+            return {"keys": index.keys, "indptr": index.indptr, "answers": index.answers}
+
+        return AnswerIndex.from_arrays(graph_cache.derived(self, "answers", arrays), self.num_entities)
 
     @cached_property
     def train_keys(self) -> np.ndarray:
@@ -135,14 +163,35 @@ class KnowledgeGraph:
         return np.unique(keys)
 
     @cached_property
-    def train_neighbors(self) -> list[list[int]]:
-        """Undirected train-graph neighbours of every entity, sorted by entity label (SimKGC's order)."""
-        t = self.splits["train"]
-        nbrs: list[set[int]] = [set() for _ in range(self.num_entities)]
-        for h, _, tl in t:
-            nbrs[h].add(int(tl))
-            nbrs[tl].add(int(h))
-        return [sorted(s, key=lambda i: self.entities[i]) for s in nbrs]
+    def train_neighbors(self) -> "Ragged":
+        """Undirected train-graph neighbours of every entity, each list sorted by entity label (SimKGC's order), as
+        a :class:`~kgc.data.ragged.Ragged` (two arrays, not a list per entity: Wikidata5M has 4.6M entities)."""
+        from kgc.data import graph_cache
+        from kgc.data.ragged import Ragged
+
+        arrays = graph_cache.derived(self, "neighbors", self._neighbor_arrays)
+        return Ragged(arrays["values"], arrays["offsets"])
+
+    def _neighbor_arrays(self) -> dict[str, np.ndarray]:
+        from kgc.data.ragged import Ragged
+
+        t, n = self.splits["train"], self.num_entities
+        rank = np.empty(n, dtype=np.int64)
+        rank[self.label_order] = np.arange(n, dtype=np.int64)
+        a = np.concatenate([t[:, 0], t[:, 2]])
+        b = np.concatenate([t[:, 2], t[:, 0]])
+        keys = a * n + rank[b]
+        del a, b
+        keys.sort()
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if len(keys) else keys  # one per pair
+        lengths = np.bincount(keys // n, minlength=n)
+        neighbors = Ragged.from_lengths(self.label_order[keys % n].astype(np.int32), lengths)
+        return {"values": neighbors.values, "offsets": neighbors.offsets}
+
+    @cached_property
+    def label_order(self) -> np.ndarray:
+        """Entity ids sorted by their labels (code points, as Python sorts strings)."""
+        return np.argsort(np.array(self.entities), kind="stable").astype(np.int64)
 
     def unseen_in_train(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(entity ids, forward relation ids) that occur in ``split`` but in no train triple, sorted."""
@@ -156,9 +205,8 @@ class KnowledgeGraph:
         are an error listing them)."""
         if query in self.entity_index:
             return self.entity_index[query]
-        for match in (lambda s: s == query, lambda s: s.lower() == query.lower()):
-            hits = sorted({i for i, (n, d) in enumerate(zip(self.names, self.full_texts))
-                           if match(n) or match(d)})
+        for fold in (False, True):
+            hits = self._exact_names.find(query, fold=fold)
             if len(hits) == 1:
                 return hits[0]
             if len(hits) > 1:
@@ -185,13 +233,19 @@ class KnowledgeGraph:
     def near_misses(self, query: str, n: int = 5, cutoff: float = NEAR_MISS) -> list[str]:
         """Entities whose id or name is spelt like ``query`` (difflib ratio ≥ ``cutoff``, case and surrounding
         blanks ignored), best first: each as a string that resolves back to that entity (its name when the name
-        names it alone, else its id)."""
+        names it alone, else its id). Above :data:`BRUTE_SPELLINGS` ids and names, the names holding the query's
+        words or words spelt like them are compared (:class:`kgc.data.spelling.NameIndex`, milliseconds at
+        millions of entities), not every id and name: a typo in an id is then not suggested."""
         import difflib
 
         m = difflib.SequenceMatcher(autojunk=False)
         m.set_seq2(query.lower().strip())
         best: dict[int, float] = {}
-        for i, spelling in self._spellings:
+        if 2 * self.num_entities > BRUTE_SPELLINGS:  # the names sharing the query's words, not a pass over all
+            spellings = [(i, self.names[i].lower()) for i in self._name_index.candidates(query.strip()).tolist()]
+        else:
+            spellings = self._spellings
+        for i, spelling in spellings:
             m.set_seq1(spelling)
             if m.real_quick_ratio() >= cutoff and m.quick_ratio() >= cutoff:
                 r = m.ratio()
@@ -206,6 +260,20 @@ class KnowledgeGraph:
         for i, (e, name) in enumerate(zip(self.entities, self.names)):
             out += [(i, s) for s in dict.fromkeys((name.lower(), e.lower())) if s]
         return out
+
+    @cached_property
+    def _name_index(self):
+        """The word index of the names (kgc.data.spelling), built on the first near miss of a large graph."""
+        from kgc.data.spelling import NameIndex
+
+        return NameIndex(self.names)
+
+    @cached_property
+    def _exact_names(self):
+        """Entities by exact name or full text, as given or lower-cased (kgc.data.spelling)."""
+        from kgc.data.spelling import ExactNames
+
+        return ExactNames([self.names, self.full_texts])
 
     def resolvable(self, i: int) -> str:
         """Entity ``i`` as a string :meth:`lookup_entity` resolves to it: its name when unambiguous, else its id."""
@@ -365,12 +433,14 @@ def _read_entity_texts(path: Path, *, names_only: bool) -> tuple[dict[str, tuple
 
 
 def _read_triples(path: Path, entities: dict[str, int], relations: dict[str, int], *, grow: bool,
-                  ent_file: Path) -> np.ndarray:
+                  ent_file: Path, labels: dict | None = None) -> np.ndarray:
     """A split as ``(n, 3)`` int64 ids, streamed into a flat buffer (no per-line Python lists kept).
 
     Entity ids come from ``entities`` (an unknown one is an error, or gets the next id when ``grow``);
     relations are numbered in first-seen order into ``relations`` (the caller renumbers them).
     """
+    if not grow and (fast := _clean_triples(path, entities, relations, {} if labels is None else labels)) is not None:
+        return fast
     ids = array("q")
     for lineno, (h, r, t) in _iter_rows(path, 3):
         if not (h and r and t):
@@ -384,6 +454,121 @@ def _read_triples(path: Path, entities: dict[str, int], relations: dict[str, int
                 entities[ent] = len(entities)
         ids.extend((entities[h], relations.setdefault(r, len(relations)), entities[t]))
     return np.frombuffer(ids, dtype=np.int64).reshape(-1, 3) if ids else np.empty((0, 3), dtype=np.int64)
+
+
+FAST_LABEL_BYTES = 64  # the array reader handles labels up to this long; longer ones go line by line
+_LINES_PER_PASS = 2_000_000
+
+
+_MIX = np.random.default_rng(20261126).integers(1, 2 ** 63, FAST_LABEL_BYTES // 8, dtype=np.uint64) * 2 + 1
+
+
+def _hash(labels: np.ndarray) -> np.ndarray:
+    """A uint64 per fixed-width byte string: its 8-byte words times odd constants, summed (wrapping). One word (labels
+    of up to 8 bytes, as Wikidata5M's ``Q12345678``) maps one to one; longer ones are checked for collisions."""
+    width = labels.dtype.itemsize
+    words = -(-width // 8)
+    chars = np.zeros((len(labels), words * 8), dtype=np.uint8)
+    chars[:, :width] = labels.view(np.uint8).reshape(len(labels), width)
+    with np.errstate(over="ignore"):
+        return (chars.view(np.uint64) * _MIX[:words]).sum(axis=1, dtype=np.uint64)
+
+
+class _Labels:
+    """Entity labels sorted by a 64-bit hash, for :func:`_clean_triples`' look-ups (built once per graph read, only
+    when a split is large enough to need it); None from :meth:`build` when two labels share a hash."""
+
+    def __init__(self, raw: np.ndarray, keys: np.ndarray) -> None:
+        self.order = np.argsort(keys, kind="stable")
+        self.keys, self.raw = keys[self.order], raw[self.order]
+
+    @classmethod
+    def build(cls, entities: dict[str, int]) -> "_Labels | None":
+        encoded = [e.encode("utf-8") for e in entities]
+        if max(map(len, encoded)) > FAST_LABEL_BYTES:
+            return None
+        raw = np.array(encoded, dtype=bytes)
+        labels = cls(raw, _hash(raw))
+        return labels if (np.diff(labels.keys) != 0).all() else None
+
+    def ids(self, labels: np.ndarray) -> np.ndarray | None:
+        """Entity ids of ``labels`` (fixed-width bytes), or None when one is not a label."""
+        needles = _hash(labels)
+        order = np.argsort(needles)  # sorted needles search several times faster (the bounds carry over)
+        at = np.empty(len(needles), dtype=np.int64)
+        at[order] = np.minimum(np.searchsorted(self.keys, needles[order]), len(self.keys) - 1)
+        if not (self.raw[at] == labels).all():  # the hash found a label: is it this one, byte for byte
+            return None
+        return self.order[at]
+
+
+def _fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The byte ranges ``buf[starts[i]:ends[i]]`` as one fixed-width ``S`` array (ranges are ≤ FAST_LABEL_BYTES)."""
+    from kgc.data.ragged import spans
+
+    lengths = ends - starts
+    width = int(lengths.max())
+    chars = np.zeros(len(starts) * width, dtype=np.uint8)
+    chars[spans(np.arange(len(starts), dtype=np.int64) * width, lengths)] = buf[spans(starts, lengths)]
+    return chars.view(f"S{width}")
+
+
+def _clean_triples(path: Path, entities: dict[str, int], relations: dict[str, int], cache: dict) -> np.ndarray | None:
+    """A split read with array operations (Wikidata5M's 20M lines in seconds, not minutes), or None when the file
+    is not plainly clean — every line ``head<TAB>relation<TAB>tail<LF>``, no blank line, no CR, no byte-order mark,
+    no space or non-ASCII byte at a field's edge, every head and tail a known label of at most
+    :data:`FAST_LABEL_BYTES` bytes, relations UTF-8 — and the line-by-line reader then reads it (and names the line
+    at fault, if any). What it returns is what that reader would: the same ids, relations numbered in first-seen
+    order into ``relations``."""
+    try:
+        if path.stat().st_size < 1_000_000 or len(entities) == 0:
+            return None  # small files: the line reader is quick, and it is the one that explains
+        buf = np.fromfile(path, dtype=np.uint8)
+    except OSError:
+        return None
+    if buf[-1] != 10:
+        buf = np.append(buf, np.uint8(10))
+    if buf[:3].tobytes() == b"\xef\xbb\xbf" or (buf == 13).any() or (buf == 0).any():
+        return None
+    nl = np.flatnonzero(buf == 10)
+    tabs = np.flatnonzero(buf == 9)
+    if len(tabs) != 2 * len(nl):
+        return None
+    starts = np.concatenate([[0], nl[:-1] + 1])
+    t1, t2 = tabs[0::2], tabs[1::2]
+    if not ((starts < t1) & (t1 + 1 < t2) & (t2 + 1 < nl)).all():  # two tabs a line, no field empty
+        return None
+    edges = buf[np.concatenate([starts, t1 - 1, t1 + 1, t2 - 1, t2 + 1, nl - 1])]
+    if ((edges <= 32) | (edges >= 128)).any():  # whitespace (or anything not ASCII) where a field starts or ends
+        return None
+    if max(int((t1 - starts).max()), int((nl - t2 - 1).max())) > FAST_LABEL_BYTES:
+        return None
+    if "labels" not in cache:  # built once for the splits of one graph (``cache``: the caller's, per read)
+        cache["labels"] = _Labels.build(entities)
+    if (labels := cache["labels"]) is None:
+        return None
+    out = np.empty((len(nl), 3), dtype=np.int64)
+    for a in range(0, len(nl), _LINES_PER_PASS):
+        b = min(a + _LINES_PER_PASS, len(nl))
+        heads, tails = labels.ids(_fields(buf, starts[a:b], t1[a:b])), labels.ids(_fields(buf, t2[a:b] + 1, nl[a:b]))
+        if heads is None or tails is None:
+            return None
+        fields = _fields(buf, t1[a:b] + 1, t2[a:b])
+        if fields.dtype.itemsize > FAST_LABEL_BYTES:
+            return None
+        _, first, inverse = np.unique(_hash(fields), return_index=True, return_inverse=True)
+        rels = fields[first]
+        if not (rels[inverse.ravel()] == fields).all():  # two relations under one hash
+            return None
+        try:
+            names = [r.decode("utf-8") for r in rels]
+        except UnicodeDecodeError:
+            return None
+        ids = np.empty(len(rels), dtype=np.int64)
+        for j in np.argsort(first, kind="stable"):  # first-seen order, as the line reader numbers them
+            ids[j] = relations.setdefault(names[j], len(relations))
+        out[a:b, 0], out[a:b, 1], out[a:b, 2] = heads, ids[inverse.ravel()], tails
+    return out
 
 
 def _split_path(folder: Path, split: str) -> Path:
@@ -404,11 +589,23 @@ def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[
     """The graph of a KG-BERT or PyKEEN label-TSV folder; ``optional_splits`` may be absent (read as empty): an
     inductive test folder needs no train split. Every fallback taken is listed in ``graph.notes`` (``kgc data
     check`` and ``kgc train`` print them); a folder that looks half KG-BERT (texts for relations but not for
-    entities) is an error, not a fallback."""
+    entities) is an error, not a fallback. A graph of 100,000 entities or more is kept in the graph cache
+    (:mod:`kgc.data.graph_cache`) and read from there while the folder's files stay as they are."""
+    from kgc.data import graph_cache
+
     folder = Path(folder)
     if not folder.is_dir():
         raise KGCError(f"{folder}: not a folder. A dataset is a folder of train/dev/test triples and texts "
                        "(docs/own-graph.md).")
+    options = {"long_text": long_text, "optional_splits": sorted(optional_splits)}
+    if (cached := graph_cache.load(folder, options)) is not None:
+        return KnowledgeGraph(**cached)
+    graph = _parse_graph(folder, long_text=long_text, optional_splits=optional_splits)
+    graph_cache.store(graph, folder, options)
+    return graph
+
+
+def _parse_graph(folder: Path, *, long_text: bool, optional_splits: tuple[str, ...]) -> KnowledgeGraph:
     paths = {s: _split_path(folder, s) for s in SPLIT_FILES
              if s not in optional_splits or any((folder / f).exists() for f in SPLIT_FILES[s])}
     ent_file, rel_file, long_file = (folder / "entity2text.txt", folder / "relation2text.txt",
@@ -451,7 +648,8 @@ def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[
     # Triples stream straight into id arrays (Wikidata5M's 20M lines never sit in memory as Python lists).
     ent_index = {e: i for i, e in enumerate(entities)}
     first_seen: dict[str, int] = {}  # relation → provisional id, in first-seen order
-    splits = {s: _read_triples(paths[s], ent_index, first_seen, grow=not kgbert, ent_file=ent_file)
+    labels: dict = {}
+    splits = {s: _read_triples(paths[s], ent_index, first_seen, grow=not kgbert, ent_file=ent_file, labels=labels)
               if s in paths else np.empty((0, 3), dtype=np.int64) for s in SPLIT_FILES}
     if not kgbert:
         entities = list(ent_index)

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import islice
+from typing import Iterable, Sequence
+
+import numpy as np
 
 import torch
 
 from kgc.data.graph import KnowledgeGraph
+from kgc.data import token_cache
+from kgc.data.ragged import Ragged, spans
+
+_CACHED = ("base", "base_colon", "name_ids", "short")
 
 
 @dataclass(frozen=True)
@@ -110,22 +117,67 @@ def _find(hay: list[int], needle: list[int], start: int = 0) -> int:
     raise ValueError("tokenizer template: marker not found")
 
 
+CHUNK = 65_536  # texts tokenised per call: the tokenizer's Python lists never hold more than this many at once
+
+
+def tokenize(tokenizer, texts: Iterable[str], count: int) -> Ragged:
+    """The token ids (no special tokens) of ``count`` texts, tokenised a chunk at a time into one Ragged."""
+    texts = iter(texts)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)  # the Rust tokenizer without character offsets: 1.5× faster
+    parts = []
+    for start in range(0, count, CHUNK):
+        chunk = list(islice(texts, min(CHUNK, count - start)))
+        ids = ([e.ids for e in fast(chunk, add_special_tokens=False)] if fast is not None
+               else tokenizer(chunk, add_special_tokens=False)["input_ids"])
+        parts.append(Ragged.from_lists(ids))
+    return Ragged.concat(parts)
+
+
 def _entity_token_ids(graph: KnowledgeGraph, entities: range, tokenizer, short_description_words: int):
     """(base, base_colon, name_ids, short) for ``entities``: the token ids of "name: description", of the same
-    with the colon a neighbour list needs ("name:" for a name with no description), of the name alone, and
-    whether the description is short enough to get neighbour names."""
-    if not entities:
-        return [], [], [], []
-    tok = lambda texts: tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
-    names, descriptions = graph.names, graph.descriptions
-    return (tok(graph.full_texts[e] for e in entities),
-            tok(f"{names[e]}: {descriptions[e]}" if descriptions[e] else f"{names[e]}:" for e in entities),
-            tok(names[e] for e in entities),
-            [len(descriptions[e].split()) < short_description_words for e in entities])
+    with the colon a neighbour list needs ("name:" for a name with no description: only those are tokenised
+    again), of the name alone, and whether the description is short enough to get neighbour names."""
+    names, descriptions, full = graph.names, graph.descriptions, graph.full_texts
+    n = len(entities)
+    base = tokenize(tokenizer, (full[e] for e in entities), n)
+    bare = np.fromiter((not descriptions[e] for e in entities), dtype=bool, count=n)
+    if bare.any():
+        rows = np.flatnonzero(bare)
+        colons = tokenize(tokenizer, (f"{names[entities[i]]}:" for i in rows), len(rows))
+        lengths = base.lengths.copy()
+        lengths[rows] = colons.lengths
+        keep = np.repeat(~bare, base.lengths)  # every described entity's ids as they are, the others' anew
+        values = np.empty(int(lengths.sum()), dtype=base.values.dtype)
+        base_colon = Ragged.from_lengths(values, lengths)
+        values[spans(base_colon.offsets[:-1][~bare], lengths[~bare])] = base.values[keep]
+        values[spans(base_colon.offsets[:-1][rows], colons.lengths)] = colons.values
+    else:
+        base_colon = base
+    name_ids = tokenize(tokenizer, (names[e] for e in entities), n)
+    short = np.fromiter((len(descriptions[e].split()) < short_description_words for e in entities), dtype=bool,
+                        count=n)
+    return base, base_colon, name_ids, short
+
+
+class EntityTexts(Sequence):
+    """Every entity's evaluation-time token ids, ``bank.entity_ids(e)`` read when asked (not a list of millions)."""
+
+    def __init__(self, bank: "TextBank") -> None:
+        self.bank = bank
+
+    def __len__(self) -> int:
+        return self.bank.graph.num_entities
+
+    def __getitem__(self, e):
+        if isinstance(e, slice):
+            return [self.bank.entity_ids(i) for i in range(*e.indices(len(self)))]
+        return self.bank.entity_ids(e)
 
 
 class TextBank:
-    """Token ids for every entity and relation text of a graph (tokenised once, no special tokens)."""
+    """Token ids for every entity and relation text of a graph (tokenised once, no special tokens), held as
+    :class:`~kgc.data.ragged.Ragged` arrays."""
 
     def __init__(self, graph: KnowledgeGraph, tokenizer, *, max_tokens: int = 50, neighbor_text: bool = True,
                  max_neighbors: int = 10, short_description_words: int = 20) -> None:
@@ -136,13 +188,32 @@ class TextBank:
         self.max_neighbors = max_neighbors if neighbor_text else 0
         # "name: description"; a name with no description gets its colon only when neighbours follow
         self.short_description_words = short_description_words
-        self.base, self.base_colon, self.name_ids, self.short = _entity_token_ids(
-            graph, range(graph.num_entities), tokenizer, short_description_words)
+        self._cache_key: str | None = None
+        cached = None
+        if token_cache.wanted(graph):  # millions of entities: tokenised once, then memory-mapped
+            self._cache_key = token_cache.texts_key(graph, self.tokenizer_hash, short_description_words)
+            cached = token_cache.load(self._cache_key)
+        if cached is None:
+            self.base, self.base_colon, self.name_ids, self.short = _entity_token_ids(
+                graph, range(graph.num_entities), tokenizer, short_description_words)
+            if self._cache_key is not None:
+                token_cache.store(self._cache_key, {"base": self.base, "base_colon": self.base_colon,
+                                                    "name_ids": self.name_ids, "short": self.short})
+        else:
+            self.base, self.base_colon, self.name_ids, self.short = (cached[k] for k in _CACHED)
         self.relation_ids = tokenizer([graph.relation_text(r) for r in range(2 * graph.num_relations)],
                                       add_special_tokens=False)["input_ids"]
-        nbrs = graph.train_neighbors if self.max_neighbors else [[] for _ in graph.names]
-        self.neighbors = [n[: self.max_neighbors] for n in nbrs]
+        n = graph.num_entities
+        self.neighbors = (graph.train_neighbors.head(self.max_neighbors) if self.max_neighbors
+                          else Ragged(np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64)))
         self._fingerprint: str | None = None
+        if cached is not None:
+            self._fingerprint = cached["fingerprints"].get(self._neighbors_key())
+
+    def _neighbors_key(self) -> str:
+        """What the fingerprint depends on besides the texts: the neighbour rule and the train triples."""
+        train = np.ascontiguousarray(self.graph.splits["train"])
+        return f"{self.max_neighbors}:{hashlib.sha256(train.data).hexdigest()}"
 
     def extended(self, graph: KnowledgeGraph, tokenizer) -> "TextBank":
         """A bank over ``graph`` = this bank's graph with entities appended (``kgc index --add``); only the new
@@ -158,10 +229,38 @@ class TextBank:
         bank = copy.copy(self)
         bank.graph = graph
         bank.base, bank.base_colon = self.base + base, self.base_colon + colon
-        bank.name_ids, bank.short = self.name_ids + name_ids, self.short + short
-        bank.neighbors = self.neighbors + [[] for _ in new]
-        bank._fingerprint = None  # other entities: hashed anew
+        bank.name_ids, bank.short = self.name_ids + name_ids, np.concatenate([self.short, short])
+        bank.neighbors = Ragged(self.neighbors.values, np.concatenate(
+            [self.neighbors.offsets, np.full(len(new), self.neighbors.offsets[-1])]))
+        bank._fingerprint, bank._cache_key = None, None  # other entities: hashed anew, not cached
         return bank
+
+    @property
+    def texts(self) -> EntityTexts:
+        """Every entity's evaluation-time token ids, as a read-only sequence."""
+        return EntityTexts(self)
+
+    def eval_lengths(self) -> np.ndarray:
+        """(entities,) ``len(self.entity_ids(e))`` of every entity, computed on the arrays (no list per entity)."""
+        grows = self.short & (self.neighbors.lengths > 0)
+        lengths = self.base.lengths.copy()
+        if not grows.any():
+            return lengths
+        nb = self.neighbors
+        row = nb.row_of()
+        # the running length after each neighbour's name: the colon text, then the names one by one
+        step = self.name_ids.lengths[nb.values]
+        total = np.concatenate([[0], np.cumsum(step)])
+        within = total[1:] - np.repeat(total[nb.offsets[:-1]], nb.lengths)
+        running = self.base_colon.lengths[row] + within
+        big = np.iinfo(np.int64).max
+        reached = np.where(running >= self.max_tokens, running, big)  # the names stop once the text is full
+        rows = np.flatnonzero(nb.lengths > 0)
+        first = np.minimum.reduceat(reached, nb.offsets[rows])
+        last = running[nb.offsets[rows + 1] - 1]
+        grown = np.where(first < big, first, last)
+        lengths[rows[grows[rows]]] = grown[grows[rows]]
+        return lengths
 
     def entity_ids(self, e: int, exclude: int | None = None) -> list[int]:
         """Token ids (no specials) of entity ``e``'s text, leaving neighbour ``exclude`` out."""
@@ -195,7 +294,7 @@ class TextBank:
 
     def length_batches(self, batch_size: int) -> list[list[int]]:
         """Every entity id, in batches of similar evaluation-text length (little padding per batch)."""
-        order = sorted(range(self.graph.num_entities), key=lambda e: len(self.entity_ids(e)))
+        order = np.argsort(self.eval_lengths(), kind="stable").tolist()  # stable: ties keep id order, as sorted()
         return [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
 
     def fingerprint(self) -> str:
@@ -207,4 +306,6 @@ class TextBank:
                 h.update(str(self.entity_ids(e)).encode())
                 h.update(b"\n")
             self._fingerprint = h.hexdigest()
+            if self._cache_key is not None:
+                token_cache.store_fingerprint(self._cache_key, self._neighbors_key(), self._fingerprint)
         return self._fingerprint

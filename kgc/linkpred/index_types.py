@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Annotated, ClassVar, Literal, Optional, Union
 
 import numpy as np
@@ -109,8 +110,11 @@ class ExactIndex:
     is_trained = True
 
     def __init__(self, table: np.ndarray | torch.Tensor, device: str | torch.device | None = None) -> None:
-        if isinstance(table, np.ndarray):
-            table = torch.from_numpy(np.ascontiguousarray(table, dtype=np.float32))  # shares the array's memory
+        if isinstance(table, np.ndarray):  # shares the array's memory: a memory-mapped entities.npy stays mapped
+            table = np.ascontiguousarray(table, dtype=np.float32)
+            with warnings.catch_warnings():  # a read-only map: torch warns that writes would reach it; none do
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                table = torch.from_numpy(table)
         self.table = table.float() if device is None else table.float().to(device)  # (entities, dim)
 
     @property

@@ -92,10 +92,37 @@ class QueryError(KGCError):
                 setattr(self, attr, getattr(error, attr))
 
 
+PREFIX_ENTITIES = 200_000  # above this, /entities searches sorted names by bisection, not every name per request
+
+
+class _LazyPrefixes:
+    """A :class:`~kgc.data.spelling.Prefixes` of ``graph``, built on a thread at once (so the server starts without
+    waiting for it) together with the graph's word index for "did you mean"; a search before it is ready waits."""
+
+    def __init__(self, graph) -> None:
+        self._ready = threading.Event()
+        self._value = None
+        threading.Thread(target=self._build, args=(graph,), daemon=True, name="kgc-prefixes").start()
+
+    def _build(self, graph) -> None:
+        from kgc.data.spelling import Prefixes
+
+        try:
+            self._value = Prefixes(graph.names, graph.entities)
+            graph._name_index  # noqa: B018 — "did you mean" answers from it, built here rather than on a request
+        finally:
+            self._ready.set()
+
+    def find(self, prefix: str, limit: int) -> list[int]:
+        self._ready.wait()
+        return self._value.find(prefix, limit) if self._value is not None else []
+
+
 class LinkPredServing(Serving):
     def __init__(self, run) -> None:  # a LinkPredRun (its module imports this one)
         super().__init__(run)
         self._names: list[tuple[str, str, int]] = []  # (lower-case name, lower-case id, row) for /entities
+        self._prefixes: "_LazyPrefixes | None" = None  # instead of _names, for a graph of millions
         self._split_keys: "dict[str, Any] | None" = None  # sorted triple keys of dev and test (known_split)
         self._add_gate = threading.Lock()  # one add at a time
 
@@ -110,16 +137,20 @@ class LinkPredServing(Serving):
                 cache.store = False
 
     def _warm(self) -> None:
-        self._names = self._warmed(self.run)
+        self._names, self._prefixes = self._warmed(self.run)
 
     @staticmethod
-    def _warmed(run) -> list[tuple[str, str, int]]:
+    def _warmed(run) -> "tuple[list[tuple[str, str, int]], Any]":
         """Load what answers read in ``run`` — model, index, added entities, query engine, the graph's known
-        answers — so that no request pays for it; returns the name list /entities searches."""
+        answers — so that no request pays for it; returns what /entities searches: the name list, or for a graph
+        of more than :data:`PREFIX_ENTITIES` entities a :class:`~kgc.data.spelling.Prefixes` of the sorted names
+        and ids, with the word index behind "did you mean" (both built on a thread after the start)."""
         _, graph, _ = run.searcher(progress=False)  # the index is built first when missing or stale
         run.query_engine()
         graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
-        return [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))]
+        if graph.num_entities > PREFIX_ENTITIES:
+            return [], _LazyPrefixes(graph)
+        return [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))], None
 
     def info(self) -> dict[str, Any]:
         model = self.run.model()
@@ -215,6 +246,9 @@ class LinkPredServing(Serving):
         key = q.strip().lower()
         if not key:
             return []
+        if self._prefixes is not None:  # millions of names: sorted once, searched by bisection (no "contains")
+            hits = self._prefixes.find(key, limit)
+            return [{"id": graph.entities[i], "name": graph.names[i], "text": graph.full_texts[i]} for i in hits]
         starts, contains = [], []
         for name, ent, i in self._names:
             if name.startswith(key) or ent.startswith(key):
@@ -284,10 +318,10 @@ class LinkPredServing(Serving):
     def _swap_in(self) -> None:
         """Load the index as it is now on disk beside the one in use (queries go on), then swap it in at once."""
         fork = self.run.fork_search()
-        names = self._warmed(fork)  # before the swap, not by the first query after it
+        names, prefixes = self._warmed(fork)  # before the swap, not by the first query after it
         with self.lock:
             self.run.adopt_search(fork)
-            self._names = names
+            self._names, self._prefixes = names, prefixes
 
     def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
         """Test triples in both directions, shuffled: ``POST /predict`` of (head id, relation label, inverse)."""

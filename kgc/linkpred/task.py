@@ -166,7 +166,7 @@ class LinkPredTask(Task):
         from kgc.data.catalog import find_dataset
         from kgc.data.check import check_graph
         from kgc.data.graph import read_graph
-        from kgc.data.texts import SpecialTokens
+        from kgc.data.texts import SpecialTokens, tokenize
         from kgc.encoding.backbone import load_tokenizer, resolve_backbone
 
         d = recipe.data
@@ -174,7 +174,7 @@ class LinkPredTask(Task):
         graph = read_graph(folder, long_text=d.long_text)
         tokenizer = load_tokenizer(resolve_backbone(recipe.model.backbone))
         extra = SpecialTokens.from_tokenizer(tokenizer).n_single
-        lengths = [len(ids) + extra for ids in tokenizer(graph.full_texts, add_special_tokens=False)["input_ids"]]
+        lengths = tokenize(tokenizer, graph.full_texts, graph.num_entities).lengths + extra  # in chunks, as arrays
         return check_graph(graph, allow_unseen_relations=d.allow_unseen_relations).with_lengths(lengths, d.max_tokens)
 
     @classmethod
@@ -266,7 +266,7 @@ class LinkPredTask(Task):
     def data_summary(self, model) -> list[tuple[str, str]]:
         """``kgc data check``'s report of the training data, with the texts' token lengths from the model's bank."""
         bank = model.bank
-        lengths = [len(ids) + bank.special.n_single for ids in bank.base]
+        lengths = bank.base.lengths + bank.special.n_single
         return self.data_report.with_lengths(lengths, self.recipe.data.max_tokens).lines()
 
     def make_loss(self) -> "SimKGCLoss":

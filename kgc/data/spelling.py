@@ -1,0 +1,243 @@
+"""Near-miss spellings among millions of names in milliseconds: a character-bigram index in compact arrays.
+
+``kgc predict --head Lisbn`` says "did you mean Lisbon"; comparing the query with every entity's id and name by
+difflib is one pass over all of them (seconds at millions of entities). :class:`SpellingIndex` keeps, for each of
+the 65,536 byte bigrams, the sorted ids of the spellings that contain it (CSR: ``indptr`` and ``owners``, 4 bytes
+per distinct (bigram, spelling) pair), built with numpy in one vectorised pass. A query's candidates are the
+spellings that share the most of its bigrams (the rarest bigrams first, the few that occur in a large share of all
+spellings skipped when rarer ones exist); difflib then ranks only those, with the same cutoff. A spelling within
+difflib ratio 0.8 of the query (one letter dropped, added or swapped in a 5-letter name) shares most of its
+bigrams, so the name a typo came from is among the candidates. This is a departure from the full pass, on
+purpose: a spelling that reaches the cutoff while sharing few bigrams with the query (possible among thousands of
+near-identical names) can be left out of the five suggestions. ``tests/test_spelling.py`` checks, on generated
+names alike by design, that every typo's own name is suggested and the best suggestion is the full pass's best.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COMMON = 0.05  # a bigram in more than this share of all spellings is skipped when the query has rarer ones
+
+
+def _encoded(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes of every text padded with a blank each side, concatenated; the text each byte belongs to)."""
+    raw = [f" {t} ".encode("utf-8") for t in texts]
+    lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+    return np.frombuffer(b"".join(raw), dtype=np.uint8), np.repeat(np.arange(len(raw), dtype=np.int64), lengths)
+
+
+def bigrams(text: str) -> np.ndarray:
+    """The distinct byte-bigram ids (0..65535) of ``text`` padded with a blank each side."""
+    b = np.frombuffer(f" {text} ".encode("utf-8"), dtype=np.uint8).astype(np.int64)
+    return np.unique(b[:-1] << 8 | b[1:])
+
+
+class SpellingIndex:
+    """Bigram → spellings, over ``texts`` (already lower-cased); :meth:`candidates` of a query."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.size = len(texts)
+        buf, owner = _encoded(texts)
+        same = owner[:-1] == owner[1:]  # a bigram never spans two texts
+        keys = np.unique((buf[:-1].astype(np.int64) << 8 | buf[1:])[same] << 32 | owner[:-1][same])
+        del buf, owner, same
+        grams = keys >> 32
+        self.owners = (keys & 0xFFFFFFFF).astype(np.int32)  # (pairs,) sorted by bigram, then spelling
+        self.indptr = np.searchsorted(grams, np.arange(65537))  # (65537,): bigram g's spellings at [g], [g + 1]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.owners.nbytes + self.indptr.nbytes)
+
+    def candidates(self, query: str, limit: int = 2000) -> np.ndarray:
+        """Ids of at most ``limit`` spellings sharing the most bigrams with ``query`` (lower-cased), best first."""
+        grams = bigrams(query)
+        sizes = self.indptr[grams + 1] - self.indptr[grams]
+        grams, sizes = grams[sizes > 0], sizes[sizes > 0]
+        if len(grams) == 0:
+            return np.zeros(0, dtype=np.int64)
+        rare = sizes <= max(1, int(COMMON * self.size))
+        if rare.any():
+            grams = grams[rare]
+        hits = np.concatenate([self.owners[self.indptr[g]:self.indptr[g + 1]] for g in grams])
+        ids, counts = np.unique(hits, return_counts=True)
+        if len(ids) > limit:
+            keep = np.argpartition(-counts, limit - 1)[:limit]
+            ids, counts = ids[keep], counts[keep]
+        return ids[np.lexsort((ids, -counts))].astype(np.int64)
+
+
+WORD_CUTOFF = 0.7  # a query word is taken for a typo of a vocabulary word this close (difflib ratio)
+WORD_MATCHES = 5  # at most this many vocabulary words stand in for one query word
+BRUTE_WORDS = 20_000  # above this many distinct words, a word's near matches come from a SpellingIndex of them
+
+
+class NameIndex:
+    """Near-miss candidates among millions of multi-word names, by word: ``word → the names holding it`` (CSR,
+    4 bytes per (word, name) pair) and the distinct words themselves.
+
+    A bigram index answers slowly where names are many and alike (millions of names built from a few thousand
+    words: each bigram is in a large share of them). A typo changes one word of a name, so here each query word
+    stands for itself and for the vocabulary words spelt close to it (difflib ratio ≥ :data:`WORD_CUTOFF`, among
+    :data:`WORD_MATCHES`), and a candidate is a name that holds such a word for every query word but at most one.
+    The names that can qualify all hold a match of one of the rarest query words, so the look-up reads the
+    shortest postings first and checks the others by binary search. Names only, not ids: a typo in an opaque id
+    (``Q1234567``) is not a spelling mistake this finds (:meth:`KnowledgeGraph.near_misses` says so)."""
+
+    def __init__(self, names: list[str]) -> None:
+        from array import array
+
+        vocab: dict[str, int] = {}
+        word_ids, counts = array("i"), array("i")
+        for name in names:
+            words = name.lower().split()
+            counts.append(len(words))
+            word_ids.extend([vocab.setdefault(w, len(vocab)) for w in words])
+        owner = np.repeat(np.arange(len(names), dtype=np.int64), np.frombuffer(counts, dtype=np.int32))
+        keys = np.frombuffer(word_ids, dtype=np.int32).astype(np.int64) * max(1, len(names)) + owner
+        del owner, word_ids
+        keys.sort()
+        if len(keys):
+            keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]  # a name holding a word twice: once
+        self.words = list(vocab)
+        self.vocab = vocab
+        self.names = (keys % max(1, len(names))).astype(np.int32)  # (pairs,) by word, then name
+        self.indptr = np.searchsorted(keys // max(1, len(names)), np.arange(len(vocab) + 1))
+        self._word_index = SpellingIndex(self.words) if len(self.words) > BRUTE_WORDS else None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.names.nbytes + self.indptr.nbytes)
+
+    def similar_words(self, word: str) -> list[tuple[int, float]]:
+        """The vocabulary words standing for query word ``word``, with their difflib ratios: itself (1.0) if known,
+        and the closest spelt ones."""
+        import difflib
+
+        pool = (range(len(self.words)) if self._word_index is None
+                else self._word_index.candidates(word, limit=500).tolist())
+        m = difflib.SequenceMatcher(autojunk=False)
+        m.set_seq2(word)
+        scored = []
+        for j in pool:
+            m.set_seq1(self.words[j])
+            if m.real_quick_ratio() >= WORD_CUTOFF and m.quick_ratio() >= WORD_CUTOFF:
+                r = m.ratio()
+                if r >= WORD_CUTOFF:
+                    scored.append((-r, self.words[j], j))
+        return [(j, -r) for r, _, j in sorted(scored)[:WORD_MATCHES]]
+
+    def _pieces(self, word: str, shortest: int = 3) -> list[int]:
+        """Vocabulary words found in ``word`` left to right, the longest at each place (at least ``shortest``
+        letters): the words a query ran together, or lost a blank between."""
+        out, i = [], 0
+        while i <= len(word) - shortest:
+            j = next((j for j in range(len(word), i + shortest - 1, -1) if word[i:j] in self.vocab), None)
+            if j is None:
+                i += 1
+            else:
+                out.append(self.vocab[word[i:j]])
+                i = j
+        return out
+
+    def _postings(self, words: list[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted names holding one of ``words``, the best ratio among the words each holds)."""
+        if not words:
+            return np.zeros(0, dtype=np.int32), np.zeros(0)
+        names = [self.names[self.indptr[w]:self.indptr[w + 1]] for w, _ in words]
+        if len(names) == 1:
+            return names[0], np.full(len(names[0]), words[0][1])
+        ids = np.concatenate(names)
+        ratio = np.repeat([r for _, r in words], [len(p) for p in names])
+        order = np.lexsort((-ratio, ids))
+        ids, ratio = ids[order], ratio[order]
+        first = np.concatenate([[True], ids[1:] != ids[:-1]])
+        return ids[first], ratio[first]
+
+    def candidates(self, query: str, limit: int = 200) -> np.ndarray:
+        """Ids of at most ``limit`` names holding a match of every word of ``query`` but at most one, best first:
+        by the sum over the query's words of the ratio of the word standing for it (1 for the word itself)."""
+        matched = []
+        for w in query.lower().split():
+            similar = self.similar_words(w)
+            if similar:
+                matched.append(similar)
+            else:  # two words run together ("stormyxcomet"): the known words inside it
+                matched += [[(j, 1.0)] for j in self._pieces(w)] or [[]]
+        if not matched:
+            return np.zeros(0, dtype=np.int64)
+        postings = [self._postings(m) for m in matched]
+        need = max(1, len(matched) - 1)
+        order = np.argsort([len(p) for p, _ in postings], kind="stable")
+        seeds = [postings[k][0] for k in order[:len(matched) - need + 1]]
+        pool = seeds[0] if len(seeds) == 1 else np.unique(np.concatenate(seeds))
+        hits = np.zeros(len(pool), dtype=np.int32)
+        score = np.zeros(len(pool))
+        for ids, ratio in postings:
+            if len(ids):
+                at = np.minimum(np.searchsorted(ids, pool), len(ids) - 1)
+                found = ids[at] == pool
+                hits += found
+                score += np.where(found, ratio[at], 0.0)
+        keep = hits >= need
+        pool, score = pool[keep], score[keep]
+        best = np.lexsort((pool, -score))[:limit]
+        return pool[best].astype(np.int64)
+
+
+class ExactNames:
+    """Entities by exact text — a name or a full text, as given or lower-cased — without a dict of millions of
+    strings: Python's hash of each text, sorted (16 bytes per text), and the texts compared on a hit."""
+
+    def __init__(self, texts: list[list[str]]) -> None:
+        """``texts``: lists of one string per entity (e.g. names and full texts), each looked up."""
+        self.texts = texts
+        n = len(texts[0]) if texts else 0
+        hashes, owners = [], []
+        for column in texts:
+            for fold in (False, True):
+                hashes.append(np.fromiter((hash(t.lower() if fold else t) for t in column), dtype=np.int64,
+                                          count=n))
+                owners.append(np.arange(n, dtype=np.int64))
+        keys = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.int64)
+        owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.owner = keys[order], owner[order]
+
+    def find(self, query: str, *, fold: bool) -> list[int]:
+        """Sorted entity ids one of whose texts equals ``query`` (both lower-cased when ``fold``)."""
+        q = query.lower() if fold else query
+        lo, hi = np.searchsorted(self.keys, hash(q), "left"), np.searchsorted(self.keys, hash(q), "right")
+        out = set()
+        for i in self.owner[lo:hi].tolist():
+            if any((t[i].lower() if fold else t[i]) == q for t in self.texts):
+                out.add(i)
+        return sorted(out)
+
+
+class Prefixes:
+    """Entities whose name or id starts with what was typed (case ignored), by binary search in the lower-cased
+    names and ids sorted once — ``/entities`` of ``kgc serve`` at millions of entities, where a scan of every name
+    per keystroke would take a second."""
+
+    def __init__(self, names: list[str], ids: list[str]) -> None:
+        import bisect
+
+        self._bisect = bisect.bisect_left
+        self.columns = []
+        for texts in (names, ids):
+            lowered = [t.lower() for t in texts]
+            order = sorted(range(len(lowered)), key=lowered.__getitem__)
+            self.columns.append(([lowered[i] for i in order], np.asarray(order, dtype=np.int64)))
+
+    def find(self, prefix: str, limit: int) -> list[int]:
+        """Up to ``limit`` entity ids whose name, then whose id, starts with ``prefix`` (lower-cased), each once,
+        in the order of the sorted names and ids."""
+        key, out = prefix.lower(), {}
+        for texts, owner in self.columns:
+            at = self._bisect(texts, key)
+            while at < len(texts) and len(out) < limit and texts[at].startswith(key):
+                out.setdefault(int(owner[at]), None)
+                at += 1
+        return list(out)
