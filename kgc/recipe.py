@@ -84,7 +84,15 @@ class ModelConfig(Section):
 class EncoderConfig(Section):
     trainable_layers: Union[int, Literal["all"]] = Field(
         "all", description="train the top n layers; the frozen ones below come from a layer cache")
-    cache: bool = Field(True, description="cache the frozen layers' outputs on disk ($KGC_CACHE_HOME)")
+    cache: Union[bool, Literal["required"]] = Field(
+        True, description="cache the frozen layers' outputs on disk ($KGC_CACHE_HOME): true: when what the run's "
+                          "cache holds in memory fits encoder.cache_max_gb and its segments the free disk, else off "
+                          "(said in one line, with its estimated size); required: the cache or nothing (a run whose "
+                          "cache would not fit stops before its first byte); false: off")
+    cache_max_gb: Optional[float] = Field(
+        None, gt=0, description="the most memory the layer cache may take, GB: the states it holds at once (all of "
+                                "them at evaluation; between two saves in training) and its lookup index; unset: half "
+                                "the memory available when the cache is set up (kgc/training/cache_plan.py)")
 
 
 class TrainConfig(Section):

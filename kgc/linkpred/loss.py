@@ -20,6 +20,20 @@ Logits for query i (row) against candidate tails (columns), all cosines of unit 
   which would count it twice). Only the queries carry gradients — and the tail map, when the model has one
   (``table_map``, ``model.tail_map_rank``): the table's rows pass through it at every step.
 
+* past ``table_chunk`` entities the table block is never formed whole: the loss needs of it only
+  ``T_i = log Σ_{e kept} exp(s_ie)``, since ``CE([a_i, t_i], gold) = logsumexp([a_i, T_i]) − a_i[gold]`` when the gold
+  is in ``a_i`` (it always is: the table masks it). ``T_i`` is accumulated chunk by chunk (``logsumexp`` of the
+  chunks' ``logsumexp``), and each chunk runs under activation checkpointing, so its ``(B, chunk)`` scores are
+  recomputed in the backward pass instead of kept: memory B × chunk instead of B × E, the same loss and gradients;
+* ``table_sample`` n (past n entities): each step scores the queries against n rows drawn uniformly *without*
+  replacement instead of the whole table, each sampled logit corrected by ``+ log(E/n)``: the sampled-softmax
+  (log-Q) correction of Bengio & Senécal (2008) and Jean et al. (2015) for inclusion probability Q = n/E, so that
+  ``Σ_{e ∈ S} exp(s_ie + log(E/n))`` is an unbiased (Horvitz–Thompson) estimate of the table's ``Σ_e exp(s_ie)``.
+  Its log, the loss, is biased low (Jensen), less so as n grows; at n = E it is the full loss exactly. SimKGC's
+  paper has no table at all (it is kgc's laptop device), so this departs from the full-table objective, not from
+  the paper. With ``table_tails`` each head's own row becomes its own self-negative column (weighted, masked as
+  its table row was) and leaves the sample, so a head is never lost to the draw.
+
 Everything is scaled by the learnable ``1/τ`` (stored as ``log 1/τ``, clamped to
 ``[1/max_temperature, 1/min_temperature]`` after each optimiser step, as CLIP does: :meth:`SimKGCLoss.clamp_`). Loss = CE(rows) + CE(in-batch block transposed) — the
 second term is SimKGC's symmetric tail → query direction.
@@ -58,26 +72,49 @@ def false_negative_mask(hr_keys: torch.Tensor, gold: torch.Tensor, candidates: t
     return ~(same_tail | is_known(keys, train_keys))
 
 
-def false_negative_mask_all(hr_keys: torch.Tensor, gold: torch.Tensor, train_keys: torch.Tensor,
-                            num_entities: int) -> torch.Tensor:
-    """:func:`false_negative_mask` with every entity as the candidates (``candidates = arange(E)``), built from
-    each query's known answers instead of B × E lookups: the answers of ``hr`` are the run of sorted
-    ``train_keys`` in ``[hr·E, (hr + 1)·E)``, two binary searches per query; a (B, E) mask of ones gets them
-    and the gold set to False. The same mask; with it the laptop recipe's objective takes 74 instead of 246 ms per
-    step of 64 (``kgc bench loss recipes/wn18rr_laptop.yaml``)."""
-    b = hr_keys.size(0)
-    keep = torch.ones(b, num_entities, dtype=torch.bool, device=hr_keys.device)
-    rows = torch.arange(b, device=hr_keys.device)
-    keep[rows, gold] = False
+def known_answer_pairs(hr_keys: torch.Tensor, train_keys: torch.Tensor,
+                       num_entities: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, entities): every known train answer of each query, as pairs. The answers of ``hr`` are the run of sorted
+    ``train_keys`` in ``[hr·E, (hr + 1)·E)``: two binary searches per query, no B × E lookups."""
+    rows = torch.arange(hr_keys.size(0), device=hr_keys.device)
     start = torch.searchsorted(train_keys, hr_keys * num_entities)
     count = torch.searchsorted(train_keys, (hr_keys + 1) * num_entities) - start  # (B,) known answers per query
     total = int(count.sum())
-    if total:
-        row = torch.repeat_interleave(rows, count)  # (total,) the query each known answer belongs to
-        first = torch.repeat_interleave(count.cumsum(0) - count, count)  # (total,) where its query's run starts
-        at = torch.repeat_interleave(start, count) + torch.arange(total, device=hr_keys.device) - first
-        keep[row, train_keys[at] - hr_keys[row] * num_entities] = False
+    if not total:
+        return rows[:0], rows[:0]
+    row = torch.repeat_interleave(rows, count)  # (total,) the query each known answer belongs to
+    first = torch.repeat_interleave(count.cumsum(0) - count, count)  # (total,) where its query's run starts
+    at = torch.repeat_interleave(start, count) + torch.arange(total, device=hr_keys.device) - first
+    return row, train_keys[at] - hr_keys[row] * num_entities
+
+
+def false_negative_mask_all(hr_keys: torch.Tensor, gold: torch.Tensor, train_keys: torch.Tensor,
+                            num_entities: int) -> torch.Tensor:
+    """:func:`false_negative_mask` with every entity as the candidates (``candidates = arange(E)``), built from
+    each query's known answers (:func:`known_answer_pairs`) instead of B × E lookups: a (B, E) mask of ones gets
+    them and the gold set to False. The same mask; with it the laptop recipe's objective takes 74 instead of 246 ms
+    per step of 64 (``kgc bench loss recipes/wn18rr_laptop.yaml``)."""
+    b = hr_keys.size(0)
+    keep = torch.ones(b, num_entities, dtype=torch.bool, device=hr_keys.device)
+    keep[torch.arange(b, device=hr_keys.device), gold] = False
+    row, ent = known_answer_pairs(hr_keys, train_keys, num_entities)
+    keep[row, ent] = False
     return keep
+
+
+def _chunk_logsumexp(query: torch.Tensor, table: torch.Tensor, inv_t: torch.Tensor, start: int, end: int,
+                     ids: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor, every: torch.Tensor,
+                     shift: float) -> torch.Tensor:
+    """(B,) ``logsumexp_e`` over candidates ``[start, end)`` (table rows, or rows ``ids[start:end]``) of
+    ``cos(q, t_e)/τ + shift``, with the pairs (rows, cols) and the columns ``every`` (all rows) masked; columns
+    counted from 0, not ``start``. Run under checkpointing: nothing here is kept for the backward pass."""
+    block = table[start:end] if ids is None else table[ids[start:end]]  # (c, d)
+    logits = (query @ block.to(query.dtype).t()) * inv_t + shift  # (B, c)
+    if rows.numel():
+        logits = logits.index_put((rows, cols), torch.tensor(MASKED, dtype=logits.dtype, device=logits.device))
+    if every.numel():
+        logits = logits.index_fill(1, every, MASKED)
+    return torch.logsumexp(logits, 1)
 
 
 class SimKGCLoss(nn.Module):
@@ -86,7 +123,8 @@ class SimKGCLoss(nn.Module):
                  self_negative: bool = True, mask_false_negatives: bool = True, symmetric: bool = True,
                  min_temperature: float = 0.01, max_temperature: float = 1.0,
                  table_negatives: int | None = None, table_tails: bool = False,
-                 self_negative_weight: float = 1.0) -> None:
+                 self_negative_weight: float = 1.0, table_chunk: int = 65536,
+                 table_sample: int | None = None) -> None:
         super().__init__()
         self.log_inv_t = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn_temperature)
         self.log_inv_t_range = (math.log(1.0 / max_temperature), math.log(1.0 / min_temperature))
@@ -99,6 +137,8 @@ class SimKGCLoss(nn.Module):
         self.table: torch.Tensor | None = None  # (E, d) every entity's tail-tower embedding, no gradient
         self.table_tails = table_tails  # the batch's tails come from the table (no tail tower in the step)
         self.log_self_weight = math.log(self_negative_weight)  # the head counts as w negatives: its logit + log w
+        self.table_chunk = table_chunk  # past this many table columns: the table's logsumexp in chunks
+        self.table_sample = table_sample  # past this many entities: n rows drawn per step (None: the whole table)
         self._table_map: tuple = (None,)  # model.tail_map (kept out of this module's parameters and state_dict)
 
     @property
@@ -143,10 +183,13 @@ class SimKGCLoss(nn.Module):
         table = self.table
         if table is not None and self.table_map is not None:
             table = self.table_map(table.to(query.dtype))  # (E, d): the tail map learns through every row
+        whole = table is None or self._whole_table(table.size(0))  # else chunked or sampled: _table_logsumexp
         if self.table_tails:
             if table is None:
                 raise RuntimeError("loss.table_tails: the entity table must be set before the first step")
             tail, head = table[tails].to(query.dtype), None  # (b, d); the head is a table row
+            if not whole and self.self_negative:  # the head's row as its own column (see the module docstring)
+                head = table[heads].to(query.dtype)
         b = query.size(0)
         inv_t = self.inv_t
         hr = heads * num_relations2 + rels  # (b,)
@@ -164,7 +207,11 @@ class SimKGCLoss(nn.Module):
             if self.mask_false_negatives:
                 pre = pre.masked_fill(~false_negative_mask(hr, tails, old_ids, train_keys, num_entities), MASKED)
             blocks.append(pre)
-        if table is not None:
+        if table is not None and not whole:  # (b, 1): log Σ over the table's kept rows, never (b, E) at once
+            blocks.append(self._table_logsumexp(query, table, inv_t, hr=hr, tails=tails, heads=heads,
+                                                tails_all=tails_all, train_keys=train_keys,
+                                                num_entities=num_entities).unsqueeze(1))
+        elif table is not None:
             tab = (query @ table.to(query.dtype).t()) * inv_t  # (b, E): gradient reaches the table's map only
             keep = false_negative_mask_all(hr, tails, train_keys, num_entities)  # gold and known answers out
             keep[:, tails_all] = False  # the batch's tails score in the in-batch block, with their gradients
@@ -175,6 +222,8 @@ class SimKGCLoss(nn.Module):
         if self.self_negative and head is not None:
             self_logit = (query * head).sum(-1) * inv_t + self.log_self_weight  # (b,)
             head_is_answer = is_known(hr * num_entities + heads, train_keys)  # (b,)
+            if self.table_tails:  # the head's table row, masked as the whole table masks it
+                head_is_answer = head_is_answer | (heads == tails) | torch.isin(heads, tails_all)
             blocks.append(self_logit.masked_fill(head_is_answer, MASKED).unsqueeze(1))
         all_logits = torch.cat(blocks, dim=1)  # (b, B + K + 1)
         loss = F.cross_entropy(all_logits, own)
@@ -186,6 +235,56 @@ class SimKGCLoss(nn.Module):
             self.queue.append((tail_all.detach(), tails_all.detach()))  # the global batch's tails
             self.queue = self.queue[-self.pre_batch:]
         return loss
+
+    def _whole_table(self, entities: int) -> bool:
+        """Whether the table block is formed whole, (b, E) at once: a table of at most ``table_chunk`` entities
+        that is not sampled (``table_sample`` unset, or not below E)."""
+        return entities <= self.table_chunk and (self.table_sample is None or self.table_sample >= entities)
+
+    def _table_logsumexp(self, query: torch.Tensor, table: torch.Tensor, inv_t: torch.Tensor, *, hr: torch.Tensor,
+                         tails: torch.Tensor, heads: torch.Tensor, tails_all: torch.Tensor, train_keys: torch.Tensor,
+                         num_entities: int) -> torch.Tensor:
+        """(b,) ``T_i = log Σ_{e ∈ C, kept} exp(cos(q_i, t_e)/τ + log(E/|C|))`` over the candidates C (every entity,
+        or ``table_sample`` drawn uniformly without replacement), in chunks of ``table_chunk`` columns.
+
+        Masked (the whole table's mask): the gold, the query's known train answers, the batch's tails (they score in
+        the in-batch block) and, with ``table_tails`` and the self-negative, the query's own head (its own column)."""
+        from torch.utils.checkpoint import checkpoint
+
+        e, b, device = table.size(0), query.size(0), query.device
+        ids, shift = None, 0.0
+        if self.table_sample is not None and self.table_sample <= e:  # n = E: every row, in a random draw
+            drawn = torch.zeros(e, dtype=torch.bool, device=device)
+            drawn[torch.randperm(e, device=device)[: self.table_sample]] = True  # uniform, no repeats
+            ids = drawn.nonzero().squeeze(1)  # (n,) sorted, without a sort (torch's is slow on a CPU)
+            shift = math.log(e / self.table_sample)  # − log Q, Q = n/E the inclusion probability of every row
+        own = torch.arange(b, device=device)
+        known_rows, known_ents = known_answer_pairs(hr, train_keys, num_entities)
+        rows, cols = [own, known_rows], [tails, known_ents]  # (row, entity) pairs to mask
+        if self.table_tails and self.self_negative:
+            rows.append(own)
+            cols.append(heads)
+        rows, cols, every = torch.cat(rows), torch.cat(cols), torch.unique(tails_all)  # every: masked in all rows
+        if ids is not None:  # entity id → its column among the sampled ids (entities not drawn dropped)
+            def column(ents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                at = torch.searchsorted(ids, ents).clamp_(max=ids.numel() - 1)
+                return at, ids[at] == ents
+
+            cols, hit = column(cols)
+            rows, cols = rows[hit], cols[hit]
+            every, hit = column(every)
+            every = every[hit]
+        width = e if ids is None else ids.numel()
+        step = max(1, self.table_chunk)
+        grad = torch.is_grad_enabled() and (query.requires_grad or table.requires_grad or inv_t.requires_grad)
+        parts = []
+        for start in range(0, width, step):
+            end = min(start + step, width)
+            here, also = (cols >= start) & (cols < end), (every >= start) & (every < end)
+            args = (query, table, inv_t, start, end, ids, rows[here], cols[here] - start, every[also] - start, shift)
+            parts.append(checkpoint(_chunk_logsumexp, *args, use_reentrant=False) if grad
+                         else _chunk_logsumexp(*args))
+        return torch.logsumexp(torch.stack(parts, 1), 1)  # (b,)
 
     def _in_batch(self, a: torch.Tensor, b_all: torch.Tensor, positive: torch.Tensor, inv_t: torch.Tensor,
                   hr: torch.Tensor, gold: torch.Tensor, candidates: torch.Tensor, train_keys: torch.Tensor,

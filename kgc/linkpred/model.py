@@ -67,6 +67,47 @@ class LinkPredictor(TaskModel):
     def tokenizer_hash(self) -> str:
         return self.bank.tokenizer_hash
 
+    def layer_cache_texts(self, recipe: Recipe, examples: int | None) -> list:
+        """What the layer cache stores over a run of ``examples`` training examples (None: evaluation only), as
+        :class:`~kgc.training.cache_plan.CachedTexts`: every entity's text; one query-tower sequence per example, at
+        most one per train direction (the same head, relation and left-out neighbour make the same sequence), and
+        dev's and test's; where the tail tower runs in training (not ``loss.table_tails``), the tails and heads
+        whose text loses a neighbour name (2 per example, at most 2 per direction, in the share of entities whose
+        text has neighbour names); the relations' texts where the conditioner encodes them apart. Tokens with the
+        special ones, at most ``data.max_tokens``: an entity's evaluation text exactly, a query at the mean entity
+        text's length (a bi-encoder's: plus the relation's, in one sequence)."""
+        import numpy as np
+
+        from kgc.training.cache_plan import CachedTexts
+
+        bank, graph = self.bank, self.bank.graph
+        cap, one, pair, n = bank.max_tokens, bank.special.n_single, bank.special.n_pair, graph.num_entities
+        base = getattr(bank.base, "lengths", None)  # "name: description" tokens, no specials
+        base = np.fromiter(map(len, bank.base), dtype=np.int64, count=n) if base is None else np.asarray(base)
+        if hasattr(bank, "eval_lengths"):  # computed on the bank's arrays, no list per entity
+            own = np.asarray(bank.eval_lengths(), dtype=np.int64)
+        else:  # a bank of lists: the texts with neighbour names appended read one by one
+            own = base.copy()
+            for e in (e for e in range(n) if bank.short[e] and bank.neighbors[e]):
+                own[e] = len(bank.entity_ids(e))
+        entity = np.minimum(own + one, cap)  # (E,) tokens each entity's text is stored at (special tokens in)
+        grown = own != base  # (E,) texts with neighbour names: one more sequence per name left out in training
+        rel = np.fromiter(map(len, bank.relation_ids), dtype=np.int64)
+        rel_mean = float(rel.mean()) if rel.size else 0.0
+        if self.conditioner.enters_at == "input":  # the head's and the relation's tokens in one sequence
+            query = np.minimum(entity - one + rel_mean + pair, cap)
+        else:
+            query = entity
+        seen = min(int(examples or 0), 2 * len(graph.splits["train"]))  # training examples, at most every direction
+        queries = seen + 2 * sum(len(graph.splits.get(s, ())) for s in ("dev", "test"))
+        mean = lambda x: float(x.mean()) if x.size else 0.0  # noqa: E731
+        out = [CachedTexts("entity texts", n, mean(entity)), CachedTexts("query sequences", queries, mean(query))]
+        if seen and grown.any() and not getattr(getattr(recipe, "loss", None), "table_tails", False):
+            out.append(CachedTexts("tail sequences", int(round(2 * seen * grown.mean())), mean(entity[grown])))
+        if self.conditioner.encodes_conditions:
+            out.append(CachedTexts("relation texts", len(rel), mean(np.minimum(rel + one, cap))))
+        return out
+
     def encode_queries(self, heads: Sequence[int], rels: Sequence[int],
                        excludes: Sequence[int | None] | None = None, *, bank: TextBank | None = None) -> torch.Tensor:
         """(batch, dim): head texts (neighbour ``excludes`` left out) under their relations; ``bank``: the texts

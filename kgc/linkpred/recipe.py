@@ -46,12 +46,25 @@ class LinkPredLoss(Section):
         False, description="with table_negatives: read the batch's tails and heads from that table too, so only the "
                            "query tower runs and trains between refreshes (a full softmax over every entity; "
                            "without shared_towers the tail tower stays as loaded and its table is computed once)")
+    table_chunk: int = Field(
+        65536, ge=1, description="with table_negatives: a table of more entities is scored this many at a time (its "
+                                 "logsumexp accumulated by chunk, each chunk recomputed in the backward pass): memory "
+                                 "batch × table_chunk instead of batch × entities, the same loss")
+    table_sample: Optional[int] = Field(
+        None, ge=1, description="with table_negatives: past this many entities, each step scores the queries against "
+                                "this many table rows drawn uniformly (without replacement, the sampled-softmax "
+                                "correction + log(entities / n) on each) instead of the whole table (unset: the "
+                                "whole table)")
 
     @model_validator(mode="after")
     def _table_tails_need_a_table(self) -> "LinkPredLoss":
         if self.table_tails and not self.table_negatives:
             raise ValueError("loss.table_tails reads the tails from the entity table: set loss.table_negatives=N "
                              "too (N: steps between refreshes of the table)")
+        if self.table_sample is not None and not self.table_negatives:
+            raise ValueError(f"loss.table_sample={self.table_sample} samples rows of the entity table: set "
+                             "loss.table_negatives=N too (N: steps between refreshes of the table), or unset "
+                             "loss.table_sample")
         return self
 
 

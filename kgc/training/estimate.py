@@ -17,7 +17,8 @@ the trainable layers, H hidden size, I intermediate size, A attention heads, n t
   autocast on a GPU) — the Q/K/V, LayerNorm and feed-forward inputs scale with H and I, the attention
   probabilities (and their dropout) with A·L per token, since the CPU's scaled-dot-product attention materialises
   them when dropout is on;
-* the objective's score matrices: B × (in-batch + pre-batch + table columns) floats, C_LOGITS copies of them;
+* the objective's score matrices: B × (in-batch + pre-batch + table columns) floats, C_LOGITS copies of them (the
+  table's columns: at most ``loss.table_chunk`` at a time, of ``loss.table_sample`` or every entity);
   the entity table of ``loss.table_negatives`` (entities × H × 4) and the pre-batch queue;
 * the layer cache's states computed between two saves: ``train.checkpoint_every`` steps' texts and, with an entity
   table, every entity's text once; fp16, each counted at L (their length is at most that) and twice (the save
@@ -36,8 +37,8 @@ all-MiniLM-L6-v2 (H 384, I 1536, A 12, 6 layers); batches 16-256, L 32-64; every
 the table of ``loss.table_tails`` or the tail tower. The measured figure is the process's peak resident set
 (``VmHWM``, before the finishing work) minus its resident set at the check: 282 MB to 5.6 GB. C_H = 15.2,
 C_I = 3.3, C_A = 4.5 and C_FIXED = 174 MiB were fitted by non-negative least squares (C_OPT came out 0: the
-update's temporaries do not show); the other parts are counted as above (C_TOKEN from WN18RR's token ids, 259 MB
-for 40,943 entities at 50 tokens). The estimate's error against the measured figure: median 2.3 %, at most
+update's temporaries do not show); the other parts are counted as above (C_TOKEN from WN18RR's text bank: 259 MB
+for 40,943 entities at 50 tokens as Python lists, 88.7 MB since the bank holds ``Ragged`` arrays). The estimate's error against the measured figure: median 2.3 %, at most
 21.6 % (over: the smallest run, where the fixed part dominates) and -11.3 % (under: a 1-layer BERT at batch 256,
 and the first run that filled the layer cache with every entity's states). CSR's router (not fitted) is
 over-estimated by 20 %. On a GPU the same formula holds with 2-byte activations under bf16/fp16 autocast
@@ -63,7 +64,7 @@ C_A = 4.5  # … per attention head and key position
 C_OPT = 0.0  # AdamW's temporaries during the update, in copies of the trainable weights (fitted: none seen)
 C_LOGITS = 6  # copies of the score matrix (logits, masked, softmax, their gradients): counted, not fitted
 C_FIXED = 174 * 2**20  # model code, tokenizer and allocator slack, bytes
-C_TOKEN = 64  # bytes per text slot (texts × max_tokens) of the token ids held: WN18RR's 259 MB, measured
+C_TOKEN = 22  # bytes per text slot (texts × max_tokens) of the text bank held: WN18RR's 88.7 MB, measured
 # |estimate - measured| / measured of the fitted runs (and of CSR's router, not fitted)
 FIT = {"runs": 16, "median_error": 0.023, "max_error": 0.216, "router_errors": (0.198, 0.205)}
 
@@ -227,8 +228,9 @@ def workload(recipe: Recipe, task: Any = None, *, world: int = 1, shape: Backbon
         trained = query_seqs + (tail_seqs if tail_trains else 0.0)
         towers = 1 if shared else 2
         trainable_towers = 1 if shared else (2 if tail_trains else 1)
-        columns = (global_batch * (2 if lo.symmetric else 1) + 1 + lo.pre_batch * global_batch
-                   + (entities if lo.table_negatives else 0))
+        # the table's columns: its sample (loss.table_sample) or every entity, formed at most table_chunk at a time
+        table_columns = min(entities, lo.table_sample or entities, lo.table_chunk) if lo.table_negatives else 0
+        columns = global_batch * (2 if lo.symmetric else 1) + 1 + lo.pre_batch * global_batch + table_columns
         table = entities if lo.table_negatives else 0
         queue = lo.pre_batch * global_batch
         texts = 2 * entities + relations
@@ -432,13 +434,14 @@ def refusal(est: Estimate, recipe: Recipe, task: Any, *, world: int = 1) -> KGCE
             break
     for path in laptop_recipes(recipe)[:1]:
         fixes.append(f"the laptop recipe `kgc train {_shown(path)}`")
-    how = ("; or ".join(fixes) + ". ") if fixes else "no smaller batch fits; free memory or use a larger machine. "
+    how = ("It fits with " + "; or ".join(fixes) + ". ") if fixes else \
+        "No smaller batch fits: free memory or use a larger machine. "
     biggest = ", ".join(f"{k} {v / GB:.1f} GB" for k, v in sorted(est.parts.items(), key=lambda kv: -kv[1])[:4])
     return KGCError(
         f"this run needs ~{est.total / GB:.1f} GB per training step on {est.device} ({biggest}: batch "
         f"{recipe.train.batch_size}, {est.workload.trainable_layers} trainable layers of {est.shape.layers}, "
         f"{est.workload.seq} tokens), but {avail / GB:.1f} GB is available ({est.where}); it would be killed "
-        f"for want of memory. It fits with {how}"
+        f"for want of memory. {how}"
         f"To start anyway: `kgc train ... --no-memory-check` (train.check_memory: false). Nothing was written.")
 
 

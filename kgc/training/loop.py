@@ -215,7 +215,10 @@ class _Setup:
 
     def _build_objective(self) -> None:
         recipe, task, model, tc = self.recipe, self.task, self.model, self.recipe.train
-        model.attach_layer_cache(recipe)  # freezes layers below T - n: before the optimiser sees them
+        steps = task.steps_per_epoch * tc.epochs if not tc.max_steps else min(task.steps_per_epoch * tc.epochs,
+                                                                              tc.max_steps)
+        # freezes layers below T - n (before the optimiser sees them); the cache sized for the run's examples first
+        model.attach_layer_cache(recipe, examples=steps * tc.batch_size, say=self.say)
         self.criterion = criterion = task.make_loss()
         model.to(self.device)
         criterion.to(self.device)

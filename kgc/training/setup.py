@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -39,12 +39,18 @@ def build_encoders(recipe: Recipe, backbone_folder: Path, *, pretrained: bool = 
 
 
 def setup_layer_cache(encoders: list[TextEncoder], conditioner: Conditioner, recipe: Recipe,
-                      tokenizer_hash: str) -> None:
+                      tokenizer_hash: str, *, texts: Callable[[], list | None] | None = None,
+                      training: bool = False, say: Callable[[str], None] | None = None) -> None:
     """Freeze the layers below T - n in every encoder and attach one cache of their outputs.
 
     Frozen lower layers are identical in every tower (the same pretrained weights, never updated), so
     one cache, keyed by exact token sequence, serves them all. The cache sits at min(T - n, the conditioner's
     ``plain_below``): the router must see the states entering its own layer.
+
+    ``texts`` returns what the cache would store (:class:`~kgc.training.cache_plan.CachedTexts`; None: unknown):
+    before the cache exists its size is weighed against what it may hold (:mod:`kgc.training.cache_plan`; in
+    ``training`` it saves at every checkpoint, else it keeps every state in memory), and a cache that would
+    not fit is not attached, in one line said to ``say`` (``encoder.cache: required``: a KGCError instead).
     """
     n = recipe.encoder.trainable_layers
     if n == "all":
@@ -61,8 +67,19 @@ def setup_layer_cache(encoders: list[TextEncoder], conditioner: Conditioner, rec
     if layer == 0 or not recipe.encoder.cache:
         return
     first = encoders[0]
-    cache = LayerCache(layer=layer, model_hash=lower_weights_hash(first.backbone, layer),
-                       tokenizer_hash=tokenizer_hash, hidden=first.dim, depth=first.carried(layer))
+    model_hash, depth = lower_weights_hash(first.backbone, layer), first.carried(layer)
+    stored = texts() if texts is not None else None
+    if stored is not None:  # its size, before its first byte
+        from kgc.training.cache_plan import decide, plan
+
+        tc = recipe.train
+        sized = plan(stored, hidden=first.dim, depth=depth, max_gb=recipe.encoder.cache_max_gb,
+                     folder=LayerCache.folder_for(model_hash, layer, depth),
+                     between_saves=tc.checkpoint_every * tc.batch_size if training else None)
+        if not decide(sized, recipe.encoder.cache, say):
+            return
+    cache = LayerCache(layer=layer, model_hash=model_hash, tokenizer_hash=tokenizer_hash, hidden=first.dim,
+                       depth=depth)
     for enc in encoders:
         enc.cache = cache
 
@@ -93,9 +110,19 @@ class TaskModel(nn.Module):
         if self.layer_cache is not None:
             self.layer_cache.save()
 
-    def attach_layer_cache(self, recipe: Recipe) -> None:
-        """``encoder.trainable_layers``: freeze below T - n, serve the frozen layers from the layer cache."""
-        setup_layer_cache(self.encoders, self.conditioner, recipe, self.tokenizer_hash)
+    def layer_cache_texts(self, recipe: Recipe, examples: int | None) -> list | None:
+        """What the layer cache would store over a run of ``recipe`` that trains on ``examples`` examples (None: no
+        training), as :class:`~kgc.training.cache_plan.CachedTexts`; None where the task does not say (the cache is
+        then not sized)."""
+        return None
+
+    def attach_layer_cache(self, recipe: Recipe, *, examples: int | None = None,
+                           say: Callable[[str], None] | None = None) -> None:
+        """``encoder.trainable_layers``: freeze below T - n, serve the frozen layers from the layer cache, sized
+        first (:func:`setup_layer_cache`) for a run of ``examples`` training examples (None: no training)."""
+        setup_layer_cache(self.encoders, self.conditioner, recipe, self.tokenizer_hash,
+                          texts=lambda: self.layer_cache_texts(recipe, examples), training=examples is not None,
+                          say=say)
 
 
 def save_backbone_files(folder: Path, recipe: Recipe, tokenizer, *, weights: bool = False) -> None:
