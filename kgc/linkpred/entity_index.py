@@ -164,9 +164,23 @@ class EntityIndex:
     # ------------------------------------------------------------ changing the files
 
     def update(self, *, type: str | None = None, force: bool = False, progress: bool = True,
-               **params: int | None) -> dict:
+               nproc: int | None = None, chunk_size: int | None = None, **params: int | None) -> dict:
         """``kgc index``: build, update or keep the index; ``{"action": "none" | "search" | "build", "why", "meta"}``
-        (see :meth:`kgc.linkpred.service.LinkPredRun.index`)."""
+        (see :meth:`kgc.linkpred.service.LinkPredRun.index`). ``nproc`` > 1 (or under torchrun): a table to encode
+        is encoded in shards by that many processes (``chunk_size`` entities per chunk file;
+        :mod:`kgc.linkpred.sharded`), and the answer adds ``shards`` (each rank's report); a torchrun rank > 0
+        answers ``{"action": "follow", …}``."""
+        from kgc.linkpred.sharded import Shards
+
+        shards = Shards.open(self.dir, nproc, chunk_size=chunk_size)
+        if shards is None:
+            return self._update(type, force, progress, params)
+        with shards:
+            if not shards.leads:
+                return shards.follow()
+            return {**self._update(type, force, progress, params, embed=shards.encode), "shards": shards.reports}
+
+    def _update(self, type: str | None, force: bool, progress: bool, params: dict, embed=None) -> dict:
         from kgc.linkpred.index import index_plan, rebuild_index, stored_config, update_search_params
         from kgc.linkpred.index_types import index_config
         from kgc.training.run import read_json
@@ -187,7 +201,7 @@ class EntityIndex:
             meta = update_search_params(self.dir, model, config)
         else:
             meta = rebuild_index(self.dir, model, self._graph(), progress=progress, config=config,
-                                 reuse_embeddings=not force, faiss_device=self.faiss_device())
+                                 reuse_embeddings=not force, faiss_device=self.faiss_device(), embed=embed)
         self.forget()
         return {"action": action, "why": why, "meta": meta}
 

@@ -172,12 +172,15 @@ def _reusable_table(folder: Path, meta: dict | None, current: dict, entities: in
 
 def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True,
                 config: IndexOptions | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto",
-                keep: list[NewEntity] | None = None, sources: list[dict] | None = None) -> dict:
+                keep: list[NewEntity] | None = None, sources: list[dict] | None = None, embed=None) -> dict:
     """Build ``run/index`` from scratch for the graph's entities, as ``config`` says (default: the recipe's
     ``index:`` section). The entity table is reused from a stored ``entities.npy`` made by the same weights
     and texts (only the FAISS structure is rebuilt) unless ``reuse_embeddings`` is false. ``faiss_device``:
     auto (a FAISS GPU when there is one), gpu or cpu. ``keep``: added entities to embed and append in the same
-    commit (a rebuild keeps them; ``sources``: where they came from). Returns the new ``meta.json``.
+    commit (a rebuild keeps them; ``sources``: where they came from). ``embed``: what computes the table when it
+    is not reused, ``embed(model, batch_size, progress)`` -> (entities, dim) float32 (default: the model's
+    ``entity_table``; ``kgc index --nproc N``: :meth:`kgc.linkpred.sharded.Shards.encode`). Returns the new
+    ``meta.json``.
 
     The files are written as one :class:`~kgc.fileio.Transaction`: a failure (a full disk) or a kill at any point
     leaves the previous index as it was, or the new one whole."""
@@ -192,7 +195,7 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
     try:
         return _build(run, model, folder, start, batch_size=batch_size, progress=progress, config=config,
                       reuse_embeddings=reuse_embeddings, faiss_device=faiss_device, keep=keep or [],
-                      sources=sources or [])
+                      sources=sources or [], embed=embed)
     except BaseException:
         if made and not any(folder.iterdir()):  # no empty index/ left behind
             folder.rmdir()
@@ -201,13 +204,15 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
 
 def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, batch_size: int, progress: bool,
            config: IndexOptions, reuse_embeddings: bool, faiss_device: str, keep: list[NewEntity],
-           sources: list[dict]) -> dict:
+           sources: list[dict], embed=None) -> dict:
     sweep(folder)  # staged files of a build or add that never committed
     current = fingerprint(run, model)
     entities = model.bank.graph.num_entities
     stored = _reusable_table(folder, _read_meta(folder), current, entities) if reuse_embeddings else None
     source = "reused" if stored is not None else "computed"
-    if stored is None:
+    if stored is None and embed is not None:  # e.g. encoded in shards by several processes
+        table = embed(model, batch_size, progress)  # (entities, dim)
+    elif stored is None:
         table = model.entity_table(batch_size, progress=progress).numpy().astype(np.float32)  # (entities, dim)
     else:  # rows added by `kgc index --add` are dropped here, and embedded again from `keep`
         table = np.ascontiguousarray(stored[:entities])
@@ -386,7 +391,7 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
     meta = _read_meta(folder)
     params = dict(stored_params(meta))
     if params["type"] == "flat":
-        index = index_types.ExactIndex(_read_table(run))
+        index = index_types.ExactIndex(_read_table(run, mmap_mode="r"))  # memory-mapped: processes share its pages
         found = "flat"
     else:
         index = _read_faiss(run)

@@ -141,12 +141,13 @@ class LinkPredRun(Run):
     def query_engine(self):
         return self.entities.query_engine()
 
-    def index(self, *, type: str | None = None, force: bool = False, progress: bool = True,
+    def index(self, *, type: str | None = None, force: bool = False, progress: bool = True, nproc: int | None = None,
               **params: int | None) -> dict:
         """Build, update or keep the run's index (``kgc index``): ``{"action": "none" | "search" | "build", "why",
         "meta"}``: the existing index's type (``type``: from the recipe's) with ``params`` (nlist, nprobe, hnsw_m,
-        ef_search, ef_construction, pq_bytes, train_size) applied; ``force``: re-embed."""
-        return self.entities.update(type=type, force=force, progress=progress, **params)
+        ef_search, ef_construction, pq_bytes, train_size) applied; ``force``: re-embed; ``nproc``: encode in shards,
+        one per process (:mod:`kgc.linkpred.sharded`, ``chunk_size`` entities per file; the answer adds ``shards``)."""
+        return self.entities.update(type=type, force=force, progress=progress, nproc=nproc, **params)
 
     def add_entities(self, path: str | Path, *, progress: bool = True, guard=None, batch_size: int | None = None,
                      keep_loaded: bool = False) -> dict:
