@@ -259,6 +259,14 @@ def bench_structure(recipe: str | Path, **options: Any) -> dict:
     return run_bench("structure", Path(recipe), **options)
 
 
+def bench_scale(**options: Any) -> dict:
+    """``kgc bench scale``: every stage of the path (check, tokenise, train, index, evaluate, serve, add) as its own
+    process on generated graphs of growing size: wall time, peak RSS, bytes per entity, growth (kgc.bench)."""
+    from kgc.bench import run_bench
+
+    return run_bench("scale", **options)
+
+
 def table(kind: str, result: Any, *extra: Any) -> str:
     """Markdown of a tool's result: ``compare`` (rows, task), ``index`` (bench index), ``structure`` (bench
     structure, a run's results)."""

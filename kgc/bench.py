@@ -176,21 +176,10 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
     with open(log, "w", encoding="utf-8") as log_fh:
         server = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT)
         try:
-            start = time.perf_counter()
-            while True:
-                if server.poll() is not None:
-                    raise KGCError(f"kgc serve {run_dir} stopped before it was ready (exit {server.returncode}); "
-                                   f"its output: {log}")
-                try:
-                    status = httpx.get(f"{url}/health", timeout=5).json().get("status")
-                except (httpx.HTTPError, ValueError):
-                    status = None
-                if status == "ready":
-                    break
-                if time.perf_counter() - start > startup_timeout:
-                    raise KGCError(f"kgc serve {run_dir} was not ready within {startup_timeout:.0f}s; see {log}")
-                time.sleep(0.5)
-            ready_seconds = round(time.perf_counter() - start, 1)
+            from kgc.training.serving import wait_ready
+
+            ready_seconds = round(wait_ready(url, server, startup_timeout, what=f"kgc serve {run_dir}",
+                                             see=f"its output: {log}", poll=0.5), 1)
             echo(f"server ready in {ready_seconds}s (pid {server.pid}, {url})")
             asyncio.run(_drive(url, requests, min(4, max(clients)), 60.0, warmup))  # warm-up, not counted
             for n in clients:

@@ -168,6 +168,10 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
                                                                         "exactly (1: off; no rebuild)"),
           train_size: Optional[int] = typer.Option(None, "--train-size", help="ivf, ivfpq: k-means sample"),
           force: bool = typer.Option(False, "--force", help="rebuild (and re-embed) even when up to date"),
+          nproc: Optional[int] = typer.Option(None, "--nproc",
+                                              help="encode the entities in N shards, one process each (GPUs: one "
+                                                   "each), every finished chunk kept: a killed run resumes; "
+                                                   "assembled into one index. Under torchrun: its processes"),
           progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Embed every entity once and store a FAISS index in RUN_DIR/index (entities added before are kept);
     or, with --add, embed new entities with the trained tail tower and append them.
@@ -175,7 +179,10 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
     The index type and its parameters are those of the existing index (a first build: the recipe's `index:`
     section; --type starts again from the recipe's), overridden by the options here. An index that is already
     fresh and of that type is kept (only nprobe / ef_search / rescore are updated, no rebuild); a different type or
-    build parameter rebuilds it, reusing the stored entity embeddings."""
+    build parameter rebuilds it, reusing the stored entity embeddings.
+
+    Several processes: `kgc index RUN --nproc 4`, or across machines `torchrun --nnodes 2 --nproc-per-node 4 … -m
+    kgc index RUN` (the run folder on a filesystem every node sees); run the same command again after a kill."""
     import kgc
 
     params = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search,
@@ -183,6 +190,8 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
     if add is not None and (type_ is not None or any(v is not None for v in params.values())):
         raise KGCError("--add appends to the index as it is built; change its type or parameters in a separate "
                        f"`kgc index {run_dir} --type …` first")
+    if add is not None and (nproc not in (None, 1) or kgc.api.launched()):
+        raise KGCError("--add embeds its new entities in one process; run it without --nproc, outside torchrun")
     run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
     if add is not None:
         meta = run.add_entities(add, progress=progress)
@@ -190,8 +199,12 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
               f"{meta['entities']} ({meta['entities'] - meta['added_entities']['count']} + "
               f"{meta['added_entities']['count']} added) → {run.path / 'index'}")
         return
-    done = run.index(type=type_, force=force, progress=progress, **params)
+    done = run.index(type=type_, force=force, progress=progress, nproc=nproc, **params)
     meta = done["meta"]
+    if done["action"] == "follow":  # a torchrun rank > 0: rank 0 says what was done
+        return
+    for shard in done.get("shards", []):
+        _echo(shard["line"])
     if done["action"] == "none":
         _echo(f"{run.path / 'index'}: {done['why']}; nothing to do (--force rebuilds it)")
     elif done["action"] == "search":
@@ -544,6 +557,63 @@ def bench_index(entities: int = typer.Option(1_000_000, "--entities", min=1),
         k = result["k"]
         _echo(f"least RAM at recall@{k} >= 0.95: {small['type']} ({params}), {small['bytes_per_entity']:,.0f} bytes "
               f"per entity, recall {small[f'recall_at_{k}']}, {small['speedup_vs_flat']}× flat")
+    if out:
+        api.write_json(out, result)
+
+
+@bench_app.command("scale")
+def bench_scale(recipe_file: Optional[Path] = typer.Argument(None, help="the same as --recipe (e.g. "
+                                                                        "recipes/wikidata5m_biencoder.yaml)"),
+                entities: str = typer.Option("50000,500000", "--entities",
+                                             help="comma-separated sizes, e.g. 50000,500000,5000000"),
+                work: Optional[Path] = typer.Option(None, "--work", help="folder for the graphs, runs and logs "
+                                                                         "(default: a temporary one)"),
+                keep: bool = typer.Option(False, "--keep", help="keep each size's graph, run and logs (a later bench "
+                                                                "in the same --work reuses the graphs)"),
+                queries: int = typer.Option(1000, "--queries", min=1, help="test (and dev) triples of the generated "
+                                                                           "graphs: evaluated in both directions"),
+                requests: int = typer.Option(200, "--requests", min=1, help="head-by-name requests to the server, "
+                                                                            "every fourth misspelt (did you mean)"),
+                add: int = typer.Option(10_000, "--add", min=1, help="entities added at the end (kgc index --add)"),
+                model: str = typer.Option("tiny", "--model", help="tiny: a random 2-layer, 32-wide BERT made in the "
+                                                                  "work folder; else a model name or folder"),
+                steps: int = typer.Option(2, "--steps", min=1, help="training steps (the run folder's cost)"),
+                stages: Optional[str] = typer.Option(None, "--stages", help="only these stages, comma-separated "
+                                                                            "(default: all)"),
+                set_: List[str] = typer.Option([], "--set", help="a key of the measured run's recipe, e.g. --set "
+                                                                 "data.neighbor_text=true"),
+                recipe: Optional[Path] = typer.Option(None, "--recipe", help="also say what each stage of this "
+                                                                             "recipe would need at each size, here "
+                                                                             "and on a GPU"),
+                recipe_set: List[str] = typer.Option([], "--recipe-set", help="a key of --recipe, e.g. "
+                                                                              "--recipe-set train.batch_size=256"),
+                stage_timeout: Optional[float] = typer.Option(None, "--stage-timeout", min=1,
+                                                              help="seconds a stage may take before it is killed"),
+                index_type: Optional[str] = typer.Option(None, "--index-type", help="kgc index --type: flat "
+                                                                                   "(default), ivf, hnsw or ivfpq"),
+                max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1,
+                                                           help="GB of resident memory past which a stage is "
+                                                                "killed (and reported), before the OOM killer acts"),
+                seed: int = typer.Option(0, "--seed"),
+                plot: Optional[Path] = typer.Option(None, "--plot", help="a PNG of time and memory per stage"),
+                out: Optional[Path] = typer.Option(None, "--json", "--out", help="write the figures as JSON")) -> None:
+    """The whole path at each size: generate a graph, then check, tokenise, train a few steps, index, evaluate,
+    serve (head by name) and add entities, each stage its own process: wall time, peak RSS, bytes per entity, growth."""
+    from kgc import api
+
+    if recipe_file is not None and recipe is not None and recipe_file != recipe:
+        raise KGCError(f"two recipes: {recipe_file} and --recipe {recipe}; give one")
+    recipe = recipe or recipe_file
+    result = api.bench_scale(entities=_int_list("--entities", entities), work=work, keep=keep, queries=queries,
+                             requests=requests, add=add, model=model, steps=steps,
+                             stages=[s.strip() for s in stages.split(",") if s.strip()] if stages else None,
+                             overrides=set_, recipe=recipe, recipe_overrides=recipe_set, stage_timeout=stage_timeout,
+                             max_memory_gb=max_memory, index_type=index_type, seed=seed, plot=plot, echo=_echo)
+    if any(r["status"] != "skipped" for s in result["sizes"] for r in s["stages"]):
+        _echo(api.table("scale", result))
+    failed = {s["entities"]: s["failed"] for s in result["sizes"] if s["failed"]}
+    for n, names in failed.items():
+        _echo(f"warning: at {n:,} entities {', '.join(names)} did not complete (see the notes)")
     if out:
         api.write_json(out, result)
 

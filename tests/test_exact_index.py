@@ -87,3 +87,16 @@ def test_kgc_runs_a_flat_index_without_faiss(tiny_bert, tmp_path):
     assert len(out["answers"]) == 3 and "e_dog" not in out["answers"]
     assert out["added"] == 7  # the toy graph's 6 entities and Quito
     assert "need FAISS, which is not installed" in out["refused"] and "index.type=flat" in out["refused"]
+
+
+def test_a_long_row_is_cut_into_pieces_for_its_top_k(monkeypatch):
+    import torch
+
+    import kgc.linkpred.index_types as index_types
+
+    monkeypatch.setattr(index_types, "SPLIT_TOPK", 100)  # as past 1M entities
+    torch.manual_seed(0)
+    for n, k in [(3000, 10), (3001, 7), (40_000, 50), (5000, 1)]:
+        scores = torch.randn(3, n)
+        got, want = index_types._topk(scores, k), torch.topk(scores, k, dim=1)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (n, k)

@@ -13,7 +13,7 @@ def folder(tmp_path_factory):
     from kgc.data.synth_graph import synth_graph
 
     out = tmp_path_factory.mktemp("scale") / "g"
-    synth_graph(out, entities=40_000, seed=3)
+    synth_graph(out, entities=25_000, seed=3)
     return out
 
 

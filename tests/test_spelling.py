@@ -70,9 +70,11 @@ def test_words_stand_for_their_near_spellings_and_exact_names_are_found_by_hash(
     assert set(index.candidates("lisbn").tolist()) == {3, 4}
     assert len(index.candidates("nothing here")) == 0 and len(index.candidates("")) == 0
     assert index.words[index.similar_words("plovr")[0][0]] == "plover" and index.similar_words("porto")[0][1] == 1.0
-    exact = ExactNames([names, [n + ": a place" for n in names]])
+    exact = ExactNames(names + ["A: b"], [n + ": a place" for n in names] + ["A: b: c"])
     assert exact.find("Lisbon", fold=False) == [3] and exact.find("LISBON", fold=True) == [3, 4]
     assert exact.find("Porto: a place", fold=False) == [5] and exact.find("Oporto", fold=True) == []
+    assert exact.find("porto: A PLACE", fold=True) == [5] and exact.find("porto: A PLACE", fold=False) == []
+    assert exact.find("A: b: c", fold=False) == [6] and exact.find("a: b", fold=True) == [6]  # a name with ": "
 
 
 def test_prefixes_find_names_then_ids_by_bisection():

@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from kgc.data.graph import SPLIT_FILES, KnowledgeGraph
+from kgc.data.ragged import searchsorted, unique_sorted
 from kgc.errors import KGCError
 
 TEXT_FILES = ("entity2text.txt", "entity2textlong.txt", "relation2text.txt")
@@ -125,7 +126,7 @@ def _keys(triples: np.ndarray, num_relations: int, num_entities: int) -> np.ndar
 def _isin_sorted(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     if not len(sorted_keys):
         return np.zeros(len(keys), dtype=bool)
-    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    pos = np.minimum(searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
     return sorted_keys[pos] == keys
 
 
@@ -136,7 +137,7 @@ def inverse_pairs(train: np.ndarray, num_entities: int, num_relations: int, *, s
     ``reversed / of >= share`` and ``of >= support``; ``r2 == r`` is a symmetric relation. Self-loops are left out
     (a self-loop is its own reverse). Sorted by ``r``, then ``r2``."""
     E, R = num_entities, num_relations
-    keys = np.unique(_keys(train, R, E))
+    keys = unique_sorted(_keys(train, R, E))
     h, r, t = keys // (R * E), (keys // E) % R, keys % E
     keep = h != t
     h, r, t = h[keep], r[keep], t[keep]
@@ -145,8 +146,8 @@ def inverse_pairs(train: np.ndarray, num_entities: int, num_relations: int, *, s
     order = np.argsort(ht, kind="stable")
     ht_sorted = ht[order]
     reverse = t * E + h
-    lo = np.searchsorted(ht_sorted, reverse, "left")
-    rows, pos = _ranges(lo, np.searchsorted(ht_sorted, reverse, "right") - lo)
+    lo = searchsorted(ht_sorted, reverse, "left")
+    rows, pos = _ranges(lo, searchsorted(ht_sorted, reverse, "right") - lo)
     pairs, counts = np.unique(r[rows] * R + r[order[pos]], return_counts=True)  # (r, r2): triples of r reversed
     r1, r2 = pairs // R, pairs % R
     ok = (of[r1] >= support) & (counts >= share * of[r1])
@@ -164,7 +165,7 @@ def check_leakage(graph: KnowledgeGraph) -> list[Finding]:
     E, R = graph.num_entities, graph.num_relations
     splits = {s: np.asarray(graph.splits[s]).reshape(-1, 3).astype(np.int64) for s in ("train", "dev", "test")}
     keys = {s: _keys(t, R, E) for s, t in splits.items()}
-    train_keys = np.unique(keys["train"])
+    train_keys = unique_sorted(keys["train"])
 
     def name(e: int) -> str:
         text = graph.names[e] if e < len(graph.names) and graph.names[e] else graph.entities[e]
@@ -196,12 +197,12 @@ def check_leakage(graph: KnowledgeGraph) -> list[Finding]:
                 f"memory, not inference (e.g. {examples(t[exact])})")
         if not pairs:
             continue
-        lo = np.searchsorted(pair_r, t[:, 1], "left")
-        rows, pos = _ranges(lo, np.searchsorted(pair_r, t[:, 1], "right") - lo)
+        lo = searchsorted(pair_r, t[:, 1], "left")
+        rows, pos = _ranges(lo, searchsorted(pair_r, t[:, 1], "right") - lo)
         loop = t[rows, 0] == t[rows, 2]  # a self-loop is its own reverse: counted as a self-loop only
         rows, pos = rows[~loop], pos[~loop]
         hit = _isin_sorted((t[rows, 2] * R + pair_r2[pos]) * E + t[rows, 0], train_keys)
-        leaked = np.unique(rows[hit])
+        leaked = unique_sorted(rows[hit])
         if not len(leaked):
             continue
         per_pair = np.bincount(pos[hit], minlength=len(pairs))

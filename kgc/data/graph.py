@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 NEAR_MISS = 0.8
 # above this many ids and names, near misses come from a word index's candidates (kgc/data/spelling.py), not from
 # difflib over every one (about 0.5 s per 100,000 spellings)
-BRUTE_SPELLINGS = 100_000
+BRUTE_SPELLINGS = 20_000
 
 SPLIT_FILES = {"train": ("train.tsv", "train.txt"), "dev": ("dev.tsv", "valid.txt", "valid.tsv", "dev.txt"),
                "test": ("test.tsv", "test.txt")}
@@ -160,7 +160,9 @@ class KnowledgeGraph:
         """Sorted int64 keys ``(h * 2R + r) * E + t`` of every train triple in both directions."""
         q = self.both_directions("train")
         keys = self.hr_keys(q[:, 0], q[:, 1]) * self.num_entities + q[:, 2]
-        return np.unique(keys)
+        from kgc.data.ragged import unique_sorted
+
+        return unique_sorted(keys)
 
     @cached_property
     def train_neighbors(self) -> "Ragged":
@@ -273,7 +275,7 @@ class KnowledgeGraph:
         """Entities by exact name or full text, as given or lower-cased (kgc.data.spelling)."""
         from kgc.data.spelling import ExactNames
 
-        return ExactNames([self.names, self.full_texts])
+        return ExactNames(self.names, self.full_texts)
 
     def resolvable(self, i: int) -> str:
         """Entity ``i`` as a string :meth:`lookup_entity` resolves to it: its name when unambiguous, else its id."""

@@ -25,6 +25,9 @@ type.
 
 ``kgc bench structure``: PyKEEN alone on its own bundled copy of the recipe's dataset (:func:`bench_structure`).
 
+``kgc bench scale``: the whole path, each stage its own ``kgc`` process, on generated graphs of growing size
+(:mod:`kgc.linkpred.scale`).
+
 ``kgc bench serve --add N`` asks :func:`added_entities_request` (``LinkPredTask.bench_write_request``) for its
 write: ``POST /entities`` with texts like the graph's.
 """
@@ -465,10 +468,14 @@ def added_entities_request(run: Any, n: int, seed: int = 0) -> tuple[str, dict, 
 
 def commands() -> dict:
     """``kgc bench NAME`` → its function, for :meth:`kgc.linkpred.task.LinkPredTask.bench_commands`."""
+    from kgc.linkpred.scale import bench_scale
+
     return {"inference": bench_inference, "train": bench_train, "loss": bench_loss, "index": bench_index,
-            "structure": bench_structure}
+            "structure": bench_structure, "scale": bench_scale}
 
 
 def tables() -> dict:
     """Markdown of the results, by kind, for :meth:`kgc.linkpred.task.LinkPredTask.bench_tables`."""
-    return {"index": index_table, "structure": structure_table}
+    from kgc.linkpred.scale import scale_table
+
+    return {"index": index_table, "structure": structure_table, "scale": scale_table}

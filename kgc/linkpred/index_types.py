@@ -143,12 +143,33 @@ class ExactIndex:
         rows = max(1, self.BLOCK_SCORES // max(1, self.ntotal))
         scores, ids = [], []
         for start in range(0, len(q), rows):
-            s, i = torch.topk(q[start: start + rows] @ self.table.T, k, dim=1)  # (rows, k) each
+            s, i = _topk(q[start: start + rows] @ self.table.T, k)  # (rows, k) each
             scores.append(s)
             ids.append(i)
         if not scores:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
         return torch.cat(scores).cpu().numpy(), torch.cat(ids).cpu().numpy().astype(np.int64)
+
+
+SPLIT_TOPK = 1 << 20  # a row of more scores is cut into pieces for its top k (torch's top k of one row is one thread)
+_PIECES = 256
+
+
+def _topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(scores, k, dim=1)``; a row of more than :data:`SPLIT_TOPK` scores is cut into pieces whose top k
+    are taken in parallel, then the top k of those (the same values; measured on 2 cores at 5M scores: 65 → 30 ms)."""
+    rows, n = scores.shape
+    if n <= SPLIT_TOPK or k > n // _PIECES:
+        return torch.topk(scores, k, dim=1)
+    width = n // _PIECES  # pieces of equal width (a view of one row, no copy), the rest beside them
+    s, i = torch.topk(scores[:, : _PIECES * width].reshape(rows * _PIECES, width), k, dim=1)  # (rows · pieces, k)
+    i = (i + (torch.arange(_PIECES, device=scores.device) * width).repeat(rows)[:, None]).view(rows, _PIECES * k)
+    s = s.view(rows, _PIECES * k)
+    if n > _PIECES * width:
+        rest_s, rest_i = torch.topk(scores[:, _PIECES * width:], min(k, n - _PIECES * width), dim=1)
+        s, i = torch.cat([s, rest_s], dim=1), torch.cat([i, rest_i + _PIECES * width], dim=1)
+    s, j = torch.topk(s, k, dim=1)
+    return s, torch.gather(i, 1, j)
 
 
 class RescoredIndex:

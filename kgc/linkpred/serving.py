@@ -148,6 +148,7 @@ class LinkPredServing(Serving):
         _, graph, _ = run.searcher(progress=False)  # the index is built first when missing or stale
         run.query_engine()
         graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
+        graph._exact_names  # noqa: B018 — heads by name (seconds at millions of names): before ready, not on a request
         if graph.num_entities > PREFIX_ENTITIES:
             return [], _LazyPrefixes(graph)
         return [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))], None

@@ -63,3 +63,27 @@ class Serving(ABC):
     def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
         """``n`` realistic requests ``(path, JSON body)`` from the run's own test data, for ``kgc bench serve``
         (needs the data only, not the model)."""
+
+
+def wait_ready(url: str, proc, timeout: float, *, what: str = "kgc serve", see: str = "", poll: float = 0.2) -> float:
+    """Seconds until ``url``'s ``/health`` says ready; a KGCError when ``proc`` (the server's process) exits first
+    or ``timeout`` seconds pass (``see``: where its output is)."""
+    import time
+
+    import httpx
+
+    from kgc.errors import KGCError
+
+    start = time.perf_counter()
+    while True:
+        if proc.poll() is not None:
+            raise KGCError(f"{what} stopped before it was ready (exit {proc.returncode}){'; ' + see if see else ''}")
+        try:
+            status = httpx.get(f"{url}/health", timeout=5).json().get("status")
+        except (httpx.HTTPError, ValueError):
+            status = None
+        if status == "ready":
+            return time.perf_counter() - start
+        if time.perf_counter() - start > timeout:
+            raise KGCError(f"{what} was not ready within {timeout:.0f}s{'; ' + see if see else ''}")
+        time.sleep(poll)
