@@ -199,7 +199,8 @@ def text_hashes(texts: list[str], *, fold: bool = False) -> np.ndarray:
     out = []
     for start in range(0, len(texts), _STEP):
         joined = "\n".join(texts[start:start + _STEP])
-        out.append(_segment_hashes(np.frombuffer((joined.lower() if fold else joined).encode("utf-8"), np.uint8)))
+        raw = (joined.lower() if fold else joined).encode("utf-8", "surrogatepass")  # a lone surrogate: found nowhere
+        out.append(_segment_hashes(np.frombuffer(raw, np.uint8)))
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
 
