@@ -33,6 +33,11 @@ LOW_SPACE = 64 << 20  # a library's write error (torch, safetensors, faiss) with
 SPACE_MARGIN = 16 << 20  # kept free beyond a write's known size by :func:`ensure_space`
 
 
+def cache_home() -> Path:
+    """``$KGC_CACHE_HOME`` (default ``~/.cache/kgc``): the layer, graph, token and synthetic-data caches live under it."""
+    return Path(os.environ.get("KGC_CACHE_HOME", Path.home() / ".cache" / "kgc")).expanduser()
+
+
 def human_bytes(n: float) -> str:
     """``1536`` -> ``"1.5 KiB"``."""
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):

@@ -24,13 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from kgc.fileio import cache_home
+
 FORMAT = 1
 MIN_ENTITIES = 100_000
 _TEXTS = ("entities", "names", "descriptions")
-
-
-def cache_home() -> Path:
-    return Path(os.environ.get("KGC_CACHE_HOME", Path.home() / ".cache" / "kgc")).expanduser()
 
 
 def _enabled() -> bool:

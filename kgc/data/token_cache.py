@@ -23,6 +23,7 @@ import numpy as np
 
 from kgc.data import graph_cache
 from kgc.data.ragged import Ragged
+from kgc.fileio import cache_home
 
 _ARRAYS = ("base", "base_colon", "name_ids")
 
@@ -38,7 +39,7 @@ def texts_key(graph: Any, tokenizer_hash: str, short_description_words: int) -> 
 
 
 def _folder(key: str) -> Path:
-    return graph_cache.cache_home() / "tokens" / key[:32]
+    return cache_home() / "tokens" / key[:32]
 
 
 def wanted(graph: Any) -> bool:

@@ -22,12 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from kgc.fileio import write_json, write_npy
+from kgc.fileio import cache_home, write_json, write_npy
 from kgc.profiling import section
-
-
-def cache_home() -> Path:
-    return Path(os.environ.get("KGC_CACHE_HOME", Path.home() / ".cache" / "kgc")).expanduser()
 
 
 def lower_weights_hash(backbone: nn.Module, layer: int) -> str:

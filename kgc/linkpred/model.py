@@ -169,7 +169,7 @@ class QueryEngine(PairEncoder):
         bank, cond = model.bank, model.conditioner
         self.shares_entity_table = (cond.enters_at == "pooled" and model.query_encoder is model.tail_encoder
                                     and model.tail_map is None)  # a tail map makes entities ≠ sentence states
-        super().__init__(cond, [bank.entity_ids(e) for e in range(bank.graph.num_entities)], bank.relation_ids,
+        super().__init__(cond, bank.texts, bank.relation_ids,
                          batch_size=batch_size, progress=progress,
                          sentence_table=entity_table if self.shares_entity_table else None,
                          only=None if self.shares_entity_table else heads)
