@@ -45,7 +45,7 @@ def test_bf16_training_then_the_same_evaluation_on_gpu_and_cpu(tiny_bert, tmp_pa
     from tests.test_cli_smoke import toy_recipe
 
     recipe = toy_recipe(tmp_path / "r.yaml", tiny_bert, write_toy(tmp_path / "TOY"), {"conditioner": "biencoder"},
-                        max_steps=4, device="cuda", amp="bf16")
+                        epochs=4, max_steps=4, device="cuda", amp="bf16")
     run = kgc.train(recipe, tmp_path / "run", progress=False, echo=None)
     summary = json.loads((run.path / "train_summary.json").read_text())
     assert summary["device"].startswith("cuda") and summary["peak_gpu_bytes"] > 0
