@@ -16,7 +16,9 @@ $OUT/metrics.jsonl as soon as it ends, so a later failure or the lease's end los
 and, only when named in --phases:
 
 5. ``wn18rr_csr_k1``: recipes/wn18rr_csr_k1.yaml (the router with k = 1, as the CSR paper has it);
-6. ``fb15k237_biencoder``: recipes/fb15k237_biencoder.yaml, SimKGC's FB15k-237 protocol (lr 1e-5, pre-batch 2).
+6. ``fb15k237_biencoder``: recipes/fb15k237_biencoder.yaml, SimKGC's FB15k-237 protocol (lr 1e-5, pre-batch 2);
+7. ``pace``: the host's share of a step (``kgc bench inputs``) and ``--pace-steps`` steps of
+   recipes/wn18rr_biencoder.yaml without evaluation: the steady triples/s and how busy the GPU was (a minute).
 
 Training phases share what is left after the smoke test by weight (``WEIGHTS``); each keeps a reserve for its
 setup and evaluation. Nothing is copied back but the summary, the metrics and the logs (8 files at most).
@@ -39,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 PHASES = ("environment", "smoke", "wn18rr_biencoder", "wn18rr_csr")  # the default; RECIPES has two more
+OPTIONAL = ("pace",)
 RECIPES = {
     "wn18rr_biencoder": ("recipes/wn18rr_biencoder.yaml", []),
     "wn18rr_csr": ("recipes/wn18rr_csr.yaml", []),
@@ -397,6 +400,41 @@ def train_phase(job: Job, phase: str, minutes: float) -> None:
                 "flops_per_triple": per, "results": results and results.get("kgc")})
 
 
+def steady_rate(rows: list[dict], skip: int = 20) -> float | None:
+    """Triples/s between the first logged step past ``skip`` and the last (start-up and warm-up left out)."""
+    rows = [r for r in rows if "seen" in r and "train_seconds" in r]
+    later = [r for r in rows if r.get("step", 0) >= skip]
+    if len(later) < 2 or later[-1]["train_seconds"] <= later[0]["train_seconds"]:
+        return None
+    return (later[-1]["seen"] - later[0]["seen"]) / (later[-1]["train_seconds"] - later[0]["train_seconds"])
+
+
+def pace(job: Job) -> None:
+    """The host's ms per step building inputs (``kgc bench inputs``), then a short training without evaluation."""
+    start = time.time()
+    recipe, steps = "recipes/wn18rr_biencoder.yaml", job.args.pace_steps
+    bench = job.work / "inputs.json"
+    rc = job.run("pace", job.kgc("bench", "inputs", recipe, "--steps", "10", "--out", str(bench),
+                                 *job.sets([])), timeout=max(30.0, min(120.0, job.left() - 60)))
+    inputs = read_json(bench) or {}
+    run = job.work / "runs" / "pace"
+    changes = [f"train.max_steps={steps}", "train.log_every=10", "eval.validate_every_epoch=false",
+               "train.check_memory=false", f"train.checkpoint_every={10 * steps}", *job.args.train_set]
+    with GpuMonitor() as training:
+        if rc == 0:
+            rc = job.run("pace", job.kgc("train", recipe, "--out", str(run), "--no-progress", *job.sets(changes)),
+                         timeout=max(30.0, job.left() - 5))
+    rows = read_lines(run / "metrics.jsonl")
+    rate = steady_rate(rows)
+    ms = inputs.get("ms_per_step", {})
+    job.record({"phase": "pace", "status": "ok" if rc == 0 else "timed out" if rc == 124 else f"failed ({rc})",
+                "triples_per_s": round(rate) if rate else "", "gpu_busy": training.busy,
+                "seconds": round(time.time() - start),
+                "detail": f"{steps} steps of {recipe}, triples/s from step 20 on; the host building a step's inputs: "
+                          + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items()),
+                "inputs": inputs or None})
+
+
 def read_yaml(path: Path) -> dict:
     import yaml
 
@@ -426,13 +464,15 @@ def main() -> int:
     parser.add_argument("--backbone", default="", help="model.backbone for every run (the rehearsal's tiny BERT)")
     parser.add_argument("--set", action="append", help="a recipe override for every run (the rehearsal's)")
     parser.add_argument("--train-set", action="append", default=[], help="a recipe override for the training phases")
+    parser.add_argument("--pace-steps", type=int, default=120, help="the pace phase's training steps")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     job = Job(args)
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    unknown = [p for p in phases if p not in PHASES and p not in RECIPES]
+    unknown = [p for p in phases if p not in PHASES and p not in RECIPES and p not in OPTIONAL]
     if unknown:
-        print(f"gpu/job.py: unknown phase {unknown[0]!r}; phases: {', '.join([*PHASES, *RECIPES])}", file=sys.stderr)
+        print(f"gpu/job.py: unknown phase {unknown[0]!r}; phases: {', '.join([*PHASES, *RECIPES, *OPTIONAL])}",
+              file=sys.stderr)
         return 2
     job.unpack()
     if "environment" in phases and not environment(job):
@@ -442,6 +482,8 @@ def main() -> int:
         job.write_summary("**Stopped after the smoke phase failed**: smoke.log says where; the training phases "
                           "did not run.")
         return print_summary(job, 1)
+    if "pace" in phases:
+        pace(job)
     training = [p for p in phases if p in RECIPES]
     for i, phase in enumerate(training):
         weights = sum(WEIGHTS[p] for p in training[i:])

@@ -238,6 +238,13 @@ def bench_loss(recipe: str | Path, **options: Any) -> dict:
     return run_bench("loss", Path(recipe), **options)
 
 
+def bench_inputs(recipe: str | Path, **options: Any) -> dict:
+    """``kgc bench inputs``: the host's ms per training step building the batch's token inputs (kgc.bench)."""
+    from kgc.bench import run_bench
+
+    return run_bench("inputs", Path(recipe), **options)
+
+
 def bench_serve(run_dir: str | Path, **options: Any) -> dict:
     """``kgc bench serve``: answers/s and latency of ``kgc serve RUN`` under 1, 8, 32 … concurrent clients."""
     from kgc.bench import bench_serve as run

@@ -485,6 +485,20 @@ def bench_loss(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_lapt
         api.write_json(out, result)
 
 
+@bench_app.command("inputs")
+def bench_inputs(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_biencoder.yaml"),
+                 steps: int = typer.Option(10, "--steps", min=1),
+                 batch_size: Optional[int] = typer.Option(None, "--batch-size", help="default: the recipe's"),
+                 set_: List[str] = typer.Option([], "--set"),
+                 out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
+    """The host's share of a training step: building a batch's token inputs, arrays against one entity at a time."""
+    from kgc import api
+
+    result = api.bench_inputs(recipe, steps=steps, batch_size=batch_size, overrides=set_, echo=_echo)
+    if out:
+        api.write_json(out, result)
+
+
 @bench_app.command("structure")
 def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a structure: section, on a dataset PyKEEN "
                                                             "ships (umls, kinships, nations)"),

@@ -76,3 +76,60 @@ def test_pair_truncation_matches_tokenizer(tokenizer, la, lb, max_len):
     assert types == ref["token_type_ids"]
     single = tokenizer(a, truncation=True, max_length=max_len)["input_ids"]
     assert special.wrap(ids_a, max_len)[0] == single
+
+
+def _random_graph(folder, seed: int):
+    """60 entities, some without a description, some with long ones; 400 random train triples (many neighbours)."""
+    import random
+
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+    folder.mkdir(parents=True)
+    lines = []
+    for i in range(60):
+        name = " ".join(rng.sample(words, rng.randint(1, 4)))
+        desc = " ".join(rng.choices(words, k=rng.choice([0, 2, 5, 25])))
+        lines.append(f"e{i}\t{name}\t{desc}\n")
+    (folder / "entity2text.txt").write_text("".join(lines))
+    (folder / "relation2text.txt").write_text("r0\tpart of\nr1\tsimilar to\n")
+    rows = {(f"e{rng.randrange(60)}", f"r{rng.randrange(2)}", f"e{rng.randrange(60)}") for _ in range(400)}
+    (folder / "train.tsv").write_text("".join("\t".join(r) + "\n" for r in sorted(rows)))
+    for split in ("dev", "test"):
+        (folder / f"{split}.tsv").write_text("e1\tr0\te2\n")
+    return folder
+
+
+@pytest.mark.parametrize("max_tokens,seed", [(50, 0), (12, 1), (6, 2)])
+def test_batch_assembly_equals_one_entity_at_a_time(tmp_path, tokenizer, max_tokens, seed):
+    """entity_batch / entity_inputs (array code) against entity_ids / wrap / a row-by-row pad, on random texts whose
+    names fill max_tokens part-way through the neighbours, with excludes that are neighbours, strangers and None."""
+    import numpy as np
+    import torch
+
+    bank = TextBank(read_graph(_random_graph(tmp_path / "G", seed)), tokenizer, max_tokens=max_tokens)
+    rng = np.random.default_rng(seed)
+    n = bank.graph.num_entities
+    entities = rng.integers(0, n, 300)
+    excludes = [None if k % 5 == 0 else int(bank.neighbors[e][0]) if k % 5 == 1 and bank.neighbors[e]
+                else int(rng.integers(0, n)) for k, e in enumerate(entities)]
+    expected = [bank.entity_ids(int(e), x) for e, x in zip(entities, excludes)]
+    assert any(bank.short[e] and len(bank.neighbors[e]) > 1 for e in entities)
+    assert list(bank.entity_batch(entities, excludes)) == expected
+    assert list(bank.entity_batch(entities)) == [bank.entity_ids(int(e)) for e in entities]
+    assert len(bank.entity_batch([])) == 0
+    wrapped = [bank.special.wrap(ids, max_tokens) for ids in expected]
+    width = max(len(ids) for ids, _ in wrapped)
+    batch = bank.entity_inputs(entities, excludes)
+    assert batch["input_ids"].shape == (len(entities), width)
+    for row, (ids, types) in enumerate(wrapped):
+        assert batch["input_ids"][row].tolist() == ids + [bank.special.pad_id] * (width - len(ids))
+        assert batch["attention_mask"][row].tolist() == [1] * len(ids) + [0] * (width - len(ids))
+        assert batch["token_type_ids"][row].tolist() == types + [0] * (width - len(ids))
+    pairs = [bank.special.wrap_pair(a, b, max_tokens) for a, b in zip(expected, reversed(expected))]
+    padded = bank.special.pad(pairs)
+    for row, (ids, types) in enumerate(pairs):
+        assert padded["input_ids"][row, : len(ids)].tolist() == ids
+        assert padded["token_type_ids"][row, : len(ids)].tolist() == types
+        assert int(padded["attention_mask"][row].sum()) == len(ids)
+        assert (padded["input_ids"][row, len(ids):] == bank.special.pad_id).all()
+    assert all(t.dtype == torch.long for t in padded.values())

@@ -221,6 +221,80 @@ def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = N
             "speedup": round(ratio, 2), "threads": torch.get_num_threads()}
 
 
+# ---------------------------------------------------------------- kgc bench inputs
+
+
+def _one_at_a_time(bank, heads, tails, relation_ids, max_tokens: int) -> tuple[dict, dict]:
+    """A training step's inputs as kgc built them before the array code: a token list per entity (neighbour names
+    appended one row at a time) and a tensor per padded row. The reference ``kgc bench inputs`` checks against."""
+    special = bank.special
+
+    def pad_rows(seqs):
+        n, width = len(seqs), max(len(ids) for ids, _ in seqs)
+        out = {k: torch.zeros((n, width), dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids")}
+        out["input_ids"].fill_(special.pad_id)
+        for i, (ids, tt) in enumerate(seqs):
+            out["input_ids"][i, : len(ids)] = torch.tensor(ids)
+            out["token_type_ids"][i, : len(tt)] = torch.tensor(tt)
+            out["attention_mask"][i, : len(ids)] = 1
+        return out
+
+    queries = [special.wrap_pair(bank.entity_ids(int(h), int(t)), r, max_tokens)
+               for h, t, r in zip(heads, tails, relation_ids)]
+    ents = [special.wrap(bank.entity_ids(int(e), int(x)), max_tokens)
+            for e, x in zip(np.concatenate([tails, heads]), np.concatenate([heads, tails]))]
+    return pad_rows(queries), pad_rows(ents)
+
+
+def _arrays(bank, heads, tails, relation_ids, max_tokens: int) -> tuple[dict, dict]:
+    """The same inputs as training builds them now (``TextBank.entity_batch``, ``SpecialTokens.wrap_pad`` / ``pad``)."""
+    special = bank.special
+    sentences = bank.entity_batch(heads, tails)
+    queries = special.pad([special.wrap_pair(s, r, max_tokens) for s, r in zip(sentences, relation_ids)])
+    return queries, bank.entity_inputs(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
+
+
+def bench_inputs(recipe_path: Path, *, steps: int = 10, batch_size: int | None = None,
+                 overrides: list[str] | None = None, echo=print) -> dict:
+    """The host's share of a training step: the token inputs of a batch's queries (head text under its relation)
+    and of its tails and heads (the tail tower, self-negatives), built from the text bank — what a GPU waits on
+    every step. Array assembly against one entity at a time, on the same batches of real train triples; the
+    tensors must be equal."""
+    from kgc.data.texts import TextBank
+    from kgc.encoding.backbone import load_tokenizer
+
+    recipe = load_recipe(recipe_path, overrides or [])
+    graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
+    bank = TextBank(graph, load_tokenizer(resolve_backbone(recipe.model.backbone)), max_tokens=recipe.data.max_tokens,
+                    neighbor_text=recipe.data.neighbor_text, max_neighbors=recipe.data.max_neighbors,
+                    short_description_words=recipe.data.short_description_words)
+    b, m = batch_size or recipe.train.batch_size, recipe.data.max_tokens
+    train = np.asarray(graph.splits["train"], dtype=np.int64)
+    rng = np.random.default_rng(recipe.train.seed)
+    batches = [train[rng.integers(0, len(train), b)] for _ in range(steps)]
+    figures, built = {}, {}
+    for name, build in (("arrays", _arrays), ("one at a time", _one_at_a_time)):
+        start, out = time.perf_counter(), []
+        for rows in batches:
+            heads, rels, tails = rows[:, 0], rows[:, 1], rows[:, 2]
+            out.append(build(bank, heads, tails, [bank.relation_ids[int(r)] for r in rels], m))
+        figures[name], built[name] = (time.perf_counter() - start) / steps, out
+    for new, old in zip(built["arrays"], built["one at a time"]):
+        for a, c in zip(new, old):
+            if any(not torch.equal(a[k], c[k]) for k in c):
+                raise KGCError("kgc bench inputs: the array code built other inputs than the reference "
+                               "(a bug in kgc.data.texts)")
+    ratio = figures["one at a time"] / figures["arrays"]
+    for name, sec in figures.items():
+        echo(f"{name:<14} {1000 * sec:9.2f} ms/step  (batch {b}: {b:,} queries + {2 * b:,} tail-tower texts; "
+             f"a step cannot beat {b / sec:,.0f} triples/s while the host builds its inputs)")
+    echo(f"arrays over one at a time: {ratio:.1f}x faster; the inputs equal over {steps} steps "
+         f"({graph.num_entities:,} entities, max_tokens {m})")
+    return {"recipe": str(recipe_path), "batch_size": b, "entities": graph.num_entities, "steps": steps,
+            "ms_per_step": {k: round(1000 * v, 3) for k, v in figures.items()}, "speedup": round(ratio, 2),
+            "host_bound_triples_per_s": {k: round(b / v, 1) for k, v in figures.items()}}
+
+
 # ---------------------------------------------------------------- kgc bench index
 
 
@@ -471,7 +545,8 @@ def commands() -> dict:
     from kgc.linkpred.scale import bench_scale
 
     return {"inference": bench_inference, "train": bench_train, "loss": bench_loss, "index": bench_index,
-            "structure": bench_structure, "scale": bench_scale}
+            "structure": bench_structure, "scale": bench_scale,
+            "inputs": bench_inputs}
 
 
 def tables() -> dict:

@@ -114,7 +114,7 @@ class LinkPredictor(TaskModel):
         to read the heads from (default the model's own)."""
         bank = bank or self.bank
         excludes = excludes if excludes is not None else [None] * len(heads)
-        return self.encode_query_tokens([bank.entity_ids(int(h), x) for h, x in zip(heads, excludes)], rels)
+        return self.encode_query_tokens(bank.entity_batch(heads, excludes), rels)
 
     def encode_query_tokens(self, sentences: Sequence[Sequence[int]], rels: Sequence[int]) -> torch.Tensor:
         """(batch, dim): head texts given as token ids (no special tokens; an entity's text, or free text) under their
