@@ -95,3 +95,20 @@ def test_compare_table_prints_shares_and_metrics_to_their_digits():
     assert cells["head above gold"] == "0.893" and cells["MRR"] == "0.2314" and cells["H@10"] == "0.5230"
     assert cells["trainable params"] == "7.10M" and cells["train seconds"] == "4537.5"
     assert cells["cache bytes"] == "5516.8 MiB"
+
+
+def test_bench_inputs_times_both_assemblies_and_checks_them_equal(tiny_bert, tmp_path, data_home, monkeypatch):
+    """`kgc bench inputs`: a step's token inputs built on arrays and one entity at a time, on the recipe's train
+    triples; a difference between the two is an error, not a figure."""
+    from kgc.data.texts import TextBank
+    from kgc.errors import KGCError
+    from kgc.linkpred.bench import bench_inputs
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_bert)
+    result = bench_inputs(recipe, steps=2, batch_size=64, echo=lambda m: None)
+    assert result["batch_size"] == 64 and result["entities"] == 135 and result["steps"] == 2
+    assert set(result["ms_per_step"]) == {"arrays", "one at a time"} and result["speedup"] > 0
+    real = TextBank.entity_batch
+    monkeypatch.setattr(TextBank, "entity_batch", lambda self, e, x=None: real(self, e, None))  # exclusion lost
+    with pytest.raises(KGCError, match="other inputs than the reference"):
+        bench_inputs(recipe, steps=2, batch_size=64, echo=lambda m: None)
