@@ -9,6 +9,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2` (the README's command): one worker per core
+    # one thread per worker: two torch pools of 2 threads on 2 cores made a 28 s test take 137 s
+    import torch
+
+    torch.set_num_threads(1)
 SHARED_DATA = Path(os.environ.get("KGC_DATA_HOME", ROOT.parent / "shared" / "data")).resolve()
 
 

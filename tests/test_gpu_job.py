@@ -58,3 +58,17 @@ def test_the_gpu_job_rehearses_on_the_cpu(tmp_path, data_home):
     summary = (out / "summary.md").read_text()
     assert "kgc train recipes/wn18rr_biencoder.yaml --set train.max_minutes=" in summary
     assert "| wn18rr_biencoder | ok |" in summary
+
+
+def test_the_pace_phase_reads_the_steady_rate_past_the_warm_up():
+    """gpu/job.py's pace phase: triples/s between the first logged step at or past 20 and the last (the slow first
+    steps left out), nothing when fewer than two such rows were logged."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_job", ROOT / "gpu" / "job.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    rows = [{"step": s, "seen": 1024 * s, "train_seconds": t}
+            for s, t in ((10, 9.0), (20, 10.0), (30, 10.5), (40, 11.0))] + [{"step": 40, "loss": 1.0}]
+    assert job.steady_rate(rows) == pytest.approx(1024 * 20 / 1.0)
+    assert job.steady_rate(rows[:2]) is None and job.steady_rate([]) is None
