@@ -134,6 +134,17 @@ def compare(recipes: Sequence[str | Path], overrides: Sequence[str] = (), out: s
                        progress=progress)
 
 
+def tune(recipe: str | Path, *, out: str | Path | None = None, trials: int | None = None,
+         timeout_minutes: float | None = None, jobs: int = 1, storage: str | None = None,
+         overrides: Sequence[str] = (), echo: Echo | None = print, worker: bool = False) -> dict:
+    """Run (or continue) ``kgc tune``: Optuna over the recipe's ``tune:`` space, each trial a run under
+    ``out/trials``; returns the summary (best trial and its recipe file, counts by state, plots written)."""
+    from kgc.tune import tune as run_tune
+
+    return run_tune(recipe, out=out, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
+                    overrides=list(overrides), echo=echo or _silent, worker=worker)
+
+
 def curves(runs: Sequence[str | Path], out: str | Path, *, echo: Echo | None = print) -> dict:
     """Plot the validation curves of several runs of one task in one PNG (by examples seen and by training minutes,
     validation excluded; runs still training included), each run's best validation starred. Returns ``{"png",

@@ -389,6 +389,26 @@ def compare(recipes: List[Path] = typer.Argument(..., help="recipes of one task,
 
 
 @app.command()
+def tune(recipe: Path = typer.Argument(..., help="a recipe with a tune: section (or none: its conditioner's space)"),
+         trials: Optional[int] = typer.Option(None, "--trials", min=1, help="finished trials the study holds at "
+                                              "the end (default tune.trials)"),
+         out: Optional[Path] = typer.Option(None, "--out", help="the study folder (default runs/tune-<name>); run "
+                                            "again to continue its study"),
+         timeout_minutes: Optional[float] = typer.Option(None, "--timeout-minutes", help="start no trial after this"),
+         jobs: int = typer.Option(1, "--jobs", min=1, help="worker processes on this machine, on one study"),
+         storage: Optional[str] = typer.Option(None, "--storage", help="an Optuna storage URL (default "
+                                               "sqlite:///STUDY/study.db); workers on other machines join with it"),
+         set_: List[str] = typer.Option([], "--set", help="a recipe key for every trial"),
+         worker: bool = typer.Option(False, "--worker", hidden=True)) -> None:
+    """Search a recipe's hyperparameters with Optuna (TPE, pruning on the dev curve); write best.yaml, the trials
+    table and plots."""
+    import kgc
+
+    kgc.api.tune(recipe, out=out, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
+                 overrides=set_, echo=_echo, worker=worker)
+
+
+@app.command()
 def curves(runs: List[Path] = typer.Argument(..., help="run directories of one task (finished or still training)"),
            out: Path = typer.Option(Path("curves.png"), "--out", help="the PNG to write")) -> None:
     """Validation curves of several runs in one figure: by examples seen and by minutes of training, each run's

@@ -124,6 +124,10 @@ class TrainConfig(Section):
                             "checkpoints/last.pt with the optimiser state, to train further (all)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     log_every: int = Field(10, ge=1, description="steps between rows of metrics.jsonl")
+    trackers: list[Literal["tensorboard", "mlflow", "csv", "wandb"]] = Field(
+        [], description="where the metrics.jsonl rows also go (kgc/training/trackers.py): tensorboard (RUN/tensorboard), "
+                        "mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv (RUN/metrics.csv), wandb (offline); each an "
+                        "optional extra, e.g. pip install 'kgc[tensorboard]'")
     check_memory: bool = Field(True, description="refuse to start when the estimated memory of a training step "
                                "exceeds what the machine has free (kgc/training/estimate.py); false: warn and go on "
                                "(kgc train --no-memory-check)")
@@ -145,6 +149,46 @@ class EvalConfig(Section):
     validate_every_steps: Optional[int] = Field(None, ge=1, description="also validate every N steps")
 
 
+class ParamRange(Section):
+    """One dimension of a ``tune.space``: ``{low, high[, log, step]}`` (an int range when both ends are ints) or
+    ``{choices: [...]}``."""
+    low: Optional[Union[int, float]] = Field(None, description="the lowest value")
+    high: Optional[Union[int, float]] = Field(None, description="the highest value")
+    log: bool = Field(False, description="sample on a log scale (low > 0)")
+    step: Optional[Union[int, float]] = Field(None, gt=0, description="a grid step")
+    choices: Optional[list[Union[bool, int, float, str]]] = Field(None, description="the values to choose from")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ParamRange":
+        if self.choices is not None:
+            if not self.choices or self.low is not None or self.high is not None:
+                raise ValueError("give either choices: [...] (not empty) or low and high")
+            return self
+        if self.low is None or self.high is None or not self.low < self.high:
+            raise ValueError(f"give low < high (got low={self.low}, high={self.high}) or choices: [...]")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log: true needs low > 0 (got {self.low})")
+        return self
+
+    def is_int(self) -> bool:
+        return (self.choices is None and isinstance(self.low, int) and isinstance(self.high, int)
+                and not isinstance(self.low, bool) and (self.step is None or isinstance(self.step, int)))
+
+
+class TuneConfig(Section):
+    space: dict[str, ParamRange] = Field(
+        {}, description="kgc tune's search space: recipe keys (as --set writes them) → {low, high[, log, step]} or "
+                        "{choices: [...]}; empty: the conditioner's shipped space (kgc/tune.py)")
+    trials: int = Field(20, ge=1, description="kgc tune: finished (complete or pruned) trials the study holds at the end")
+    budget: Optional[str] = Field(None, description="each trial's training, the same for all: 'N triples' (the "
+                                  "task's unit; 'N pairs' for C-STS), 'N steps' or 'N minutes'; unset: the recipe's")
+    reports: int = Field(4, ge=1, description="validations per trial: the dev curve the pruner reads")
+    pruner: Literal["median", "halving", "none"] = Field(
+        "median", description="stop a trial whose dev figure falls below the median of earlier trials at the same "
+                              "step (median) or outside the top of its rung (halving: successive halving)")
+    timeout_minutes: Optional[float] = Field(None, gt=0, description="kgc tune starts no trial after this many minutes")
+
+
 class Recipe(Section):
     """The sections every task has. A task adds its own (``loss``; link prediction also ``index`` and
     ``structure``) in a subclass it registers (``Task.recipe_class``), and ``model`` is the union of the registered
@@ -160,6 +204,7 @@ class Recipe(Section):
     encoder: EncoderConfig = EncoderConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    tune: TuneConfig = TuneConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -55,7 +55,7 @@ class CSTSRun(Run):
             write_json(self.dir.results(split), ev.results)
             write_tsv(self.dir.table("predictions", split), ev.predictions)
 
-        return self._save(ev, write)  # a folder that refuses them: ResultsNotSaved, carrying the figures
+        return self._save(ev, write, split)  # a folder that refuses them: ResultsNotSaved, carrying the figures
 
     def similarity(self, s1: str | Sequence[str], s2: str | Sequence[str], condition: str | Sequence[str], *,
                    batch_size: int = 64) -> "float | np.ndarray":

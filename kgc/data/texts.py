@@ -328,16 +328,16 @@ class TextBank:
         n = len(e)
         x = (np.full(n, -1, dtype=np.int64) if excludes is None
              else np.fromiter((-1 if v is None else int(v) for v in excludes), dtype=np.int64, count=n))
-        counts = np.where(self.short[e], nb.lengths[e], 0)
+        counts = np.where(self.short[e], nb.lengths_of(e), 0)
         owner = np.repeat(np.arange(n, dtype=np.int64), counts)  # the batch row of each candidate neighbour
         picked = nb.values[spans(nb.offsets[e], counts)]
         keep = picked != x[owner]  # the other end of the triple is left out
         owner, picked = owner[keep], picked[keep]
         grown = np.bincount(owner, minlength=n) > 0  # rows with a neighbour left: the colon text, then names
-        head = np.where(grown, self.base_colon.lengths[e], self.base.lengths[e])
+        head = np.where(grown, self.base_colon.lengths_of(e), self.base.lengths_of(e))
         # names are appended until the text reaches max_tokens: a name is kept when it is its row's first or the
         # text before it is still shorter (entity_ids' loop breaks after the name that fills it)
-        step = self.name_ids.lengths[picked]
+        step = self.name_ids.lengths_of(picked)
         first = np.concatenate([[True], owner[1:] != owner[:-1]]) if len(owner) else np.zeros(0, dtype=bool)
         before = head[owner] + _exclusive_within(step, first)
         kept = first | (before < self.max_tokens)

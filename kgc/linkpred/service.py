@@ -86,7 +86,7 @@ class LinkPredRun(Run):
         from kgc.linkpred.run_evaluation import evaluate_run, write_evaluation
 
         ev, split, kind = evaluate_run(self.predictor, self.entities, split, echo=self.echo, **options)
-        return self._save(ev, lambda: write_evaluation(self.dir, ev, split, kind))  # refused: ResultsNotSaved
+        return self._save(ev, lambda: write_evaluation(self.dir, ev, split, kind), split, kind)  # refused: ResultsNotSaved
 
     def predict(self, head: str, relation: str, top_k: int | None = None, *, progress: bool = False,
                 **options: Any) -> "pd.DataFrame":

@@ -160,9 +160,12 @@ class MetricsLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.trackers = None  # kgc.training.trackers.Trackers: each row also to TensorBoard, MLflow, …
 
     def write(self, **record: Any) -> None:
         append_line(self.path, json.dumps(record))
+        if self.trackers:
+            self.trackers.log(record)
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.is_file():

@@ -19,7 +19,7 @@ import contextlib
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -66,6 +66,8 @@ def pace_warning(recipe: Recipe, *, steps: int, seconds: float, steps_per_epoch:
 class _NoLog:
     """Ranks other than 0 write no metrics."""
 
+    trackers = None
+
     def write(self, **record: Any) -> None:
         pass
 
@@ -107,12 +109,14 @@ def _on_main(fn):
 
 
 def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path | None = None,
-          progress: bool = True, echo=print, check_memory: bool = True) -> Path:
+          progress: bool = True, echo=print, check_memory: bool = True,
+          on_validation: Callable[[int, dict], None] | None = None) -> Path:
     """Train (or resume) the recipe's task and return the run directory.
 
     Before anything is written, the memory a training step needs is estimated and said in one line; a run that
     does not fit is refused (:mod:`kgc.training.estimate`) unless ``train.check_memory`` or ``check_memory`` is
-    false.
+    false. ``on_validation(step, figures)`` is called on rank 0 after each validation (``kgc tune`` reports the dev
+    curve to Optuna there; an exception it raises, a pruned trial, ends the training).
 
     Under ``torchrun`` every process calls this; the run directory is rank 0's and is returned on every rank.
     Rank 0 holds the run directory's lock for the whole training (:func:`kgc.fileio.run_lock`): another
@@ -121,7 +125,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     try:
         with contextlib.ExitStack() as hold:  # the run directory's lock, released when training ends
             return _train(recipe, out=out, resume=resume, progress=progress, echo=echo, hold=hold,
-                          check_memory=check_memory)
+                          check_memory=check_memory, on_validation=on_validation)
     finally:
         dist.shutdown()
 
@@ -243,6 +247,7 @@ class _Setup:
         self.params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
         self.metrics = MetricsLog(self.run.metrics) if dist.is_main() else _NoLog()
         self.step, self.validated, self.best = 0, 0, float("-inf")
+        self.on_validation: Callable[[int, dict], None] | None = None  # kgc tune: the dev curve, as it grows
         self.checkpointed = 0  # the step of the last resumable checkpoint
         self.clock = 0.0  # seconds of training so far (validation excluded), across resumes
         self.seen = 0  # training examples (the task's unit) seen so far, across resumes
@@ -263,6 +268,11 @@ class _Setup:
             self.metrics.truncate_after(self.step)
         elif self.world > 1:
             torch.manual_seed(tc.seed + self.rank)  # the weights are rank 0's; dropout masks differ per rank
+        if tc.trackers and dist.is_main():  # rank 0 alone logs; resumed: past the checkpoint's step is redone
+            from kgc.training.trackers import open_trackers
+
+            self.metrics.trackers = open_trackers(tc.trackers, self.run.path, self.recipe.model_dump(mode="json"),
+                                                  title=self.recipe.name, resume_step=self.step if ckpt else None)
 
     def seconds(self) -> float:
         """Training wall time so far: this process's since setup (validation excluded) plus earlier runs'."""
@@ -299,6 +309,8 @@ class _Setup:
                                                 self.task.metric: value})
             self.say(f"step {self.step} (epoch {epoch + 1}): {summary}{'  (best)' if improved else ''}  "
                      f"[{values['dev_seconds']:.1f}s]")
+            if self.on_validation is not None:
+                self.on_validation(self.step, values)
 
         _on_main(run)
         self.clock_start += time.perf_counter() - start  # validation is not training time
@@ -307,10 +319,12 @@ class _Setup:
 
 
 def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, progress: bool, echo,
-           hold: contextlib.ExitStack, check_memory: bool = True) -> Path:
+           hold: contextlib.ExitStack, check_memory: bool = True,
+           on_validation: Callable[[int, dict], None] | None = None) -> Path:
     from tqdm.auto import tqdm
 
     s = _Setup(recipe, out=out, resume=resume, echo=echo, hold=hold, check_memory=check_memory)
+    s.on_validation = on_validation
     recipe, task, model, criterion, tc = s.recipe, s.task, s.model, s.criterion, s.recipe.train
     rate_key = f"{task.unit}_per_s"
     model.train()
@@ -435,6 +449,8 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         "pace": s.pace,  # the pace and end time said after the first steps
         "files": run.file_records()})  # best.pt and backbone/*: a damaged one is refused when the run is loaded
     echo(f"finished {s.step} steps; run directory: {run.path}")
+    if s.metrics.trackers:
+        s.metrics.trackers.finish([run.curves, run.summary_file])
     task.after_training(run.path, progress=progress, echo=echo)
     if s.recipe.train.keep == "best" and run.last.is_file():  # resume state is no longer needed: keep the model only
         shutil.rmtree(run.last.parent)

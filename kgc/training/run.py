@@ -388,14 +388,23 @@ class Run:
         """The evaluation of ``split`` with ``.results``, ``.seconds`` and the task's per-row output."""
         raise NotImplementedError
 
-    def _save(self, evaluation: Any, write: Callable[[], None]) -> Any:
+    def _save(self, evaluation: Any, write: Callable[[], None], split: str = "test", kind: str | None = None) -> Any:
         """``write()`` an evaluation's files into the run and return ``evaluation``; a folder that refuses them
-        raises :class:`~kgc.errors.ResultsNotSaved`, which carries the evaluation (its figures are not lost)."""
+        raises :class:`~kgc.errors.ResultsNotSaved`, which carries the evaluation (its figures are not lost). The
+        headline figures then go to the run's trackers that keep one record per run (``train.trackers``)."""
         try:
             write()
         except KGCError as exc:
             raise ResultsNotSaved(f"{exc} The evaluation itself ran (its figures are printed above, and kept on "
                                   "this error's .evaluation); only saving them failed.", evaluation) from None
+        if self.recipe.train.trackers:
+            from kgc.registry import TASKS
+            from kgc.training.trackers import log_results
+
+            prefix = "_".join([split] + ([kind] if kind else []))
+            headline = TASKS[self.task].headline(evaluation.results)
+            log_results(self.recipe.train.trackers, self.path, self.dir.results(split, kind),
+                        {f"{prefix}_{k.replace('@', '_at_')}": float(v) for k, v in headline.items()})
         return evaluation
 
     def serving(self):

@@ -1,0 +1,263 @@
+"""Experiment trackers (``train.trackers``): every row a run writes to ``metrics.jsonl`` also goes where people read
+curves — TensorBoard, MLflow, a CSV file, Weights & Biases (offline).
+
+* ``tensorboard``: event files under ``RUN/tensorboard`` (scalars ``train/loss``, ``train/tau``, ``train/lr``,
+  ``train/<unit>_per_s``, ``dev/mrr`` …; the resolved recipe as text; ``curves.png`` as an image at the end). A
+  resumed run purges the events past the step it restarts from, as ``metrics.jsonl`` drops its rows.
+* ``mlflow``: one MLflow run per kgc run, in ``$MLFLOW_TRACKING_URI`` when set, else a SQLite store under the run
+  (``sqlite:///RUN/mlflow/mlflow.db``, artefacts beside it); the experiment is the recipe's name; params = the
+  resolved recipe, flattened (``train.lr``); metrics per step; artefacts ``curves.png`` and ``train_summary.json``
+  (and ``results.json`` after ``kgc evaluate``). A resumed run logs into the same MLflow run (its id is kept in
+  ``RUN/mlflow/run_id``).
+* ``csv``: ``RUN/metrics.csv`` in the long layout PyKEEN's ``CSVResultTracker`` writes (``step,epoch,key,value``).
+* ``wandb``: ``wandb.init(mode="offline")`` under ``RUN/wandb`` (``wandb sync`` uploads it later); resumed by id.
+
+Each is an optional dependency (``pip install 'kgc[tensorboard]'``, ``'kgc[mlflow]'``, ``'kgc[wandb]'``); a missing
+one is one message naming the extra, before the first step. Only rank 0 logs (under torchrun the others write no
+metrics). Nothing here changes what a run computes.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from kgc.errors import KGCError
+
+KNOWN = ("tensorboard", "mlflow", "csv", "wandb")
+NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"),
+         "wandb": ("wandb", "wandb")}  # tracker: (module it imports, the kgc extra that installs it)
+NOT_SCALARS = ("step", "epoch")
+
+
+def check_available(names: Iterable[str]) -> None:
+    """One message for the first tracker whose package is missing, naming the extra to install."""
+    for name in names:
+        if name not in KNOWN:
+            raise KGCError(f"train.trackers: unknown tracker {name!r}; known: {', '.join(KNOWN)}")
+        if name in NEEDS and importlib.util.find_spec(NEEDS[name][0]) is None:
+            module, extra = NEEDS[name]
+            raise KGCError(f"train.trackers: {name} needs the {module} package, which is not installed: "
+                           f"pip install 'kgc[{extra}]' (or pip install {module}), or leave {name} out of "
+                           "train.trackers")
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics.jsonl row (step and epoch are its coordinates, not scalars)."""
+    return {k: float(v) for k, v in record.items()
+            if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def tag(key: str) -> str:
+    """``dev_mrr`` → ``dev/mrr``, ``loss`` → ``train/loss``: the two groups TensorBoard and W&B show apart."""
+    return f"dev/{key[4:]}" if key.startswith("dev_") else f"train/{key}"
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 1e-4}}`` → ``{"train.lr": 1e-4}`` (recipe keys as ``--set`` writes them)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class Tracker:
+    """One destination. ``resume_step``: the step a resumed run restarts from (None: a new run)."""
+
+    name = ""
+
+    def __init__(self, run_dir: Path, params: dict[str, Any], *, title: str, resume_step: int | None) -> None:
+        self.run_dir, self.params, self.title, self.resume_step = run_dir, params, title, resume_step
+
+    def log(self, record: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def finish(self, artifacts: list[Path]) -> None:
+        pass
+
+    def results(self, results_file: Path, metrics: dict[str, float]) -> None:
+        """After ``kgc evaluate``: the test figures (where the tracker keeps one record per run)."""
+
+
+class TensorBoardTracker(Tracker):
+    name = "tensorboard"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.folder = self.run_dir / "tensorboard"
+        # rows up to the checkpoint's step stay (as in metrics.jsonl); TensorBoard purges from purge_step on
+        self.writer = SummaryWriter(str(self.folder), purge_step=None if self.resume_step is None
+                                    else self.resume_step + 1)
+        if self.resume_step is None:
+            text = json.dumps(self.params, indent=2, default=str)
+            self.writer.add_text("recipe", "    " + text.replace("\n", "\n    "), 0)  # a code block in markdown
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record.get("step", 0))
+        for key, value in scalars(record).items():
+            self.writer.add_scalar(tag(key), value, step)
+        self.writer.flush()  # a killed run keeps every row it logged
+
+    def finish(self, artifacts: list[Path]) -> None:
+        import matplotlib.image
+
+        for path in artifacts:
+            if path.suffix == ".png" and path.is_file():
+                self.writer.add_image(path.stem, matplotlib.image.imread(str(path))[..., :3], dataformats="HWC")
+        self.writer.close()
+
+
+class MLflowTracker(Tracker):
+    name = "mlflow"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import logging
+        import os
+
+        from mlflow.tracking import MlflowClient
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its "Creating initial MLflow database tables"
+
+        self.folder = self.run_dir / "mlflow"
+        self.folder.mkdir(exist_ok=True)
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(self.folder / 'mlflow.db').resolve()}"
+        self.client = MlflowClient(self.uri)
+        id_file = self.folder / "run_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if not run_id:
+            experiment = self.client.get_experiment_by_name(self.title)
+            experiment_id = (experiment.experiment_id if experiment is not None else self.client.create_experiment(
+                self.title, artifact_location=(self.folder / "artifacts").resolve().as_uri()))
+            run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name).info.run_id
+            id_file.write_text(run_id + "\n")
+            self._params(run_id)
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    def _params(self, run_id: str) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(self.params).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(run_id, params=params[start: start + 100])
+
+    def log(self, record: dict[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        step, now = int(record.get("step", 0)), int(time.time() * 1000)
+        metrics = [Metric(key, value, now, step) for key, value in scalars(record).items()]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, artifacts: list[Path]) -> None:
+        for path in artifacts:
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+    def results(self, results_file: Path, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+        if results_file.is_file():
+            self.client.log_artifact(self.run_id, str(results_file))
+
+
+class CSVTracker(Tracker):
+    name = "csv"
+    HEADER = ["step", "epoch", "key", "value"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.path = self.run_dir / "metrics.csv"
+        if self.resume_step is not None and self.path.is_file():  # drop the rows past the restart, as metrics.jsonl
+            with self.path.open(newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= self.resume_step]
+            self._write(rows, mode="w")
+        elif not self.path.is_file() or self.resume_step is None:
+            self._write([], mode="w")
+
+    def _write(self, rows: list[dict[str, Any]], *, mode: str) -> None:
+        with self.path.open(mode, newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.HEADER)
+            if mode == "w":
+                writer.writeheader()
+            writer.writerows(rows)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step, epoch = record.get("step", 0), record.get("epoch", "")
+        self._write([{"step": step, "epoch": epoch, "key": k, "value": v} for k, v in scalars(record).items()],
+                    mode="a")
+
+
+class WandbTracker(Tracker):
+    name = "wandb"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import wandb
+
+        folder = self.run_dir / "wandb"
+        folder.mkdir(exist_ok=True)
+        id_file = folder / "run_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        id_file.write_text(run_id + "\n")
+        self.run = wandb.init(mode="offline", dir=str(folder), project=self.title, name=self.run_dir.name,
+                              id=run_id, resume="allow", config=flatten(self.params), reinit="create_new")
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.run.log({tag(k): v for k, v in scalars(record).items()}, step=int(record.get("step", 0)))
+
+    def finish(self, artifacts: list[Path]) -> None:
+        self.run.finish()
+
+
+CLASSES = {c.name: c for c in (TensorBoardTracker, MLflowTracker, CSVTracker, WandbTracker)}
+
+
+class Trackers:
+    """The run's trackers as one: each row to all of them; ``finish`` with the files to keep as artefacts."""
+
+    def __init__(self, trackers: list[Tracker]) -> None:
+        self.trackers = trackers
+
+    def __bool__(self) -> bool:
+        return bool(self.trackers)
+
+    def log(self, record: dict[str, Any]) -> None:
+        for t in self.trackers:
+            t.log(record)
+
+    def finish(self, artifacts: list[Path]) -> None:
+        for t in self.trackers:
+            t.finish(artifacts)
+
+
+def open_trackers(names: Iterable[str], run_dir: Path, params: dict[str, Any], *, title: str,
+                  resume_step: int | None = None) -> Trackers:
+    names = list(dict.fromkeys(names))
+    check_available(names)
+    return Trackers([CLASSES[n](run_dir, params, title=title, resume_step=resume_step) for n in names])
+
+
+def log_results(names: Iterable[str], run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
+    """After ``kgc evaluate RUN``: the test figures into the trackers that keep one record per run (MLflow's run
+    of this training, reopened by its id); the others hold curves only."""
+    if "mlflow" in names and (run_dir / "mlflow" / "run_id").is_file():
+        check_available(["mlflow"])
+        tracker = MLflowTracker(run_dir, {}, title="", resume_step=0)
+        tracker.results(results_file, metrics)
+        tracker.client.set_terminated(tracker.run_id, "FINISHED")

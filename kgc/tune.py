@@ -1,0 +1,353 @@
+"""``kgc tune RECIPE``: hyperparameter search with Optuna over a recipe's ``tune:`` section.
+
+Each trial is a normal training run (``STUDY/trials/NNNN``) of the recipe with the trial's values set and the
+same budget for every trial (``tune.budget``: "N triples" — the task's unit —, "N steps" or "N minutes"). The
+trial validates ``tune.reports`` times; each dev figure (the task's metric: dev MRR, dev Spearman) is reported to
+Optuna, whose pruner (``tune.pruner``: median, or successive halving) stops a trial whose curve falls behind. The
+objective is the trial's best dev figure, maximised by TPE. The study lives in ``STUDY/study.db`` (SQLite, with
+Optuna's heartbeats: a trial whose process was killed is marked failed and its values tried again once), so the
+same command run again continues the study until it holds ``tune.trials`` finished (complete or pruned) trials or
+``tune.timeout_minutes`` have passed. ``--storage URL`` puts the study in any database Optuna reads (several
+machines then work on one study); ``--jobs K`` starts K worker processes here.
+
+At the end (and after each call): ``best.yaml`` (the recipe with the best trial's values, ready for ``kgc
+train``), ``trials.csv`` and ``trials.md`` (each trial's values, dev figure, steps, state), and the plots Optuna
+draws with matplotlib: ``history.png`` (optimisation history), ``importance.png`` (parameter importances) and
+``slice.png`` (the figure against each parameter).
+
+A search space is written as ``KEY: {low, high[, log, step]}`` or ``KEY: {choices: [...]}``, keys as ``--set``
+writes them. Without one, the conditioner's shipped space (:data:`SPACES`) is searched.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from kgc.errors import KGCError
+from kgc.fileio import write_with
+from kgc.recipe import ParamRange, Recipe, load_recipe, parse_overrides, resolve_recipe
+
+STUDY_DB = "study.db"
+BASE_SPACE = {"train.lr": {"low": 1e-5, "high": 1e-3, "log": True}}
+LINKPRED_SPACE = {**BASE_SPACE, "loss.temperature": {"low": 0.02, "high": 0.1, "log": True},
+                  "loss.margin": {"low": 0.0, "high": 0.05}}
+CONDITIONER_LR = {"train.conditioner_lr": {"low": 1e-5, "high": 1e-2, "log": True}}
+SPACES: dict[tuple[str, str], dict[str, dict]] = {
+    # (task, conditioner) → the space searched when a recipe's tune.space is empty; a conditioner that adds
+    # parameters of its own (generators, routers, projections) also gets their learning rate
+    ("linkpred", "biencoder"): LINKPRED_SPACE,
+    ("csts", "biencoder"): BASE_SPACE,
+}
+
+
+def default_space(recipe: Recipe) -> dict[str, dict]:
+    found = SPACES.get((recipe.task, recipe.model.conditioner))
+    if found is not None:
+        return found
+    base = LINKPRED_SPACE if recipe.task == "linkpred" else BASE_SPACE
+    return {**base, **CONDITIONER_LR}
+
+
+def parse_budget(text: str | None, unit: str) -> tuple[str, float] | None:
+    """"20000 triples" → ("examples", 20000); "200 steps"; "5 minutes"; None: the recipe's own training."""
+    if not text:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", text)
+    kinds = {unit: "examples", "examples": "examples", "steps": "steps", "minutes": "minutes"}
+    if not m or m.group(2) not in kinds or float(m.group(1)) <= 0:
+        raise KGCError(f"tune.budget {text!r}: write 'N {unit}', 'N steps' or 'N minutes' (e.g. '20000 {unit}')")
+    return kinds[m.group(2)], float(m.group(1))
+
+
+def budget_overrides(recipe: Recipe, budget: tuple[str, float] | None, reports: int) -> dict[str, Any]:
+    """The training keys that make a trial of ``recipe`` (its values already set) spend the budget, validating
+    ``reports`` times on the way."""
+    # validate_every_epoch: also at the last step (the loop ends its epoch there) and at each epoch's end
+    out: dict[str, Any] = {"eval.validate_every_epoch": True}
+    if budget is None:
+        steps = recipe.train.max_steps
+    elif budget[0] == "minutes":
+        out.update({"train.max_minutes": budget[1], "train.schedule": "minutes"})
+        steps = None
+    else:
+        steps = int(budget[1]) if budget[0] == "steps" else math.ceil(budget[1] / recipe.train.batch_size)
+        out.update({"train.max_steps": max(steps, 1), "train.epochs": max(recipe.train.epochs, 10_000)})
+    if steps and reports > 1:  # reports - 1 on the way, the last at the end
+        out["eval.validate_every_steps"] = max(1, steps // reports)
+    return out
+
+
+def suggest(trial, space: dict[str, ParamRange]) -> dict[str, Any]:
+    values = {}
+    for key, spec in space.items():
+        if spec.choices is not None:
+            values[key] = trial.suggest_categorical(key, spec.choices)
+        elif spec.is_int():
+            values[key] = trial.suggest_int(key, int(spec.low), int(spec.high), step=int(spec.step or 1),
+                                            log=spec.log)
+        else:
+            values[key] = trial.suggest_float(key, spec.low, spec.high, step=spec.step, log=spec.log)
+    return values
+
+
+class Study:
+    """A study folder: the Optuna study in ``study.db`` (or ``storage``), one run per trial under ``trials/``."""
+
+    def __init__(self, recipe_path: Path, folder: Path, *, overrides: list[str] | None = None,
+                 storage: str | None = None, echo: Callable[[str], None] = print) -> None:
+        import optuna
+
+        self.recipe_path, self.folder, self.overrides, self.echo = Path(recipe_path), Path(folder), overrides or [], echo
+        self.fixed = parse_overrides(self.overrides)  # --set: typed values, for every trial
+        self.recipe = load_recipe(self.recipe_path, self.overrides)
+        tc = self.recipe.tune
+        raw = tc.space or {k: ParamRange(**v) for k, v in default_space(self.recipe).items()}
+        self.space = raw
+        from kgc.training.task import task_class
+
+        self.task = task_class(self.recipe.task)
+        self.budget = parse_budget(tc.budget, self.task.unit)
+        self._check_space()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        url = storage or f"sqlite:///{(self.folder / STUDY_DB).resolve()}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in use
+            self.storage = optuna.storages.RDBStorage(
+                url, heartbeat_interval=5, grace_period=20,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+        pruner = {"median": optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+                  "halving": optuna.pruners.SuccessiveHalvingPruner(),
+                  "none": optuna.pruners.NopPruner()}[tc.pruner]
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(study_name=self.recipe.name, storage=self.storage, direction="maximize",
+                                         sampler=optuna.samplers.TPESampler(seed=self.recipe.train.seed,
+                                                                            n_startup_trials=max(2, tc.trials // 4)),
+                                         pruner=pruner, load_if_exists=True)
+
+    def _check_space(self) -> None:
+        """Every key of the space must be a key of the recipe (its lowest and highest values both valid)."""
+        from difflib import get_close_matches
+
+        from kgc.recipe import valid_keys
+
+        known = valid_keys()
+        for key, spec in self.space.items():
+            if key not in known:
+                near = get_close_matches(key, known, n=1)
+                raise KGCError(f"tune.space {key}: not a recipe key{f' (did you mean {near[0]}?)' if near else ''}; "
+                               "`kgc recipe keys` lists them")
+            for value in (spec.choices if spec.choices is not None else (spec.low, spec.high)):
+                try:
+                    resolve_recipe(self.recipe_path, {**self.fixed, key: value})
+                except KGCError as exc:
+                    raise KGCError(f"tune.space {key}={value}: {exc}") from None
+
+    def finished(self) -> int:
+        from optuna.trial import TrialState
+
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+    def trial_dir(self, number: int) -> Path:
+        return self.folder / "trials" / f"{number:04d}"
+
+    def objective(self, trial) -> float:
+        import optuna
+
+        from kgc.training.loop import train
+
+        values = suggest(trial, self.space)
+        with_values = resolve_recipe(self.recipe_path, {**self.fixed, **values})
+        extra = budget_overrides(with_values, self.budget, self.recipe.tune.reports)
+        recipe = resolve_recipe(self.recipe_path, {**self.fixed, **values, **extra})
+        recipe.name = f"{self.recipe.name}-trial{trial.number:04d}"
+        metric = self.task.metric
+        out = self.trial_dir(trial.number)
+        if out.exists():  # a retried trial (its process was killed): start it again from nothing
+            import shutil
+
+            shutil.rmtree(out)
+        self.echo(f"trial {trial.number}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+
+        def report(step: int, figures: dict) -> None:
+            trial.report(float(figures[metric]), step)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"dev {figures[metric]:.4f} at step {step}")
+
+        train(recipe, out=out, progress=False, echo=lambda m: None, on_validation=report)
+        best = _best_of(out, metric)
+        trial.set_user_attr("run", str(out))
+        self.echo(f"trial {trial.number}: best {metric} {best:.4f}")
+        return best
+
+    def optimize(self, trials: int, timeout: float | None) -> None:
+        import optuna
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # trials of a killed process: failed (and retried once)
+        left = trials - self.finished()
+        if left <= 0:
+            return
+        self.study.optimize(self.objective, n_trials=left + _retries(self.study), timeout=timeout,
+                            catch=(), callbacks=[optuna.study.MaxTrialsCallback(
+                                trials, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))])
+
+    # ------------------------------------------------------------------ what a study leaves
+
+    def write_outputs(self) -> dict:
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False)
+        rows = []
+        for t in trials:
+            run = self.trial_dir(t.number)
+            rows.append({"trial": t.number, "state": t.state.name.lower(),
+                         "value": None if t.value is None else round(t.value, 4),
+                         "steps": max(t.intermediate_values, default=None),
+                         **{k: t.params.get(k) for k in self.space}, "run": str(run)})
+        _write_csv(self.folder / "trials.csv", rows)
+        write_with(self.folder / "trials.md", lambda tmp: tmp.write_text(_markdown(rows, self.task.metric)))
+        complete = [t for t in trials if t.state == TrialState.COMPLETE]
+        out = {"study": str(self.folder), "trials": len(trials), "complete": len(complete),
+               "pruned": sum(t.state == TrialState.PRUNED for t in trials),
+               "failed": sum(t.state == TrialState.FAIL for t in trials), "best": None, "plots": []}
+        if complete:
+            best = self.study.best_trial
+            path = self.folder / "best.yaml"
+            write_with(path, lambda tmp: tmp.write_text(self.best_recipe_text(best.params, best.value, best.number)))
+            out["best"] = {"trial": best.number, "value": best.value, "params": best.params, "recipe": str(path)}
+        out["plots"] = self.plots(len(complete))
+        return out
+
+    def best_recipe_text(self, params: dict, value: float, number: int) -> str:
+        """The study's recipe with the best trial's values set (the trials' budget left out): a file for kgc
+        train, the recipe resolved in full."""
+        recipe = resolve_recipe(self.recipe_path, {**self.fixed, **params})
+        tree = yaml.safe_load(recipe.to_yaml())
+        tree.pop("tune", None)
+        head = (f"# kgc tune {self.recipe_path} → trial {number} of {self.folder}: best dev "
+                f"{self.task.metric} {value:.4f} at {_budget_text(self.budget)}\n"
+                f"# {', '.join(f'{k}={_fmt(v)}' for k, v in params.items())}\n")
+        return head + yaml.safe_dump(tree, sort_keys=False)
+
+    def plots(self, complete: int) -> list[str]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import optuna.visualization.matplotlib as ovm
+
+        drawn = []
+        kinds = [("history.png", ovm.plot_optimization_history, 1), ("slice.png", ovm.plot_slice, 1)]
+        if len(self.space) > 1:
+            kinds.append(("importance.png", ovm.plot_param_importances, 2))
+        for name, draw, least in kinds:
+            if complete < least:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+                ax = draw(self.study)
+            fig = (ax.flat[0] if hasattr(ax, "flat") else ax).get_figure()
+            fig.set_size_inches(max(6.0, 3.2 * len(self.space)) if name == "slice.png" else 7.0, 4.0)
+            fig.tight_layout()
+            write_with(self.folder / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+            plt.close(fig)
+            drawn.append(name)
+        return drawn
+
+
+def _best_of(run: Path, metric: str) -> float:
+    import json
+
+    summary = json.loads((run / "train_summary.json").read_text())
+    best = summary.get(f"best_{metric}")
+    if best is None:
+        raise KGCError(f"{run}: the trial validated nothing, so it has no dev {metric}; give tune.budget room for "
+                       "at least one validation")
+    return float(best)
+
+
+def _retries(study) -> int:
+    """Trials of a killed process waiting to be tried again (RetryFailedTrialCallback enqueues them)."""
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _budget_text(budget: tuple[str, float] | None) -> str:
+    return "the recipe's own training" if budget is None else f"{budget[1]:g} {budget[0]} a trial"
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["trial"])
+            writer.writeheader()
+            writer.writerows(rows)
+
+    write_with(path, write)
+
+
+def _markdown(rows: list[dict], metric: str) -> str:
+    if not rows:
+        return "no trials yet\n"
+    keys = [k for k in rows[0] if k != "run"]
+    head = ["trial", "state", f"dev {metric}", "steps", *keys[4:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0))):
+        lines.append("| " + " | ".join("" if r[k] is None else _fmt(r[k]) for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def tune(recipe: str | Path, *, out: str | Path | None = None, trials: int | None = None,
+         timeout_minutes: float | None = None, jobs: int = 1, storage: str | None = None,
+         overrides: list[str] | None = None, echo: Callable[[str], None] = print, worker: bool = False) -> dict:
+    """Run (or continue) the study of ``recipe`` in ``out`` (default ``runs/tune-<name>``) until it holds
+    ``trials`` finished trials (default ``tune.trials``); ``jobs`` worker processes here; return the summary."""
+    base = load_recipe(Path(recipe), overrides or [])
+    folder = Path(out) if out is not None else Path("runs") / f"tune-{base.name}"
+    study = Study(Path(recipe), folder, overrides=overrides, storage=storage, echo=echo)
+    n = trials or base.tune.trials
+    timeout = 60 * (timeout_minutes or base.tune.timeout_minutes or 0) or None
+    start = time.time()
+    if jobs > 1 and not worker:
+        argv = [sys.executable, "-m", "kgc", "tune", str(recipe), "--out", str(folder), "--trials", str(n), "--worker",
+                "--storage", storage or f"sqlite:///{(folder / STUDY_DB).resolve()}",
+                *(a for o in overrides or [] for a in ("--set", o))]
+        if timeout:
+            argv += ["--timeout-minutes", f"{timeout / 60:g}"]
+        procs = [subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+                 for _ in range(jobs)]
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise KGCError(f"kgc tune: a worker exited with {max(codes)}; the study in {folder} keeps what finished "
+                           "(run the same command again to continue it)")
+    else:
+        study.optimize(n, timeout)
+    if worker:
+        return {}
+    summary = study.write_outputs()
+    summary["seconds"] = round(time.time() - start, 1)
+    if summary["best"]:
+        b = summary["best"]
+        echo(f"best: trial {b['trial']}, dev {study.task.metric} {b['value']:.4f}: "
+             + ", ".join(f"{k}={_fmt(v)}" for k, v in b["params"].items()))
+        echo(f"wrote {b['recipe']}: kgc train {b['recipe']}")
+    echo(f"{summary['complete']} complete, {summary['pruned']} pruned, {summary['failed']} failed; "
+         f"{folder / 'trials.md'}, plots: {', '.join(summary['plots']) or 'none'}")
+    return summary

@@ -1,0 +1,147 @@
+"""kgc tune: trials of one budget on UMLS with a tiny BERT, the study in SQLite, best.yaml / trials table / plots;
+a killed study continues where it stopped; a trial whose dev curve falls below the median is pruned; a bad space
+is one message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kgc.errors import KGCError
+from tests.conftest import ROOT, SHARED_DATA
+
+
+def write_tune_recipe(path: Path, backbone: Path, space: dict | None = None, **tune) -> Path:
+    t = {"budget": "6 steps", "reports": 2, "trials": 4, **tune}
+    if space is not None:
+        t["space"] = space
+    path.write_text(
+        f"name: {path.stem}\n"
+        "data: {dataset: umls, neighbor_text: false, max_tokens: 16}\n"
+        f"model: {json.dumps({'backbone': str(backbone), 'conditioner': 'biencoder'})}\n"
+        "loss: {pre_batch: 0}\n"
+        'train: {batch_size: 32, lr: 1.0e-3, warmup_steps: 1, log_every: 2, num_threads: 1}\n'
+        "eval: {batch_size: 128, dev_queries: 60}\n"
+        f"tune: {json.dumps(t)}\n")
+    return path
+
+
+def test_a_study_of_eight_trials_writes_the_best_recipe_the_table_and_the_plots(tiny_bert, tmp_path, data_home,
+                                                                                   monkeypatch):
+    import optuna
+
+    from kgc.recipe import load_recipe
+    from kgc.tune import tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_tune.yaml", tiny_bert,
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True},
+                                      "loss.margin": {"choices": [0.0, 0.02]}}, pruner="none")
+    summary = tune(recipe, out=tmp_path / "study", trials=8, echo=lambda m: None)
+    assert summary["complete"] == 8 and summary["failed"] == 0
+    study = optuna.load_study(study_name="umls_tune", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    values = [t.value for t in study.trials]
+    assert summary["best"]["value"] == max(values) == study.best_value
+    for t in study.trials:  # each trial: its own run, trained 6 steps, validated at steps 3 and 6
+        run = tmp_path / "study" / "trials" / f"{t.number:04d}"
+        saved = load_recipe(run / "recipe.yaml", saved=True)
+        assert saved.train.lr == pytest.approx(t.params["train.lr"]) and saved.loss.margin == t.params["loss.margin"]
+        assert json.loads((run / "train_summary.json").read_text())["steps"] == 6
+        assert sorted(t.intermediate_values) == [3, 6] and t.value == pytest.approx(max(t.intermediate_values.values()))
+    best = load_recipe(tmp_path / "study" / "best.yaml")
+    assert best.train.lr == pytest.approx(study.best_params["train.lr"]) and best.train.max_steps is None
+    table = (tmp_path / "study" / "trials.md").read_text().splitlines()
+    assert len(table) == 2 + 8 and table[2].startswith(f"| {study.best_trial.number} | complete |")
+    for name in ("history.png", "slice.png", "importance.png"):
+        assert (tmp_path / "study" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home):
+    """SIGKILL while trial 1 trains; the same command again ends with 3 finished trials (the killed one failed and
+    its values tried again), trial 0 not trained again."""
+    import optuna
+
+    recipe = write_tune_recipe(tmp_path / "umls_resume.yaml", tiny_bert,
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}}, budget="30 steps",
+                               pruner="none")
+    env = {**os.environ, "KGC_DATA_HOME": str(SHARED_DATA), "KGC_CACHE_HOME": str(tmp_path / "cache"),
+           "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "kgc", "tune", str(recipe), "--out", str(tmp_path / "study"), "--trials", "3"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = tmp_path / "study" / "trials" / "0000" / "train_summary.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (tmp_path / "study" / "trials" / "0001" / "metrics.jsonl").is_file():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.is_file(), "trial 0 did not finish before the kill"
+    stamp = first.stat().st_mtime_ns
+    time.sleep(21)  # past Optuna's grace period (20 s): the killed trial's heartbeat is stale
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    study = optuna.load_study(study_name="umls_resume", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") == 3 and states[1] == "FAIL", states
+    assert first.stat().st_mtime_ns == stamp  # trial 0 kept, not redone
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1]
+    assert retried and retried[0].params == study.trials[1].params
+
+
+def test_a_trial_below_the_median_is_pruned(tiny_bert, tmp_path, data_home, monkeypatch):
+    """Two trials at a working lr, then one at lr 1e-9 (its model barely moves): its first dev figure is below the
+    median of the first two at that step, and the median pruner stops it there."""
+    import optuna
+
+    from kgc.tune import Study
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_prune.yaml", tiny_bert, budget="12 steps", reports=3,
+                               space={"train.lr": {"low": 1e-9, "high": 3e-3, "log": True}})
+    study = Study(recipe, tmp_path / "study", echo=lambda m: None)
+    for lr in (2e-3, 3e-3, 1e-9):
+        study.study.enqueue_trial({"train.lr": lr})
+    study.optimize(3, None)
+    trials = study.study.trials
+    assert [t.state for t in trials[:2]] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert trials[2].state == optuna.trial.TrialState.PRUNED and sorted(trials[2].intermediate_values) == [4]
+    median = sorted(t.intermediate_values[4] for t in trials[:2])
+    assert trials[2].intermediate_values[4] < sum(median) / 2
+    assert not (tmp_path / "study" / "trials" / "0002" / "train_summary.json").exists()  # stopped mid-training
+
+
+def test_a_space_key_the_recipe_lacks_is_one_message(tiny_bert, tmp_path):
+    from kgc.tune import Study
+
+    recipe = write_tune_recipe(tmp_path / "bad.yaml", tiny_bert, space={"train.lrr": {"low": 1e-5, "high": 1e-3}})
+    with pytest.raises(KGCError, match=r"tune.space train.lrr: not a recipe key \(did you mean train.lr\?\)"):
+        Study(recipe, tmp_path / "study", echo=lambda m: None)
+    with pytest.raises(KGCError, match="budget"):
+        Study(write_tune_recipe(tmp_path / "b2.yaml", tiny_bert, budget="6 parsecs"), tmp_path / "s2", echo=print)
+    reversed_range = write_tune_recipe(tmp_path / "b3.yaml", tiny_bert, space={"train.lr": {"low": 1e-3, "high": 1e-5}})
+    with pytest.raises(KGCError, match="low < high"):
+        Study(reversed_range, tmp_path / "s3", echo=print)
+    negative = write_tune_recipe(tmp_path / "b4.yaml", tiny_bert, space={"train.lr": {"low": -1.0, "high": 1e-3}})
+    with pytest.raises(KGCError, match="train.lr=-1.0"):
+        Study(negative, tmp_path / "s4", echo=print)
+
+
+def test_budgets_in_the_tasks_unit_steps_and_minutes():
+    from kgc.recipe import resolve_recipe
+    from kgc.tune import budget_overrides, parse_budget
+
+    recipe = resolve_recipe({"data": {"dataset": "umls"}, "train": {"batch_size": 64}})
+    assert parse_budget("20000 triples", "triples") == ("examples", 20000.0)
+    assert budget_overrides(recipe, ("examples", 20000.0), 4)["train.max_steps"] == 313  # ceil(20000 / 64)
+    assert budget_overrides(recipe, ("steps", 100.0), 4)["eval.validate_every_steps"] == 25
+    minutes = budget_overrides(recipe, ("minutes", 5.0), 4)
+    assert minutes["train.max_minutes"] == 5.0 and "eval.validate_every_steps" not in minutes
+    with pytest.raises(KGCError):
+        parse_budget("100 pairs", "triples")
