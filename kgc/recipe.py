@@ -124,10 +124,10 @@ class TrainConfig(Section):
                             "checkpoints/last.pt with the optimiser state, to train further (all)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     log_every: int = Field(10, ge=1, description="steps between rows of metrics.jsonl")
-    trackers: list[Literal["tensorboard", "mlflow", "csv", "wandb"]] = Field(
+    trackers: list[Literal["tensorboard", "mlflow", "csv"]] = Field(
         [], description="where the metrics.jsonl rows also go (kgc/training/trackers.py): tensorboard (RUN/tensorboard), "
-                        "mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv (RUN/metrics.csv), wandb (offline); each an "
-                        "optional extra, e.g. pip install 'kgc[tensorboard]'")
+                        "mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv (RUN/metrics.csv); the first two optional "
+                        "extras: pip install 'kgc[tensorboard]' / 'kgc[mlflow]'")
     check_memory: bool = Field(True, description="refuse to start when the estimated memory of a training step "
                                "exceeds what the machine has free (kgc/training/estimate.py); false: warn and go on "
                                "(kgc train --no-memory-check)")

@@ -1,5 +1,5 @@
 """Experiment trackers (``train.trackers``): every row a run writes to ``metrics.jsonl`` also goes where people read
-curves — TensorBoard, MLflow, a CSV file, Weights & Biases (offline).
+curves — TensorBoard, MLflow, a CSV file.
 
 * ``tensorboard``: event files under ``RUN/tensorboard`` (scalars ``train/loss``, ``train/tau``, ``train/lr``,
   ``train/<unit>_per_s``, ``dev/mrr`` …; the resolved recipe as text; ``curves.png`` as an image at the end). A
@@ -10,9 +10,8 @@ curves — TensorBoard, MLflow, a CSV file, Weights & Biases (offline).
   (and ``results.json`` after ``kgc evaluate``). A resumed run logs into the same MLflow run (its id is kept in
   ``RUN/mlflow/run_id``).
 * ``csv``: ``RUN/metrics.csv`` in the long layout PyKEEN's ``CSVResultTracker`` writes (``step,epoch,key,value``).
-* ``wandb``: ``wandb.init(mode="offline")`` under ``RUN/wandb`` (``wandb sync`` uploads it later); resumed by id.
 
-Each is an optional dependency (``pip install 'kgc[tensorboard]'``, ``'kgc[mlflow]'``, ``'kgc[wandb]'``); a missing
+Each is an optional dependency (``pip install 'kgc[tensorboard]'``, ``'kgc[mlflow]'``); a missing
 one is one message naming the extra, before the first step. Only rank 0 logs (under torchrun the others write no
 metrics). Nothing here changes what a run computes.
 """
@@ -28,9 +27,9 @@ from typing import Any, Iterable
 
 from kgc.errors import KGCError
 
-KNOWN = ("tensorboard", "mlflow", "csv", "wandb")
-NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"),
-         "wandb": ("wandb", "wandb")}  # tracker: (module it imports, the kgc extra that installs it)
+KNOWN = ("tensorboard", "mlflow", "csv")
+NEEDS = {"tensorboard": ("tensorboard", "tensorboard"),
+         "mlflow": ("mlflow", "mlflow")}  # tracker: (module it imports, the kgc extra that installs it)
 NOT_SCALARS = ("step", "epoch")
 
 
@@ -53,7 +52,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def tag(key: str) -> str:
-    """``dev_mrr`` → ``dev/mrr``, ``loss`` → ``train/loss``: the two groups TensorBoard and W&B show apart."""
+    """``dev_mrr`` → ``dev/mrr``, ``loss`` → ``train/loss``: the two groups TensorBoard shows apart."""
     return f"dev/{key[4:]}" if key.startswith("dev_") else f"train/{key}"
 
 
@@ -203,29 +202,7 @@ class CSVTracker(Tracker):
                     mode="a")
 
 
-class WandbTracker(Tracker):
-    name = "wandb"
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        import wandb
-
-        folder = self.run_dir / "wandb"
-        folder.mkdir(exist_ok=True)
-        id_file = folder / "run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
-        id_file.write_text(run_id + "\n")
-        self.run = wandb.init(mode="offline", dir=str(folder), project=self.title, name=self.run_dir.name,
-                              id=run_id, resume="allow", config=flatten(self.params), reinit="create_new")
-
-    def log(self, record: dict[str, Any]) -> None:
-        self.run.log({tag(k): v for k, v in scalars(record).items()}, step=int(record.get("step", 0)))
-
-    def finish(self, artifacts: list[Path]) -> None:
-        self.run.finish()
-
-
-CLASSES = {c.name: c for c in (TensorBoardTracker, MLflowTracker, CSVTracker, WandbTracker)}
+CLASSES = {c.name: c for c in (TensorBoardTracker, MLflowTracker, CSVTracker)}
 
 
 class Trackers:
