@@ -16,7 +16,7 @@ draws with matplotlib: ``history.png`` (optimisation history), ``importance.png`
 ``slice.png`` (the figure against each parameter).
 
 A search space is written as ``KEY: {low, high[, log, step]}`` or ``KEY: {choices: [...]}``, keys as ``--set``
-writes them. Without one, the conditioner's shipped space (:data:`SPACES`) is searched.
+writes them. Without one, the task's and the conditioner's shipped spaces are searched (``tune_space`` on each class).
 """
 
 from __future__ import annotations
@@ -39,24 +39,13 @@ from kgc.fileio import write_with
 from kgc.recipe import ParamRange, Recipe, load_recipe, parse_overrides, resolve_recipe
 
 STUDY_DB = "study.db"
-BASE_SPACE = {"train.lr": {"low": 1e-5, "high": 1e-3, "log": True}}
-LINKPRED_SPACE = {**BASE_SPACE, "loss.temperature": {"low": 0.02, "high": 0.1, "log": True},
-                  "loss.margin": {"low": 0.0, "high": 0.05}}
-CONDITIONER_LR = {"train.conditioner_lr": {"low": 1e-5, "high": 1e-2, "log": True}}
-SPACES: dict[tuple[str, str], dict[str, dict]] = {
-    # (task, conditioner) → the space searched when a recipe's tune.space is empty; a conditioner that adds
-    # parameters of its own (generators, routers, projections) also gets their learning rate
-    ("linkpred", "biencoder"): LINKPRED_SPACE,
-    ("csts", "biencoder"): BASE_SPACE,
-}
-
-
 def default_space(recipe: Recipe) -> dict[str, dict]:
-    found = SPACES.get((recipe.task, recipe.model.conditioner))
-    if found is not None:
-        return found
-    base = LINKPRED_SPACE if recipe.task == "linkpred" else BASE_SPACE
-    return {**base, **CONDITIONER_LR}
+    """A recipe's space when its tune.space is empty: its task's (``Task.tune_space``) and its conditioner's
+    (``Conditioner.tune_space``: the lr of the parameters it adds)."""
+    from kgc.registry import CONDITIONERS
+    from kgc.training.task import task_class
+
+    return {**task_class(recipe.task).tune_space, **CONDITIONERS[recipe.model.conditioner].tune_space}
 
 
 def parse_budget(text: str | None, unit: str) -> tuple[str, float] | None:
@@ -258,7 +247,9 @@ class Study:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
                 ax = draw(self.study)
-            fig = (ax.flat[0] if hasattr(ax, "flat") else ax).get_figure()
+            import numpy as np
+
+            fig = np.ravel(ax)[0].get_figure()  # one axes, or an array of them (slice: one per parameter)
             fig.set_size_inches(max(6.0, 3.2 * len(self.space)) if name == "slice.png" else 7.0, 4.0)
             fig.tight_layout()
             write_with(self.folder / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))

@@ -145,3 +145,13 @@ def test_budgets_in_the_tasks_unit_steps_and_minutes():
     assert minutes["train.max_minutes"] == 5.0 and "eval.validate_every_steps" not in minutes
     with pytest.raises(KGCError):
         parse_budget("100 pairs", "triples")
+
+
+def test_an_empty_space_is_the_tasks_and_the_conditioners():
+    from kgc.recipe import resolve_recipe
+    from kgc.tune import default_space
+
+    plain = default_space(resolve_recipe({"data": {"dataset": "umls"}, "model": {"conditioner": "biencoder"}}))
+    assert set(plain) == {"train.lr", "loss.temperature", "loss.margin"}
+    hyper = default_space(resolve_recipe({"data": {"dataset": "umls"}, "model": {"conditioner": "hypernet"}}))
+    assert set(hyper) == set(plain) | {"train.conditioner_lr"}

@@ -86,6 +86,9 @@ class Conditioner(nn.Module, ABC):
     encodes_conditions: ClassVar[bool] = True  # False where a condition's state is just its token ids
     # what ``kgc explain`` shows for this class (None: nothing), listed when another conditioner refuses
     explains: ClassVar[str | None] = None
+    # what kgc tune searches for it besides the task's space (a recipe's empty tune.space): the lr of the parameters
+    # it adds (generators, routers, projections); a conditioner that adds none sets {}
+    tune_space: ClassVar[dict[str, dict]] = {"train.conditioner_lr": {"low": 1e-5, "high": 1e-2, "log": True}}
 
     def __init__(self, *, encoder: TextEncoder, special: SpecialTokens, max_tokens: int) -> None:
         super().__init__()

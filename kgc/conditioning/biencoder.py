@@ -44,6 +44,7 @@ class BiEncoder(Conditioner):
     encodes_conditions = False
     Options = BiEncoderOptions
     explains = "CSR's token weights inside the bi-encoder (biencoder with model.router_layers > 0)"
+    tune_space: dict = {}  # no parameters of its own (router_layers > 0 adds some: set tune.space then)
 
     def __init__(self, *, router_layers: int | None = 0, weighting: str | None = "one_plus_w", **kwargs) -> None:
         super().__init__(**kwargs)

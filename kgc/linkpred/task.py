@@ -122,6 +122,9 @@ class LinkPredTask(Task):
         """``latest_run``: the newest link-prediction run under ./runs (``kgc.load()``, ``kgc predict`` without one)."""
         return {"latest_run": _latest_run}
 
+    tune_space = {"train.lr": {"low": 1e-5, "high": 1e-3, "log": True},
+                  "loss.temperature": {"low": 0.02, "high": 0.1, "log": True}, "loss.margin": {"low": 0.0, "high": 0.05}}
+
     @classmethod
     def headline(cls, results: dict) -> dict:
         """Both directions, realistic ranks: MRR and Hits@1/3/10."""

@@ -118,6 +118,9 @@ class Task(ABC):
         data layer's own (KG-BERT and PyKEEN folders); their ``probe`` is this task's ``dataset_files``."""
         return []
 
+    # kgc tune's space for a recipe whose tune.space is empty (the conditioner's own is added to it)
+    tune_space: ClassVar[dict[str, dict]] = {"train.lr": {"low": 1e-5, "high": 1e-3, "log": True}}
+
     @classmethod
     def headline(cls, results: dict) -> dict:
         """The figures of a ``results.json`` a reader compares (``GET /info``'s ``test``): by default its numbers."""
