@@ -35,7 +35,7 @@ from typing import Any, Callable
 import yaml
 
 from kgc.errors import KGCError
-from kgc.fileio import write_with
+from kgc.fileio import write_text, write_with
 from kgc.recipe import ParamRange, Recipe, load_recipe, parse_overrides, resolve_recipe
 
 STUDY_DB = "study.db"
@@ -206,7 +206,7 @@ class Study:
                          "steps": max(t.intermediate_values, default=None),
                          **{k: t.params.get(k) for k in self.space}, "run": str(run)})
         _write_csv(self.folder / "trials.csv", rows)
-        write_with(self.folder / "trials.md", lambda tmp: tmp.write_text(_markdown(rows, self.task.metric)))
+        write_text(self.folder / "trials.md", _markdown(rows, self.task.metric))
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         out = {"study": str(self.folder), "trials": len(trials), "complete": len(complete),
                "pruned": sum(t.state == TrialState.PRUNED for t in trials),
@@ -214,7 +214,7 @@ class Study:
         if complete:
             best = self.study.best_trial
             path = self.folder / "best.yaml"
-            write_with(path, lambda tmp: tmp.write_text(self.best_recipe_text(best.params, best.value, best.number)))
+            write_text(path, self.best_recipe_text(best.params, best.value, best.number))
             out["best"] = {"trial": best.number, "value": best.value, "params": best.params, "recipe": str(path)}
         out["plots"] = self.plots(len(complete))
         return out
