@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
+.PHONY: install quickstart test test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
 
 install: $(VENV)/.installed
 
@@ -28,12 +28,18 @@ quickstart: install
 
 # the layer contract first (pyproject.toml [tool.importlinter]: an upward import or an import circle fails);
 # pytest exit code 5 ("no tests ran") is a failure too. Two workers (pytest-xdist), a test file each at a time so a
-# file's shared trained runs are built once; tests/conftest.py gives each worker one torch thread (12.5 -> 8.2 min)
+# file's shared trained runs are built once, the longest files first (tests/durations.json); tests/conftest.py gives
+# each worker one torch thread (12.5 -> 8.2 min)
 TEST_WORKERS ?= 2
+PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile; rc=$$?; \
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# the suite once more, writing each test file's seconds to tests/durations.json (the order `make test` starts them in)
+test-durations: install
+	KGC_TEST_DURATIONS=tests/durations.json $(BIN)/python -m pytest -q $(PYTEST_XDIST)
 
 # The documentation site (mkdocs.yml, docs/): built into site/ with --strict, as .ci/run builds it (a broken link or
 # anchor, a missing page, an unknown name in an API reference fails); docs-serve rebuilds on change, on 127.0.0.1 only

@@ -159,3 +159,39 @@ def linkpred_model(run_dir):
     if callable(getattr(run, "model", None)):
         return run.model(), run.graph()
     return run._linkpred()  # the API before kgc.load returned a LinkPredRun
+
+
+# ------------------------------------------------------------------ scheduling: the longest test files first
+# `make test` runs two xdist workers over whole files (--dist loadfile --no-loadscope-reorder), each taking the next
+# file in collection order when it finishes one. Started in the order of tests/durations.json (seconds a file took,
+# heaviest first; a file not listed counts 1 s), the long files run side by side at the start instead of one of
+# them alone at the end. `make test-durations` measures the file again (KGC_TEST_DURATIONS=tests/durations.json).
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def pytest_collection_modifyitems(config, items):
+    import json
+
+    try:
+        weight = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -float(weight.get(item.nodeid.split("::")[0], 1.0)))  # stable: a file's own order kept
+
+
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("KGC_TEST_DURATIONS"):
+        name = report.nodeid.split("::")[0]
+        _file_seconds[name] = _file_seconds.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+
+    path = os.environ.get("KGC_TEST_DURATIONS")
+    if path and _file_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees every report
+        ranked = dict(sorted(((k, round(v, 1)) for k, v in _file_seconds.items()), key=lambda kv: -kv[1]))
+        Path(path).write_text(json.dumps(ranked, indent=1) + "\n", encoding="utf-8")

@@ -101,6 +101,13 @@ def test_the_graph_and_token_caches_give_the_same_graph_and_bank_and_follow_the_
     assert isinstance(cached_answers.answers, np.memmap)
     assert all(np.array_equal(getattr(answers, k), getattr(cached_answers, k)) for k in ("keys", "indptr", "answers"))
     assert list(g.read_graph(folder).train_neighbors) == list(first.train_neighbors)  # memory-mapped
+    # "did you mean": its word index written with the cache, read back memory-mapped, the same suggestions
+    assert (first.cache_dir / "name_index" / "done").is_file()
+    built, read = first._name_index, g.read_graph(folder)._name_index
+    assert isinstance(read.names, np.memmap) and read.words == built.words
+    typo = first.names[7][:-1] + "q"
+    assert np.array_equal(read.candidates(typo), built.candidates(typo)) and len(built.candidates(typo))
+    assert g.read_graph(folder).near_misses(typo) == _line_by_line(monkeypatch, folder).near_misses(typo)
 
     small = _line_by_line(monkeypatch, folder)
     plain = TextBank(small, tokenizer)  # no cache: a graph read without one

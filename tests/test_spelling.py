@@ -70,6 +70,12 @@ def test_words_stand_for_their_near_spellings_and_exact_names_are_found_by_hash(
     assert set(index.candidates("lisbn").tolist()) == {3, 4}
     assert len(index.candidates("nothing here")) == 0 and len(index.candidates("")) == 0
     assert index.words[index.similar_words("plovr")[0][0]] == "plover" and index.similar_words("porto")[0][1] == 1.0
+    again = NameIndex.from_arrays(index.arrays())  # as kept beside a graph cache
+    assert again.words == index.words and again.vocab == index.vocab
+    assert all(np.array_equal(again.candidates(q), index.candidates(q)) for q in ("Lunr Kestrel Hold", "lisbn", "x"))
+    assert NameIndex.from_arrays(NameIndex([]).arrays()).words == []
+    with pytest.raises(ValueError):  # a damaged copy is refused, not read as another index
+        NameIndex.from_arrays({**index.arrays(), "indptr": index.indptr[:-1]})
     exact = ExactNames(names + ["A: b"], [n + ": a place" for n in names] + ["A: b: c"])
     assert exact.find("Lisbon", fold=False) == [3] and exact.find("LISBON", fold=True) == [3, 4]
     assert exact.find("Porto: a place", fold=False) == [5] and exact.find("Oporto", fold=True) == []

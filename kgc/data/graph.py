@@ -244,16 +244,36 @@ class KnowledgeGraph:
         m.set_seq2(query.lower().strip())
         best: dict[int, float] = {}
         if 2 * self.num_entities > BRUTE_SPELLINGS:  # the names sharing the query's words, not a pass over all
-            spellings = [(i, self.names[i].lower()) for i in self._name_index.candidates(query.strip()).tolist()]
-        else:
-            spellings = self._spellings
-        for i, spelling in spellings:
+            return self._indexed_near_misses(query, n, cutoff, m)
+        for i, spelling in self._spellings:
             m.set_seq1(spelling)
             if m.real_quick_ratio() >= cutoff and m.quick_ratio() >= cutoff:
                 r = m.ratio()
                 if r >= cutoff and r > best.get(i, 0.0):
                     best[i] = r
         return [self.resolvable(i) for i in sorted(best, key=lambda i: (-best[i], self.entities[i]))[:n]]
+
+    def _indexed_near_misses(self, query: str, n: int, cutoff: float, m) -> list[str]:
+        """:meth:`near_misses` over the word index's candidates, the same answer with fewer ratios: the candidates
+        in the order of an upper bound of their ratio (:func:`kgc.data.spelling.ratio_bounds`), difflib's exact
+        ratio computed until the bound falls below the cutoff or below the ``n``-th best ratio found."""
+        from kgc.data.spelling import ratio_bounds
+
+        ids = self._name_index.candidates(query.strip()).tolist()
+        spellings = [self.names[i].lower() for i in ids]
+        bounds = ratio_bounds(m.b, spellings) if spellings else np.zeros(0)
+        found: list[tuple[float, str, int]] = []
+        nth = cutoff  # the ratio a spelling must reach to enter the best n
+        for k in np.argsort(-bounds, kind="stable").tolist():
+            if bounds[k] < nth:
+                break
+            m.set_seq1(spellings[k])
+            r = m.ratio()
+            if r >= cutoff:
+                found.append((-r, self.entities[ids[k]], ids[k]))
+                if len(found) >= n:
+                    nth = max(nth, -sorted(found)[n - 1][0])
+        return [self.resolvable(i) for _, _, i in sorted(found)[:n]]
 
     @cached_property
     def _spellings(self) -> list[tuple[int, str]]:
@@ -265,10 +285,16 @@ class KnowledgeGraph:
 
     @cached_property
     def _name_index(self):
-        """The word index of the names (kgc.data.spelling), built on the first near miss of a large graph."""
+        """The word index of the names (kgc.data.spelling) for near misses of a large graph: read from beside the
+        graph's cache when there is one (written when the cache is, so a served graph of millions has it at once),
+        else built here."""
+        from kgc.data.graph_cache import derived
         from kgc.data.spelling import NameIndex
 
-        return NameIndex(self.names)
+        try:
+            return NameIndex.from_arrays(derived(self, "name_index", lambda: NameIndex(self.names).arrays()))
+        except ValueError:  # a damaged copy beside the cache: built again (the next cache write replaces it)
+            return NameIndex(self.names)
 
     @cached_property
     def _exact_names(self):
@@ -592,7 +618,8 @@ def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[
     inductive test folder needs no train split. Every fallback taken is listed in ``graph.notes`` (``kgc data
     check`` and ``kgc train`` print them); a folder that looks half KG-BERT (texts for relations but not for
     entities) is an error, not a fallback. A graph of 100,000 entities or more is kept in the graph cache
-    (:mod:`kgc.data.graph_cache`) and read from there while the folder's files stay as they are."""
+    (:mod:`kgc.data.graph_cache`) and read from there while the folder's files stay as they are; the word index of
+    its names ("did you mean") is written beside the cache when the cache is."""
     from kgc.data import graph_cache
 
     folder = Path(folder)
@@ -603,7 +630,8 @@ def read_graph(folder: Path, *, long_text: bool = False, optional_splits: tuple[
     if (cached := graph_cache.load(folder, options)) is not None:
         return KnowledgeGraph(**cached)
     graph = _parse_graph(folder, long_text=long_text, optional_splits=optional_splits)
-    graph_cache.store(graph, folder, options)
+    if graph_cache.store(graph, folder, options) is not None:
+        graph._name_index  # noqa: B018 — "did you mean" kept beside the new cache: a served graph has it at start
     return graph
 
 

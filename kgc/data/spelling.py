@@ -70,9 +70,35 @@ class SpellingIndex:
         return ids[np.lexsort((ids, -counts))].astype(np.int64)
 
 
+BUCKETS = 64  # characters counted modulo this many buckets for :func:`ratio_bounds`
+
+
+def _histograms(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(each text's character counts by code point modulo :data:`BUCKETS`, (n, BUCKETS) int32; each text's length)."""
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32) % BUCKETS
+    owner = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)
+    hist = np.bincount(owner * BUCKETS + codes, minlength=len(texts) * BUCKETS)
+    return hist.reshape(len(texts), BUCKETS).astype(np.int32), lengths
+
+
+def ratio_bounds(query: str, texts: "Sequence[str] | tuple[np.ndarray, np.ndarray]") -> np.ndarray:
+    """An upper bound of ``difflib.SequenceMatcher(None, text, query).ratio()`` for each text, in one array pass:
+    difflib's own ``quick_ratio`` (2 × the characters the two share, counted with multiplicity, over their total
+    length) with characters counted in :data:`BUCKETS` buckets, which can only count more shared characters. A text
+    whose bound is below a cutoff cannot reach it, so difflib's exact ratio runs only on the others and its results
+    are unchanged. ``texts``: strings, or what :func:`_histograms` made of them."""
+    hist, lengths = _histograms(texts) if not isinstance(texts, tuple) else texts
+    q, n = _histograms([query])
+    total = lengths + n[0]
+    shared = np.minimum(hist, q[0]).sum(axis=1)
+    return np.where(total > 0, 2.0 * shared / np.maximum(total, 1), 1.0)
+
+
 WORD_CUTOFF = 0.7  # a query word is taken for a typo of a vocabulary word this close (difflib ratio)
 WORD_MATCHES = 5  # at most this many vocabulary words stand in for one query word
 BRUTE_WORDS = 20_000  # above this many distinct words, a word's near matches come from a SpellingIndex of them
+SIMILAR_KEPT = 100_000  # query words whose near matches are remembered (then forgotten all at once)
 
 
 class NameIndex:
@@ -107,6 +133,28 @@ class NameIndex:
         self.names = (keys % max(1, len(names))).astype(np.int32)  # (pairs,) by word, then name
         self.indptr = np.searchsorted(keys // max(1, len(names)), np.arange(len(vocab) + 1))
         self._word_index = SpellingIndex(self.words) if len(self.words) > BRUTE_WORDS else None
+        self._word_hist, self._similar = None, {}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The index as arrays (the distinct words as their UTF-8 bytes joined by newlines: a word never holds
+        one), what :meth:`from_arrays` reads back: kept beside a cached graph (:func:`kgc.data.graph_cache.derived`),
+        so a served graph of millions has its "did you mean" at once instead of after a pass over every name."""
+        words = "\n".join(self.words).encode("utf-8", "surrogatepass")
+        return {"names": self.names, "indptr": self.indptr, "words": np.frombuffer(words, dtype=np.uint8)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "NameIndex":
+        """The index :meth:`arrays` wrote (memory-mapped arrays stay mapped)."""
+        self = cls.__new__(cls)
+        self.names, self.indptr = arrays["names"], arrays["indptr"]
+        count = len(self.indptr) - 1
+        self.words = bytes(arrays["words"]).decode("utf-8", "surrogatepass").split("\n") if count else []
+        if len(self.words) != count:
+            raise ValueError(f"a name index of {count} words holds {len(self.words)}")
+        self.vocab = {w: i for i, w in enumerate(self.words)}
+        self._word_index = SpellingIndex(self.words) if len(self.words) > BRUTE_WORDS else None
+        self._word_hist, self._similar = None, {}
+        return self
 
     @property
     def nbytes(self) -> int:
@@ -117,8 +165,14 @@ class NameIndex:
         and the closest spelt ones."""
         import difflib
 
-        pool = (range(len(self.words)) if self._word_index is None
-                else self._word_index.candidates(word, limit=500).tolist())
+        if word in self._similar:
+            return self._similar[word]
+        if self._word_index is None:  # every word, bounded in one array pass (the histograms made once)
+            if self._word_hist is None:
+                self._word_hist = _histograms(self.words)
+            pool = np.flatnonzero(ratio_bounds(word, self._word_hist) >= WORD_CUTOFF).tolist()
+        else:
+            pool = self._word_index.candidates(word, limit=500).tolist()
         m = difflib.SequenceMatcher(autojunk=False)
         m.set_seq2(word)
         scored = []
@@ -128,7 +182,11 @@ class NameIndex:
                 r = m.ratio()
                 if r >= WORD_CUTOFF:
                     scored.append((-r, self.words[j], j))
-        return [(j, -r) for r, _, j in sorted(scored)[:WORD_MATCHES]]
+        out = [(j, -r) for r, _, j in sorted(scored)[:WORD_MATCHES]]
+        if len(self._similar) >= SIMILAR_KEPT:  # the words asked most are a server's vocabulary's own: keep them
+            self._similar.clear()
+        self._similar[word] = out
+        return out
 
     def _pieces(self, word: str, shortest: int = 3) -> list[int]:
         """Vocabulary words found in ``word`` left to right, the longest at each place (at least ``shortest``
@@ -171,19 +229,18 @@ class NameIndex:
             return np.zeros(0, dtype=np.int64)
         postings = [self._postings(m) for m in matched]
         need = max(1, len(matched) - 1)
-        order = np.argsort([len(p) for p, _ in postings], kind="stable")
-        seeds = [postings[k][0] for k in order[:len(matched) - need + 1]]
-        pool = seeds[0] if len(seeds) == 1 else np.unique(np.concatenate(seeds))
-        hits = np.zeros(len(pool), dtype=np.int32)
-        score = np.zeros(len(pool))
-        for ids, ratio in postings:
-            if len(ids):
-                at = np.minimum(np.searchsorted(ids, pool), len(ids) - 1)
-                found = ids[at] == pool
-                hits += found
-                score += np.where(found, ratio[at], 0.0)
+        # every query word's names in one array, merged by a stable sort (timsort: the sorted runs merge in linear
+        # time); a name's run in it is how many query words it matches, and the sum of their ratios its score
+        ids = np.concatenate([p for p, _ in postings])
+        if len(ids) == 0:
+            return np.zeros(0, dtype=np.int64)
+        ratio = np.concatenate([r for _, r in postings])
+        order = np.argsort(ids, kind="stable")
+        ids, ratio = ids[order], ratio[order]
+        starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+        hits = np.diff(np.append(starts, len(ids)))
         keep = hits >= need
-        pool, score = pool[keep], score[keep]
+        pool, score = ids[starts][keep], np.add.reduceat(ratio, starts)[keep]
         best = np.lexsort((pool, -score))[:limit]
         return pool[best].astype(np.int64)
 

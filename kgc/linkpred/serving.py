@@ -97,7 +97,7 @@ PREFIX_ENTITIES = 200_000  # above this, /entities searches sorted names by bise
 
 class _LazyPrefixes:
     """A :class:`~kgc.data.spelling.Prefixes` of ``graph``, built on a thread at once (so the server starts without
-    waiting for it) together with the graph's word index for "did you mean"; a search before it is ready waits."""
+    waiting for it); a search before it is ready waits."""
 
     def __init__(self, graph) -> None:
         self._ready = threading.Event()
@@ -109,7 +109,6 @@ class _LazyPrefixes:
 
         try:
             self._value = Prefixes(graph.names, graph.entities)
-            graph._name_index  # noqa: B018 — "did you mean" answers from it, built here rather than on a request
         finally:
             self._ready.set()
 
@@ -144,12 +143,15 @@ class LinkPredServing(Serving):
         """Load what answers read in ``run`` — model, index, added entities, query engine, the graph's known
         answers — so that no request pays for it; returns what /entities searches: the name list, or for a graph
         of more than :data:`PREFIX_ENTITIES` entities a :class:`~kgc.data.spelling.Prefixes` of the sorted names
-        and ids, with the word index behind "did you mean" (both built on a thread after the start)."""
+        and ids (built on a thread after the start) and the word index behind "did you mean" (before ready)."""
         _, graph, _ = run.searcher(progress=False)  # the index is built first when missing or stale
         run.query_engine()
         graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
         graph._exact_names  # noqa: B018 — heads by name (seconds at millions of names): before ready, not on a request
         if graph.num_entities > PREFIX_ENTITIES:
+            # "did you mean" from its first request: the word index beside the graph cache (read in milliseconds;
+            # built here, before ready, when the graph has no cache)
+            graph._name_index  # noqa: B018
             return [], _LazyPrefixes(graph)
         return [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))], None
 
