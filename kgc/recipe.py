@@ -187,6 +187,9 @@ class TuneConfig(Section):
         "median", description="stop a trial whose dev figure falls below the median of earlier trials at the same "
                               "step (median) or outside the top of its rung (halving: successive halving)")
     timeout_minutes: Optional[float] = Field(None, gt=0, description="kgc tune starts no trial after this many minutes")
+    stale_after: int = Field(20, ge=4, description="seconds: a running trial whose heartbeat (sent every quarter of "
+                                                   "this) is older is taken for killed, marked failed and its values "
+                                                   "tried once more")
 
 
 class Recipe(Section):

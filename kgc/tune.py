@@ -113,7 +113,7 @@ class Study:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in use
             self.storage = optuna.storages.RDBStorage(
-                url, heartbeat_interval=5, grace_period=20,
+                url, heartbeat_interval=max(1, tc.stale_after // 4), grace_period=tc.stale_after,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
         pruner = {"median": optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
                   "halving": optuna.pruners.SuccessiveHalvingPruner(),
@@ -225,8 +225,8 @@ class Study:
         recipe = resolve_recipe(self.recipe_path, {**self.fixed, **params})
         tree = yaml.safe_load(recipe.to_yaml())
         tree.pop("tune", None)
-        head = (f"# kgc tune {self.recipe_path} → trial {number} of {self.folder}: best dev "
-                f"{self.task.metric} {value:.4f} at {_budget_text(self.budget)}\n"
+        head = (f"# kgc tune {self.recipe_path} → trial {number} of {self.folder}: best "
+                f"{self.task.metric} {value:.4f} at {_budget_text(self.budget, self.task.unit)}\n"
                 f"# {', '.join(f'{k}={_fmt(v)}' for k, v in params.items())}\n")
         return head + yaml.safe_dump(tree, sort_keys=False)
 
@@ -264,7 +264,7 @@ def _best_of(run: Path, metric: str) -> float:
     summary = json.loads((run / "train_summary.json").read_text())
     best = summary.get(f"best_{metric}")
     if best is None:
-        raise KGCError(f"{run}: the trial validated nothing, so it has no dev {metric}; give tune.budget room for "
+        raise KGCError(f"{run}: the trial validated nothing, so it has no {metric}; give tune.budget room for "
                        "at least one validation")
     return float(best)
 
@@ -280,8 +280,11 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _budget_text(budget: tuple[str, float] | None) -> str:
-    return "the recipe's own training" if budget is None else f"{budget[1]:g} {budget[0]} a trial"
+def _budget_text(budget: tuple[str, float] | None, unit: str) -> str:
+    """The budget as the recipe wrote it: "5248 triples a trial" (examples in the task's unit)."""
+    if budget is None:
+        return "the recipe's own training"
+    return f"{budget[1]:g} {unit if budget[0] == 'examples' else budget[0]} a trial"
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -298,7 +301,7 @@ def _markdown(rows: list[dict], metric: str) -> str:
     if not rows:
         return "no trials yet\n"
     keys = [k for k in rows[0] if k != "run"]
-    head = ["trial", "state", f"dev {metric}", "steps", *keys[4:]]
+    head = ["trial", "state", metric, "steps", *keys[4:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0))):
         lines.append("| " + " | ".join("" if r[k] is None else _fmt(r[k]) for k in keys) + " |")
@@ -336,7 +339,7 @@ def tune(recipe: str | Path, *, out: str | Path | None = None, trials: int | Non
     summary["seconds"] = round(time.time() - start, 1)
     if summary["best"]:
         b = summary["best"]
-        echo(f"best: trial {b['trial']}, dev {study.task.metric} {b['value']:.4f}: "
+        echo(f"best: trial {b['trial']}, {study.task.metric} {b['value']:.4f}: "
              + ", ".join(f"{k}={_fmt(v)}" for k, v in b["params"].items()))
         echo(f"wrote {b['recipe']}: kgc train {b['recipe']}")
     echo(f"{summary['complete']} complete, {summary['pruned']} pruned, {summary['failed']} failed; "

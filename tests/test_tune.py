@@ -71,7 +71,7 @@ def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home)
 
     recipe = write_tune_recipe(tmp_path / "umls_resume.yaml", tiny_bert,
                                space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}}, budget="30 steps",
-                               pruner="none")
+                               pruner="none", stale_after=4)
     env = {**os.environ, "KGC_DATA_HOME": str(SHARED_DATA), "KGC_CACHE_HOME": str(tmp_path / "cache"),
            "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "kgc", "tune", str(recipe), "--out", str(tmp_path / "study"), "--trials", "3"]
@@ -84,7 +84,7 @@ def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home)
     proc.wait()
     assert first.is_file(), "trial 0 did not finish before the kill"
     stamp = first.stat().st_mtime_ns
-    time.sleep(21)  # past Optuna's grace period (20 s): the killed trial's heartbeat is stale
+    time.sleep(5)  # past tune.stale_after (4 s here, 20 by default): the killed trial's heartbeat is stale
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     study = optuna.load_study(study_name="umls_resume", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
