@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
+.PHONY: install quickstart test test-rehearsal test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
 
 install: $(VENV)/.installed
 
@@ -32,14 +32,19 @@ quickstart: install
 # each worker one torch thread (12.5 -> 8.2 min)
 TEST_WORKERS ?= 2
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# the suite but the GPU job's CPU rehearsal (marked rehearsal, ~90 s: `make test-rehearsal`; .ci/run runs both)
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q $(PYTEST_XDIST); rc=$$?; \
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal"; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+test-rehearsal: install
+	$(BIN)/python -m pytest -q -m rehearsal tests/test_gpu_job.py; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # the suite once more, writing each test file's seconds to tests/durations.json (the order `make test` starts them in)
 test-durations: install
-	KGC_TEST_DURATIONS=tests/durations.json $(BIN)/python -m pytest -q $(PYTEST_XDIST)
+	KGC_TEST_DURATIONS=tests/durations.json $(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal"
 
 # The documentation site (mkdocs.yml, docs/): built into site/ with --strict, as .ci/run builds it (a broken link or
 # anchor, a missing page, an unknown name in an API reference fails); docs-serve rebuilds on change, on 127.0.0.1 only

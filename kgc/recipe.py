@@ -117,17 +117,19 @@ class TrainConfig(Section):
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
     num_threads: Union[int, Literal["auto"], None] = Field(
         "auto", description="CPU threads for torch: a number; auto: the cores not already busy (runnable tasks in "
-                            "/proc/loadavg), so two runs on one machine do not oversubscribe it; null: torch's "
-                            "default (every core)")
+                            "/proc/loadavg), at most $OMP_NUM_THREADS where set, so two runs on one machine do not "
+                            "oversubscribe it; null: torch's default (every core). Set for the run only: a program "
+                            "that calls kgc.train gets its own thread count back")
     keep: Literal["best", "all"] = Field(
         "best", description="after training, keep best.pt only (best: checkpoints/ is deleted) or also "
                             "checkpoints/last.pt with the optimiser state, to train further (all)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     log_every: int = Field(10, ge=1, description="steps between rows of metrics.jsonl")
-    trackers: list[Literal["tensorboard", "mlflow", "csv"]] = Field(
+    trackers: list[Literal["tensorboard", "mlflow", "csv", "wandb"]] = Field(
         [], description="where the metrics.jsonl rows also go (kgc/training/trackers.py): tensorboard (RUN/tensorboard), "
-                        "mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv (RUN/metrics.csv); the first two optional "
-                        "extras: pip install 'kgc[tensorboard]' / 'kgc[mlflow]'")
+                        "mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv (RUN/metrics.csv), wandb (offline unless "
+                        "$WANDB_MODE says otherwise, RUN/wandb); all but csv optional extras: pip install "
+                        "'kgc[tensorboard]' / 'kgc[mlflow]' / 'kgc[wandb]'")
     check_memory: bool = Field(True, description="refuse to start when the estimated memory of a training step "
                                "exceeds what the machine has free (kgc/training/estimate.py); false: warn and go on "
                                "(kgc train --no-memory-check)")

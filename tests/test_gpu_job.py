@@ -30,6 +30,7 @@ def test_an_fp16_checkpoint_loads_as_float32(tmp_path, tokenizer):
 
 
 @pytest.mark.slow
+@pytest.mark.rehearsal  # `make test-rehearsal` (CI runs it after `make test`)
 def test_the_gpu_job_rehearses_on_the_cpu(tmp_path, data_home):
     env = {**os.environ, "KGC_DATA_HOME": str(SHARED_DATA), "HF_HUB_OFFLINE": "1"}
     bundle, out = tmp_path / "bundle", tmp_path / "out"

@@ -359,6 +359,11 @@ def test_num_threads_auto_leaves_busy_cores_alone(monkeypatch):
     assert common.resolve_threads("auto") == max(1, cores - 1)
     monkeypatch.setattr(common, "busy_cores", lambda: cores + 5)
     assert common.resolve_threads("auto") == 1
+    monkeypatch.setattr(common, "busy_cores", lambda: 0)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # auto never takes more than the environment allows
+    assert common.resolve_threads("auto") == 1 and common.resolve_threads(2) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    assert common.resolve_threads("auto") == cores
     assert common.resolve_threads(3) == 3 and common.resolve_threads(None) is None
     assert load_recipe(None, ["train.num_threads=auto"]).train.num_threads == "auto"
     assert load_recipe(None).train.num_threads == "auto"  # the default: a run leaves busy cores alone
@@ -366,6 +371,31 @@ def test_num_threads_auto_leaves_busy_cores_alone(monkeypatch):
     assert load_recipe(ROOT / "recipes" / "wn18rr_cpu_biencoder.yaml").train.num_threads == 2  # named: kept
     with pytest.raises(KGCError, match="train.num_threads"):
         load_recipe(None, ["train.num_threads=0"])
+
+
+def test_training_sets_its_threads_for_the_run_only(tmp_path, tiny_bert, monkeypatch):
+    """train.num_threads is the run's: a program calling kgc.train gets its own thread count back, finished or
+    failed (a test process left at 2 threads beside another worker ran 4x slower)."""
+    import torch
+
+    from kgc.recipe import load_recipe
+    from kgc.training.loop import train
+
+    data = write_toy(tmp_path / "TOY")
+    recipe = load_recipe(small_recipe(tmp_path / "r.yaml", tiny_bert, data, num_threads=2, max_steps=1))
+    before = torch.get_num_threads()
+    seen = []
+    try:
+        torch.set_num_threads(1)
+        train(recipe, out=tmp_path / "run", progress=False, echo=lambda m: seen.append(torch.get_num_threads()))
+        assert seen and seen[-1] == 2 and torch.get_num_threads() == 1
+        calls, real = [], torch.set_num_threads
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n)))
+        with pytest.raises(KGCError, match="already"):  # a run that fails after its threads were set
+            train(recipe, out=tmp_path / "run", progress=False, echo=lambda m: None)
+        assert calls == [2, 1] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_recipe_keys_lists_every_key_with_a_default_and_a_line():

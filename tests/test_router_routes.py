@@ -208,7 +208,7 @@ def train_router(tmp_path: Path, data: Path, name: str, sets: list[str]) -> Path
 
     recipe = load_recipe(None, [f"data.path={data}", "model.conditioner=router",
                                 "data.neighbor_text=false", "data.max_tokens=16", "train.batch_size=32",
-                                "train.warmup_steps=5", "eval.validate_every_epoch=false", "train.num_threads=2",
+                                "train.warmup_steps=5", "eval.validate_every_epoch=false",
                                 f"name={name}"] + sets)
     train(recipe, out=tmp_path / name, progress=False, echo=lambda m: None)
     return tmp_path / name

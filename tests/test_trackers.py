@@ -1,7 +1,7 @@
 """train.trackers: every metrics.jsonl row also in TensorBoard's event files (read back with TensorBoard's own
 reader), an MLflow run (listed by the MLflow client with its params, metric history and artefacts, and the test
-figures after `kgc evaluate`) and metrics.csv; a resumed run's rows past its checkpoint are not kept twice; a
-missing package is one message naming the extra."""
+figures after `kgc evaluate`), an offline W&B run (its records decoded with W&B's own protobuf) and metrics.csv; a
+resumed run's rows past its checkpoint are not kept twice; a missing package is one message naming the extra."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ def tracked(tiny_bert, tmp_path_factory, data_home):
 
     pytest.importorskip("tensorboard")
     pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
     tmp = tmp_path_factory.mktemp("tracked")
     recipe = toy_recipe(tmp / "tracked.yaml", tiny_bert, write_toy(tmp / "TOY"), {"conditioner": "biencoder"},
                         epochs=2, max_steps=4)
-    text = recipe.read_text().replace('"num_threads": 1', '"num_threads": 1, "trackers": ["tensorboard", "mlflow", "csv"]')
+    text = recipe.read_text().replace('"num_threads": 1', '"num_threads": 1, "trackers": ["tensorboard", "mlflow", "csv", "wandb"]')
     recipe.write_text(text)
     run = kgc.train(recipe, tmp / "run", progress=False, echo=None)
     results = kgc.load(run.path, device="cpu", echo=None).evaluate("test", progress=False)
@@ -66,6 +67,68 @@ def test_mlflow_lists_the_run_with_params_metrics_and_artifacts(tracked):
     assert {"curves.png", "train_summary.json", "results.json"} <= artifacts
 
 
+def wandb_records(path):
+    """The records of an offline W&B run file (``run-ID.wandb``): W&B's header, then LevelDB-log records (32 KiB
+    blocks; a 7-byte header each: checksum, length, type 1 full / 2 first / 3 middle / 4 last), each a protobuf
+    ``Record`` of W&B's own schema."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    pos, part, out = 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if left < 7 or (length == 0 and kind == 0):  # the block's zero-filled tail
+            pos += left
+            continue
+        part += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            out.append(record)
+            part = b""
+    return out
+
+
+def wandb_items(items) -> dict:
+    """A history or summary record's items as a dict (W&B stores a key as ``key`` or as a ``nested_key`` path)."""
+    out: dict = {}
+    for item in items:
+        keys = [item.key] if item.key else list(item.nested_key)
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = json.loads(item.value_json)
+    return out
+
+
+def test_wandb_writes_an_offline_run_with_the_recipe_rows_image_and_test_figures(tracked):
+    path, rows, results = tracked
+    meta = json.loads((path / "wandb" / "run.json").read_text())
+    assert meta["project"] == "tracked"
+    files = sorted((path / "wandb" / "wandb").glob(f"offline-run-*-{meta['id']}/run-{meta['id']}.wandb"))
+    assert len(files) == 2  # the training, then `kgc evaluate` reopening the same run id
+    training = wandb_records(files[0])
+    (run,) = [r.run for r in training if r.WhichOneof("record_type") == "run"]
+    assert run.run_id == meta["id"] and run.project == "tracked" and run.display_name == path.name
+    config = {u.key: json.loads(u.value_json) for u in run.config.update}
+    assert config["train"]["lr"] == 0.001 and config["model"]["conditioner"] == "biencoder"  # the resolved recipe
+    history = [wandb_items(r.history.item) for r in training if r.WhichOneof("record_type") == "history"]
+    for tag, key in (("train/loss", "loss"), ("dev/mrr", "dev_mrr")):  # each row, at its step
+        logged = [(h["step"], h[tag]) for h in history if tag in h]
+        expected = [(r["step"], r[key]) for r in rows if key in r]
+        assert [s for s, _ in logged] == [s for s, _ in expected] and len(expected) >= 2
+        assert [v for _, v in logged] == pytest.approx([v for _, v in expected])
+    assert any(h.get("images/curves", {}).get("_type") == "image-file" for h in history)
+    saved = {f.path for r in training if r.WhichOneof("record_type") == "files" for f in r.files.files}
+    assert "train_summary.json" in saved
+    summary = {k: v for r in wandb_records(files[1]) if r.WhichOneof("record_type") == "summary"
+               for k, v in wandb_items(r.summary.update).items()}
+    assert summary["test_mrr"] == pytest.approx(results["both"]["realistic"]["inverse_harmonic_mean_rank"])
+
+
 def test_csv_holds_each_scalar_in_the_long_layout(tracked):
     path, rows, _ = tracked
     with (path / "metrics.csv").open(newline="") as f:
@@ -94,6 +157,26 @@ def test_a_resumed_run_keeps_each_step_once(tmp_path):
         assert [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f)] == [(1, 1), (2, 2), (3, 30), (4, 40)]
     events = EventAccumulator(str(tmp_path / "tensorboard"), purge_orphaned_data=True).Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1), (2, 2), (3, 30), (4, 40)]
+
+
+def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path):
+    """W&B: the resumed process reopens the run id kept in RUN/wandb/run.json and logs its rows against kgc's step."""
+    pytest.importorskip("wandb")
+    from kgc.training.trackers import open_trackers
+
+    first = open_trackers(["wandb"], tmp_path, {"train": {"lr": 1}}, title="t")
+    for step in (1, 2, 3):
+        first.log({"step": step, "loss": float(step)})
+    first.close()  # the training failed: aborted, not finished
+    run_id = json.loads((tmp_path / "wandb" / "run.json").read_text())["id"]
+    second = open_trackers(["wandb"], tmp_path, {"train": {"lr": 1}}, title="t", resume_step=2)
+    for step in (3, 4):
+        second.log({"step": step, "loss": 10.0 * step})
+    second.finish([])
+    files = sorted((tmp_path / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert [f.name for f in files] == [f"run-{run_id}.wandb"] * 2
+    logged = [wandb_items(r.history.item) for r in wandb_records(files[1]) if r.WhichOneof("record_type") == "history"]
+    assert [(h["step"], h["train/loss"]) for h in logged] == [(3, 30.0), (4, 40.0)]
 
 
 def test_a_missing_tracker_package_names_its_extra(monkeypatch, tmp_path):

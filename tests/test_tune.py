@@ -95,6 +95,29 @@ def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home)
     assert retried and retried[0].params == study.trials[1].params
 
 
+def test_two_worker_processes_share_one_study(tiny_bert, tmp_path, data_home, monkeypatch):
+    """`--jobs 2`: two `kgc tune --worker` processes on the one SQLite study, trials run side by side (their
+    intervals overlap), each in its own trial folder; the study stops at 3 finished trials, or one more when the
+    other worker's trial was already under way (Optuna's MaxTrialsCallback counts at each trial's end)."""
+    import optuna
+
+    from kgc.tune import tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("KGC_DATA_HOME", str(data_home))
+    recipe = write_tune_recipe(tmp_path / "umls_jobs.yaml", tiny_bert, budget="4 steps", pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    summary = tune(recipe, out=tmp_path / "study", trials=3, jobs=2, echo=lambda m: None)
+    study = optuna.load_study(study_name="umls_jobs", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert 3 <= len(done) <= 4 and summary["complete"] == len(done) and len(study.trials) == len(done)
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in done)
+    assert any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans  # side by side
+    folders = sorted(p.name for p in (tmp_path / "study" / "trials").iterdir())
+    assert folders == [f"{t.number:04d}" for t in sorted(done, key=lambda t: t.number)]
+    assert all((tmp_path / "study" / "trials" / f / "train_summary.json").is_file() for f in folders)
+
+
 def test_a_trial_below_the_median_is_pruned(tiny_bert, tmp_path, data_home, monkeypatch):
     """Two trials at a working lr, then one at lr 1e-9 (its model barely moves): its first dev figure is below the
     median of the first two at that step, and the median pruner stops it there."""

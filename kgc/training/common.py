@@ -48,12 +48,16 @@ def busy_cores(samples: int = 5, interval: float = 0.05) -> int:
 def resolve_threads(spec: int | str | None) -> int | None:
     """``train.num_threads`` as a count: ``auto`` is the cores this process may use (its CPU affinity) less those
     busy with other work, at least 1 — torch's default takes every core, and two runs that both do so on one
-    machine run many times slower than with one thread each. None: leave torch's default."""
+    machine run many times slower than with one thread each. ``auto`` is also at most ``$OMP_NUM_THREADS`` where
+    that is set to a count (as torch's own default is). None: leave torch's default."""
     import os
 
     if spec is None or isinstance(spec, int):
         return spec
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) >= 1:
+        cores = min(cores, int(omp))
     return max(1, cores - busy_cores())
 
 

@@ -137,6 +137,7 @@ class _Setup:
     def __init__(self, recipe: Recipe | None, *, out: Path | None, resume: Path | None, echo,
                  hold: contextlib.ExitStack, check_memory: bool = True) -> None:
         restart = False
+        self.hold = hold  # what training releases when it ends: the lock, the thread count, the trackers
         if resume is not None:
             run = RunDir(resume)
             recipe = run.recipe
@@ -156,7 +157,8 @@ class _Setup:
         task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
         tc = recipe.train
         threads = resolve_threads(tc.num_threads)
-        if threads:
+        if threads:  # for this run only: the caller's thread count is back when training returns or fails
+            hold.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(threads)
         self.device = dist.init(tc.device)  # joins the torchrun group, if any
         self.world, self.rank = dist.world_size(), dist.rank()
@@ -273,6 +275,7 @@ class _Setup:
 
             self.metrics.trackers = open_trackers(tc.trackers, self.run.path, self.recipe.model_dump(mode="json"),
                                                   title=self.recipe.name, resume_step=self.step if ckpt else None)
+            self.hold.callback(self.metrics.trackers.close)  # a failed run's trackers are closed (finished ones: no-op)
 
     def seconds(self) -> float:
         """Training wall time so far: this process's since setup (validation excluded) plus earlier runs'."""

@@ -10,8 +10,15 @@ curves — TensorBoard, MLflow, a CSV file.
   (and ``results.json`` after ``kgc evaluate``). A resumed run logs into the same MLflow run (its id is kept in
   ``RUN/mlflow/run_id``).
 * ``csv``: ``RUN/metrics.csv`` in the long layout PyKEEN's ``CSVResultTracker`` writes (``step,epoch,key,value``).
+* ``wandb``: one Weights & Biases run per kgc run, **offline** unless ``$WANDB_MODE`` says otherwise (nothing leaves
+  the machine; ``wandb sync RUN/wandb/offline-run-*`` uploads it later), under ``RUN/wandb``; the project is
+  ``$WANDB_PROJECT`` or the recipe's name, the config the resolved recipe, the rows logged against a ``step`` metric
+  (``train/loss`` …, as TensorBoard's tags), ``curves.png`` as an image and ``train_summary.json`` saved at the end,
+  the test figures in the run's summary after ``kgc evaluate``. A resumed run logs into the same W&B run id (kept in
+  ``RUN/wandb/run.json``); its rows are plotted against ``step``, so the replayed steps past the checkpoint overwrite
+  nothing and W&B's own monotonic step is not needed.
 
-Each is an optional dependency (``pip install 'kgc[tensorboard]'``, ``'kgc[mlflow]'``); a missing
+Each is an optional dependency (``pip install 'kgc[tensorboard]'``, ``'kgc[mlflow]'``, ``'kgc[wandb]'``); a missing
 one is one message naming the extra, before the first step. Only rank 0 logs (under torchrun the others write no
 metrics). Nothing here changes what a run computes.
 """
@@ -27,9 +34,10 @@ from typing import Any, Iterable
 
 from kgc.errors import KGCError
 
-KNOWN = ("tensorboard", "mlflow", "csv")
+KNOWN = ("tensorboard", "mlflow", "csv", "wandb")
 NEEDS = {"tensorboard": ("tensorboard", "tensorboard"),
-         "mlflow": ("mlflow", "mlflow")}  # tracker: (module it imports, the kgc extra that installs it)
+         "mlflow": ("mlflow", "mlflow"),
+         "wandb": ("wandb", "wandb")}  # tracker: (module it imports, the kgc extra that installs it)
 NOT_SCALARS = ("step", "epoch")
 
 
@@ -82,6 +90,9 @@ class Tracker:
     def finish(self, artifacts: list[Path]) -> None:
         pass
 
+    def abort(self) -> None:
+        """The training stopped with an error before ``finish``: release what is open (a resumed run reopens it)."""
+
     def results(self, results_file: Path, metrics: dict[str, float]) -> None:
         """After ``kgc evaluate``: the test figures (where the tracker keeps one record per run)."""
 
@@ -113,6 +124,9 @@ class TensorBoardTracker(Tracker):
         for path in artifacts:
             if path.suffix == ".png" and path.is_file():
                 self.writer.add_image(path.stem, matplotlib.image.imread(str(path))[..., :3], dataformats="HWC")
+        self.writer.close()
+
+    def abort(self) -> None:
         self.writer.close()
 
 
@@ -166,6 +180,9 @@ class MLflowTracker(Tracker):
                 self.client.log_artifact(self.run_id, str(path))
         self.client.set_terminated(self.run_id, "FINISHED")
 
+    def abort(self) -> None:
+        self.client.set_terminated(self.run_id, "FAILED")  # a resumed run sets it RUNNING again
+
     def results(self, results_file: Path, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
@@ -202,7 +219,58 @@ class CSVTracker(Tracker):
                     mode="a")
 
 
-CLASSES = {c.name: c for c in (TensorBoardTracker, MLflowTracker, CSVTracker)}
+class WandbTracker(Tracker):
+    name = "wandb"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import os
+        import secrets
+        import string
+
+        import wandb
+
+        self.folder = self.run_dir / "wandb"
+        self.folder.mkdir(exist_ok=True)
+        id_file = self.folder / "run.json"
+        known = json.loads(id_file.read_text()) if id_file.is_file() and self.resume_step is not None else {}
+        project = known.get("project") or os.environ.get("WANDB_PROJECT") or self.title or "kgc"
+        run_id = known.get("id") or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+        settings = wandb.Settings(silent=True, console="off")  # kgc prints its own lines; W&B need not copy them
+        self.run = wandb.init(mode=os.environ.get("WANDB_MODE") or "offline", dir=str(self.folder),
+                              project=project, name=self.run_dir.name, id=run_id, resume="allow",
+                              config=self.params or None, settings=settings, reinit="create_new")
+        if not known:
+            id_file.write_text(json.dumps({"id": run_id, "project": project}) + "\n")
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")  # plotted against kgc's step, not W&B's counter
+
+    def log(self, record: dict[str, Any]) -> None:
+        values = {tag(k): v for k, v in scalars(record).items()}
+        if values:
+            self.run.log({**values, "step": int(record.get("step", 0))})
+
+    def finish(self, artifacts: list[Path]) -> None:
+        import wandb
+
+        for path in artifacts:
+            if path.suffix == ".png" and path.is_file():
+                self.run.log({f"images/{path.stem}": wandb.Image(str(path))})
+            elif path.is_file():
+                self.run.save(str(path), base_path=str(path.parent), policy="now")
+        self.run.finish()
+
+    def abort(self) -> None:
+        self.run.finish(exit_code=1)
+
+    def results(self, results_file: Path, metrics: dict[str, float]) -> None:
+        self.run.summary.update(metrics)
+        if results_file.is_file():
+            self.run.save(str(results_file), base_path=str(results_file.parent), policy="now")
+        self.run.finish()
+
+
+CLASSES = {c.name: c for c in (TensorBoardTracker, MLflowTracker, CSVTracker, WandbTracker)}
 
 
 class Trackers:
@@ -210,6 +278,7 @@ class Trackers:
 
     def __init__(self, trackers: list[Tracker]) -> None:
         self.trackers = trackers
+        self.finished = False
 
     def __bool__(self) -> bool:
         return bool(self.trackers)
@@ -219,8 +288,17 @@ class Trackers:
             t.log(record)
 
     def finish(self, artifacts: list[Path]) -> None:
+        self.finished = True
         for t in self.trackers:
             t.finish(artifacts)
+
+    def close(self) -> None:
+        """When training ends: the trackers of a run that did not reach ``finish`` (an error) are aborted, so the
+        same process can resume it (W&B allows one open run per id)."""
+        if not self.finished:
+            self.finished = True
+            for t in self.trackers:
+                t.abort()
 
 
 def open_trackers(names: Iterable[str], run_dir: Path, params: dict[str, Any], *, title: str,
@@ -231,10 +309,13 @@ def open_trackers(names: Iterable[str], run_dir: Path, params: dict[str, Any], *
 
 
 def log_results(names: Iterable[str], run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
-    """After ``kgc evaluate RUN``: the test figures into the trackers that keep one record per run (MLflow's run
-    of this training, reopened by its id); the others hold curves only."""
+    """After ``kgc evaluate RUN``: the test figures into the trackers that keep one record per run (MLflow's and
+    W&B's run of this training, reopened by its id); the others hold curves only."""
     if "mlflow" in names and (run_dir / "mlflow" / "run_id").is_file():
         check_available(["mlflow"])
         tracker = MLflowTracker(run_dir, {}, title="", resume_step=0)
         tracker.results(results_file, metrics)
         tracker.client.set_terminated(tracker.run_id, "FINISHED")
+    if "wandb" in names and (run_dir / "wandb" / "run.json").is_file():
+        check_available(["wandb"])
+        WandbTracker(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
