@@ -15,7 +15,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2` (the README's command
     import torch
 
     torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"  # the kgc processes tests start, and train.num_threads=auto in this one
 SHARED_DATA = Path(os.environ.get("KGC_DATA_HOME", ROOT.parent / "shared" / "data")).resolve()
 
 
