@@ -32,15 +32,15 @@ quickstart: install
 # each worker one torch thread (12.5 -> 8.2 min)
 TEST_WORKERS ?= 2
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# after pytest: its exit code, but 5 ("no tests ran") is a failure
+COLLECTED = rc=$$?; if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 # the suite but the GPU job's CPU rehearsal (marked rehearsal, ~90 s: `make test-rehearsal`; .ci/run runs both)
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal"; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal"; $(COLLECTED)
 
 test-rehearsal: install
-	$(BIN)/python -m pytest -q -m rehearsal tests/test_gpu_job.py; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(BIN)/python -m pytest -q -m rehearsal tests/test_gpu_job.py; $(COLLECTED)
 
 # the suite once more, writing each test file's seconds to tests/durations.json (the order `make test` starts them in)
 test-durations: install

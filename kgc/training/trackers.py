@@ -190,6 +190,7 @@ class MLflowTracker(Tracker):
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
         if results_file.is_file():
             self.client.log_artifact(self.run_id, str(results_file))
+        self.client.set_terminated(self.run_id, "FINISHED")
 
 
 class CSVTracker(Tracker):
@@ -313,9 +314,7 @@ def log_results(names: Iterable[str], run_dir: Path, results_file: Path, metrics
     W&B's run of this training, reopened by its id); the others hold curves only."""
     if "mlflow" in names and (run_dir / "mlflow" / "run_id").is_file():
         check_available(["mlflow"])
-        tracker = MLflowTracker(run_dir, {}, title="", resume_step=0)
-        tracker.results(results_file, metrics)
-        tracker.client.set_terminated(tracker.run_id, "FINISHED")
+        MLflowTracker(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
     if "wandb" in names and (run_dir / "wandb" / "run.json").is_file():
         check_available(["wandb"])
         WandbTracker(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
