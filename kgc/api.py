@@ -256,6 +256,13 @@ def bench_inputs(recipe: str | Path, **options: Any) -> dict:
     return run_bench("inputs", Path(recipe), **options)
 
 
+def bench_rules(recipe: str | Path, **options: Any) -> dict:
+    """``kgc bench rules``: mined rules scoring a split, per-relation tables against per-batch rows (kgc.bench)."""
+    from kgc.bench import run_bench
+
+    return run_bench("rules", Path(recipe), **options)
+
+
 def bench_serve(run_dir: str | Path, **options: Any) -> dict:
     """``kgc bench serve``: answers/s and latency of ``kgc serve RUN`` under 1, 8, 32 … concurrent clients."""
     from kgc.bench import bench_serve as run

@@ -519,6 +519,21 @@ def bench_inputs(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_bi
         api.write_json(out, result)
 
 
+@bench_app.command("rules")
+def bench_rules(recipe: Path = typer.Argument(..., help="e.g. recipes/umls_biencoder.yaml (its data: and structure: "
+                                                        "sections, structure.model=rules)"),
+                split: str = typer.Option("test", "--split", help="test, dev or train: whose queries are scored"),
+                batch_size: int = typer.Option(64, "--batch-size", min=1),
+                set_: List[str] = typer.Option([], "--set"),
+                out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
+    """Mined rules scoring a split's queries: per-relation tables (small graphs) against per-batch rows, s."""
+    from kgc import api
+
+    result = api.bench_rules(recipe, split=split, batch_size=batch_size, overrides=set_, echo=_echo)
+    if out:
+        api.write_json(out, result)
+
+
 @bench_app.command("structure")
 def bench_structure(recipe: Path = typer.Argument(..., help="a recipe with a structure: section, on a dataset PyKEEN "
                                                             "ships (umls, kinships, nations)"),

@@ -40,12 +40,12 @@ from kgc.recipe import ParamRange, Recipe, load_recipe, parse_overrides, resolve
 
 STUDY_DB = "study.db"
 def default_space(recipe: Recipe) -> dict[str, dict]:
-    """A recipe's space when its tune.space is empty: its task's (``Task.tune_space``) and its conditioner's
+    """A recipe's space when its tune.space is empty: its task's (``Task.tune_space_for``) and its conditioner's
     (``Conditioner.tune_space``: the lr of the parameters it adds)."""
     from kgc.registry import CONDITIONERS
     from kgc.training.task import task_class
 
-    return {**task_class(recipe.task).tune_space, **CONDITIONERS[recipe.model.conditioner].tune_space}
+    return {**task_class(recipe.task).tune_space_for(recipe), **CONDITIONERS[recipe.model.conditioner].tune_space}
 
 
 def parse_budget(text: str | None, unit: str) -> tuple[str, float] | None:
@@ -251,7 +251,9 @@ class Study:
 
             fig = np.ravel(ax)[0].get_figure()  # one axes, or an array of them (slice: one per parameter)
             fig.set_size_inches(max(6.0, 3.2 * len(self.space)) if name == "slice.png" else 7.0, 4.0)
-            fig.tight_layout()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the slice plot's colour bar is not a tight_layout axes: harmless
+                fig.tight_layout()
             write_with(self.folder / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
             plt.close(fig)
             drawn.append(name)

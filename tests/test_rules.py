@@ -73,11 +73,17 @@ def test_a_symmetric_relation_by_hand():
     assert model.explain(5, 0, 4) == [sym] and model.explain(5, 0, 3) == []
 
 
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "rows"])
 @pytest.mark.parametrize("aggregation", ["noisy_or", "max"])
-def test_scores_equal_a_brute_force_over_paths(aggregation):
+def test_scores_equal_a_brute_force_over_paths(aggregation, tables):
+    """Both ways of scoring: a small graph's per-relation tables (every head's row at the first query of a
+    relation, kept), and a large graph's rows computed for the batch's heads alone."""
     edges = _random_edges(7, entities=12, triples=40)
     rules = mine_rules(edges, 12, 6, min_support=1, unseen=1.0, min_confidence=0.0)
     model = RuleModel(rules, edges, 12, 6, aggregation=aggregation)
+    assert model.tables == {} and RuleModel([], edges, 5000, 6).tables is None  # 5000² × 4 B × 6 > TABLE_BYTES
+    if not tables:
+        model.tables = None  # as on a graph whose tables would pass TABLE_BYTES
     facts = {(int(h), int(r), int(t)) for h, r, t in edges}
     heads = np.repeat(np.arange(12), 6)
     rels = np.tile(np.arange(6), 12)
@@ -95,6 +101,8 @@ def test_scores_equal_a_brute_force_over_paths(aggregation):
             if cs and e != h:
                 want[e] = max(cs) if aggregation == "max" else 1 - math.prod(1 - c for c in cs)
         assert got[i].numpy() == pytest.approx(want, abs=1e-6), (h, r)
+    assert model.tables is None or sorted(model.tables) == list(range(6))
+    assert torch.equal(model.scores(heads[::-1].copy(), rels[::-1].copy()), got.flip(0))  # the kept tables: same rows
 
 
 def test_saved_rules_read_back_and_damage_is_named(tmp_path):
@@ -195,3 +203,17 @@ def test_rules_fused_through_the_cli(rules_run):
     assert not (rules_run / "structure" / "rules.tsv").exists() and (rules_run / "structure" / "model.pt").exists()
     bad = kgc("structure", rules_run, "--set", "structure.rule_aggregation=sum", check=False)
     assert bad.returncode != 0 and "rule_aggregation" in bad.stdout + bad.stderr
+
+
+def test_bench_rules_compares_tables_and_rows_on_the_same_scores(tmp_path):
+    from tests.conftest import TOY_TEST, write_toy
+
+    recipe = tmp_path / "toy_rules.yaml"
+    recipe.write_text(f"name: toy_rules\ndata: {{dataset: {write_toy(tmp_path / 'TOY')}}}\n"
+                      "structure: {model: rules, rule_min_support: 1}\n")
+    out = kgc("bench", "rules", recipe, "--split", "test", "--batch-size", "2", "--out", tmp_path / "b.json")
+    assert "tables over rows" in out.stdout and "the scores equal" in out.stdout
+    got = json.loads((tmp_path / "b.json").read_text())
+    assert got["rules"] > 0 and got["queries"] == 2 * len(TOY_TEST)
+    assert set(got["seconds"]) == {"tables", "rows"} and got["speedup"] > 0
+    assert "choose one of" in kgc("bench", "rules", recipe, "--split", "nope", check=False).stderr

@@ -178,3 +178,9 @@ def test_an_empty_space_is_the_tasks_and_the_conditioners():
     assert set(plain) == {"train.lr", "loss.temperature", "loss.margin"}
     hyper = default_space(resolve_recipe({"data": {"dataset": "umls"}, "model": {"conditioner": "hypernet"}}))
     assert set(hyper) == set(plain) | {"train.conditioner_lr"}
+    # C-STS: the lr and the contrastive τ, which a recipe without the contrastive term (CASE's MSE) does not search
+    csts = {"task": "csts", "data": {"dataset": "synth-csts"}}
+    assert set(default_space(resolve_recipe({**csts, "model": {"conditioner": "biencoder"}}))) == \
+        {"train.lr", "loss.contrastive_temperature"}
+    mse = resolve_recipe({**csts, "model": {"conditioner": "case"}, "loss": {"contrastive": False}})
+    assert set(default_space(mse)) == {"train.lr", "train.conditioner_lr"}

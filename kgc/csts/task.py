@@ -69,6 +69,17 @@ class CSTSTask(Task):
                        "cache bytes"]
     compare_metric = "Spearman"
     dataset_files = ("csts_train.csv",)
+    # the lr and the contrastive term's τ (the recipes' 1.9 is Hyper-CL's; its paper reports 1.5-1.9)
+    tune_space = {"train.lr": {"low": 1e-5, "high": 1e-3, "log": True},
+                  "loss.contrastive_temperature": {"low": 0.5, "high": 4.0, "log": True}}
+
+    @classmethod
+    def tune_space_for(cls, recipe):
+        """Without the contrastive term (``loss.contrastive: false``, as CASE's MSE recipes) its τ is not searched."""
+        space = dict(cls.tune_space)
+        if not recipe.loss.contrastive:
+            space.pop("loss.contrastive_temperature")
+        return space
 
     @classmethod
     def run_class(cls):

@@ -50,6 +50,7 @@ from kgc.fileio import write_npy, write_tsv
 from kgc.linkpred.fusion_options import FusionOptions
 
 AGGREGATIONS = ("noisy_or", "max")
+TABLE_BYTES = 64 << 20  # every relation's (entities, entities) float32 score table kept below this (UMLS: 13 MB)
 RULES_FILE, EDGES_FILE = "rules.tsv", "edges.npy"
 COLUMNS = ["relation", "body", "support", "body_pairs", "confidence", "relation_id", "body_ids"]
 
@@ -173,6 +174,10 @@ class RuleModel:
         self.by_relation: dict[int, list[Rule]] = {}
         for rule in rules:
             self.by_relation.setdefault(rule.relation, []).append(rule)
+        # a small graph keeps each relation's whole (entities, entities) score table once computed: an evaluation
+        # asks for one relation in many batches, and every row of the table is what those batches would compute
+        self.tables: dict[int, np.ndarray] | None = \
+            {} if self.num_entities ** 2 * 4 * max(1, num_relations2) <= TABLE_BYTES else None
 
     def reached(self, rule: Rule, heads: np.ndarray) -> sp.csr_matrix:
         """(len(heads), entities) 0/1-or-more: the entities ``rule``'s body reaches from each head."""
@@ -181,26 +186,38 @@ class RuleModel:
             rows = rows @ self.adj[b]
         return rows.tocsr()
 
+    def _rows(self, relation: int, heads: np.ndarray) -> np.ndarray:
+        """(len(heads), entities) float32 scores of (head, ``relation``, ?): each row its rules' aggregate."""
+        acc = np.zeros((len(heads), self.num_entities), dtype=np.float64)
+        for rule in self.by_relation.get(relation, []):
+            hit = self.reached(rule, heads).tocoo()  # canonical: one entry per (row, entity)
+            if self.aggregation == "noisy_or":
+                acc[hit.row, hit.col] += np.log1p(-min(rule.confidence, 1 - 1e-9))
+            else:
+                np.maximum.at(acc, (hit.row, hit.col), rule.confidence)
+        block = -np.expm1(acc) if self.aggregation == "noisy_or" else acc
+        block[np.arange(len(heads)), heads] = 0.0
+        return block.astype(np.float32)
+
     @torch.no_grad()
     def scores(self, heads: np.ndarray, rels: np.ndarray) -> torch.Tensor:
-        """(batch, entities) rule scores of (head, relation in 0..2R-1, ?), in [0, 1]; the head itself 0."""
+        """(batch, entities) rule scores of (head, relation in 0..2R-1, ?), in [0, 1]; the head itself 0.
+
+        On a graph small enough (``TABLE_BYTES`` for every relation's table), a relation's rows are computed
+        for every head at its first query and kept: the same rows, computed once per relation."""
         heads, rels = np.asarray(heads, dtype=np.int64), np.asarray(rels, dtype=np.int64)
         if (heads >= self.num_entities).any():
             raise KGCError("the mined rules know no edges of entities added after they were mined")
         out = np.zeros((len(heads), self.num_entities), dtype=np.float32)
         for r in np.unique(rels):
             idx = np.flatnonzero(rels == r)
-            h = heads[idx]
-            acc = np.zeros((len(idx), self.num_entities), dtype=np.float64)
-            for rule in self.by_relation.get(int(r), []):
-                hit = self.reached(rule, h).tocoo()  # canonical: one entry per (row, entity)
-                if self.aggregation == "noisy_or":
-                    acc[hit.row, hit.col] += np.log1p(-min(rule.confidence, 1 - 1e-9))
-                else:
-                    np.maximum.at(acc, (hit.row, hit.col), rule.confidence)
-            block = -np.expm1(acc) if self.aggregation == "noisy_or" else acc
-            block[np.arange(len(idx)), h] = 0.0
-            out[idx] = block
+            if self.tables is None:
+                out[idx] = self._rows(int(r), heads[idx])
+                continue
+            table = self.tables.get(int(r))
+            if table is None:
+                table = self.tables[int(r)] = self._rows(int(r), np.arange(self.num_entities))
+            out[idx] = table[heads[idx]]
         return torch.from_numpy(out)
 
     def explain(self, head: int, relation: int, entity: int, limit: int = 5) -> list[Rule]:

@@ -122,6 +122,11 @@ class Task(ABC):
     tune_space: ClassVar[dict[str, dict]] = {"train.lr": {"low": 1e-5, "high": 1e-3, "log": True}}
 
     @classmethod
+    def tune_space_for(cls, recipe: Any) -> dict[str, dict]:
+        """``tune_space`` for this recipe: a task drops the keys the recipe does not use (by default: none)."""
+        return dict(cls.tune_space)
+
+    @classmethod
     def headline(cls, results: dict) -> dict:
         """The figures of a ``results.json`` a reader compares (``GET /info``'s ``test``): by default its numbers."""
         return {k: v for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
