@@ -64,13 +64,16 @@ def test_a_study_of_eight_trials_writes_the_best_recipe_the_table_and_the_plots(
         assert (tmp_path / "study" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home):
-    """SIGKILL while trial 1 trains; the same command again ends with 3 finished trials (the killed one failed and
-    its values tried again), trial 0 not trained again."""
+def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home, monkeypatch):
+    """SIGKILL to a `kgc tune` process while trial 1 trains; the same study run again (here in this process, as
+    the command's `kgc.tune` call) ends with 3 finished trials (the killed one failed and its values tried again),
+    trial 0 not trained again."""
     import optuna
 
+    from kgc.tune import tune
+
     recipe = write_tune_recipe(tmp_path / "umls_resume.yaml", tiny_bert,
-                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}}, budget="30 steps",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}}, budget="16 steps",
                                pruner="none", stale_after=4)
     env = {**os.environ, "KGC_DATA_HOME": str(SHARED_DATA), "KGC_CACHE_HOME": str(tmp_path / "cache"),
            "OMP_NUM_THREADS": "1"}
@@ -85,8 +88,10 @@ def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home)
     assert first.is_file(), "trial 0 did not finish before the kill"
     stamp = first.stat().st_mtime_ns
     time.sleep(5)  # past tune.stale_after (4 s here, 20 by default): the killed trial's heartbeat is stale
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    for key in ("KGC_DATA_HOME", "KGC_CACHE_HOME", "OMP_NUM_THREADS"):
+        monkeypatch.setenv(key, env[key])
+    summary = tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
+    assert summary["complete"] == 3 and summary["failed"] == 1
     study = optuna.load_study(study_name="umls_resume", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     states = [t.state.name for t in study.trials]
     assert states.count("COMPLETE") == 3 and states[1] == "FAIL", states

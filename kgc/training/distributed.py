@@ -14,7 +14,6 @@ to each slice, the averaged gradient is exactly the gradient of the global batch
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from datetime import timedelta
 from typing import Any
@@ -165,9 +164,19 @@ def check_batch(batch_size: int) -> None:
 
 
 def launch(nproc: int, argv: list[str]) -> int:
-    """``kgc train … --nproc N``: re-run the same command under ``torchrun --standalone`` (a free port)."""
+    """``kgc train … --nproc N``: re-run the same command under ``torchrun --standalone`` (a free port).
+
+    torchrun's agent runs in this process (``torch.distributed.run.main``, what the ``torchrun`` script calls), so
+    one interpreter fewer starts; it starts the N workers as ``python -m kgc …`` processes. Its exit code is the
+    ``torchrun`` command's: 0, or 1 with the failure's summary on stderr when a worker failed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
     if nproc < 1:
         raise KGCError(f"--nproc {nproc}: give 1 or more processes")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "kgc", *argv]
-    return subprocess.call(cmd)
+    try:
+        torchrun(["--standalone", f"--nproc-per-node={nproc}", "-m", "kgc", *argv])
+    except ChildFailedError as exc:
+        print(f"torchrun: {exc}", file=sys.stderr)
+        return 1
+    return 0
