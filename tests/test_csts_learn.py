@@ -10,8 +10,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALLER = ["data.synth.train_pairs=600", "data.synth.validation_pairs=60", "data.synth.test_pairs=200",
-           "train.epochs=3", "train.batch_size=32", "eval.validate_every_epoch=false"]
+# 400 training pairs, 3 epochs (75 steps) at the bi-encoder's tuned values (make study-csts-tuned: lr 6.2e-4,
+# τ 2.24): test Spearman 0.88 / 0.90 / 0.95 and pair accuracy 0.935 / 0.935 / 0.99 for train.seed 0 / 1 / 2
+SMALLER = ["data.synth.train_pairs=400", "data.synth.validation_pairs=60", "data.synth.test_pairs=200",
+           "train.epochs=3", "train.batch_size=32", "train.lr=6.2e-4", "loss.contrastive_temperature=2.24",
+           "eval.validate_every_epoch=false"]
 
 
 def test_blind_baseline_scores_nothing_and_a_trained_conditioner_scores_high(tmp_path, monkeypatch):
