@@ -214,13 +214,17 @@ def plot_curves(records: list[dict[str, Any]], path: Path, metric: str = "dev_mr
     if timed:
         panels.append((timed, metric, f"{title} by time", "training minutes (validation excluded)",
                        lambda r: r["train_seconds"] / 60))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6))
+    width, height = 4.4 * len(panels), 3.6
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, height))
     for ax, (rows, key, name, xlabel, x) in zip(axes, panels):
         ax.plot([x(r) for r in rows], [r[key] for r in rows], marker="o" if key == metric else None)
         ax.set_title(name)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    # margins in inches (tick labels, a title, an axis label: the same every run) rather than tight_layout, which
+    # measures every text first and took 40 % of the figure's time; every run draws this figure
+    fig.subplots_adjust(left=0.62 / width, right=1 - 0.18 / width, bottom=0.55 / height, top=1 - 0.38 / height,
+                        wspace=0.26)
     write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
 
