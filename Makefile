@@ -29,7 +29,7 @@ quickstart: install
 # the layer contract first (pyproject.toml [tool.importlinter]: an upward import or an import circle fails);
 # pytest exit code 5 ("no tests ran") is a failure too. Two workers (pytest-xdist), a test file each at a time so a
 # file's shared trained runs are built once, the longest files first (tests/durations.json); tests/conftest.py gives
-# each worker one torch thread (12.5 -> 8.2 min)
+# each worker one torch thread (12.5 -> 7.0 min)
 TEST_WORKERS ?= 2
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # after pytest: its exit code, but 5 ("no tests ran") is a failure
