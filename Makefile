@@ -94,7 +94,7 @@ study-umls-tuned: install
 
 # The same for the synthetic C-STS set: 6 trials of 6,000 pairs each (half the bi-encoder recipe's 3 epochs), the
 # shipped space (lr, the contrastive τ where the recipe has the term, the conditioner's own lr), then each best.yaml
-# trained at its recipe's own budget and tested by one `kgc compare` (~80 min on 2 cores)
+# trained at its recipe's own budget and tested by one `kgc compare` (~85 min on 2 cores, beside other work)
 TUNED_CSTS ?= runs/csts_tuned
 TUNED_CSTS_RECIPES ?= biencoder case concat csr hadamard hypercl hypercl_s2sent
 study-csts-tuned: install
