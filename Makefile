@@ -80,25 +80,29 @@ study-umls: install
 	run biencoder_csr1 recipes/umls_biencoder.yaml --set model.router_layers=1
 	head -n 2 $(STUDY)/csr_k1/compare.md; for d in $(STUDY)/*/; do tail -n 1 $$d/compare.md; done
 
-# The fair UMLS table (issue 41): each conditioner recipe tuned by `kgc tune` at the same trials and per-trial budget
-# (6 trials of 5,248 triple-directions, half the recipes' epoch, 2 validations, median pruning), then its best.yaml
-# trained at the recipe's own budget and tested by one `kgc compare`; a study already finished is not run again.
+# A fair table (issue 41): each recipe tuned by `kgc tune` at the same trials and per-trial budget (2 validations a
+# trial, median pruning), then each best.yaml trained at its recipe's own budget and tested by one `kgc compare`; a
+# study already finished is not run again. $(call tuned-study,FOLDER,RECIPE PREFIX,NAMES,BUDGET)
+define tuned-study
+set -e; for r in $(3); do \
+  test -f $(1)/tune-$$r/trials.md || $(BIN)/kgc tune recipes/$(2)$$r.yaml --trials 6 \
+    --set 'tune.budget=$(4)' --set tune.reports=2 --set tune.pruner=median --out $(1)/tune-$$r; \
+done; \
+$(BIN)/kgc compare $(foreach r,$(3),$(1)/tune-$(r)/best.yaml) --no-progress --out $(1)/compare
+endef
+
+# UMLS: 6 trials of 5,248 triple-directions (half the recipes' epoch)
 TUNED ?= runs/umls_tuned
 TUNED_RECIPES ?= csr_top2 csr hypercl hypercl_residual concat hadamard biencoder
 study-umls-tuned: install
-	set -e; for r in $(TUNED_RECIPES); do \
-	  test -f $(TUNED)/tune-$$r/trials.md || $(BIN)/kgc tune recipes/umls_$$r.yaml --trials 6 \
-	    --set 'tune.budget=5248 triples' --set tune.reports=2 --set tune.pruner=median --out $(TUNED)/tune-$$r; \
-	done; \
-	$(BIN)/kgc compare $(foreach r,$(TUNED_RECIPES),$(TUNED)/tune-$(r)/best.yaml) --no-progress --out $(TUNED)/compare
+	$(call tuned-study,$(TUNED),umls_,$(TUNED_RECIPES),5248 triples)
 
-# The same for the synthetic C-STS set: 6 trials of 6,000 pairs each (half the bi-encoder recipe's 3 epochs), the
-# shipped space (lr, the contrastive τ where the recipe has the term, the conditioner's own lr), then each best.yaml
-# trained at its recipe's own budget and tested by one `kgc compare` (~85 min on 2 cores, beside other work)
+# The synthetic C-STS set: 6 trials of 6,000 pairs (half the bi-encoder recipe's 3 epochs), the shipped space (lr,
+# the contrastive τ where the recipe has the term, the conditioner's own lr); ~85 min on 2 cores, beside other work
 TUNED_CSTS ?= runs/csts_tuned
 TUNED_CSTS_RECIPES ?= biencoder case concat csr hadamard hypercl hypercl_s2sent
 study-csts-tuned: install
-	set -e; for r in $(TUNED_CSTS_RECIPES); do 	  test -f $(TUNED_CSTS)/tune-$$r/trials.md || $(BIN)/kgc tune recipes/csts_synth_$$r.yaml --trials 6 	    --set 'tune.budget=6000 pairs' --set tune.reports=2 --set tune.pruner=median --out $(TUNED_CSTS)/tune-$$r; 	done; 	$(BIN)/kgc compare $(foreach r,$(TUNED_CSTS_RECIPES),$(TUNED_CSTS)/tune-$(r)/best.yaml) --no-progress --out $(TUNED_CSTS)/compare
+	$(call tuned-study,$(TUNED_CSTS),csts_synth_,$(TUNED_CSTS_RECIPES),6000 pairs)
 
 # docs/results/routing.md ("A router that routes"): the router rows of the UMLS study and the C-STS router rows with
 # the routing defaults (the paper's q^c, w over words, values × (1 + w − 1/n)); one `kgc compare` per row, ~25 min on 2 cores.

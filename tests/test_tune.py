@@ -88,7 +88,7 @@ def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home,
     assert first.is_file(), "trial 0 did not finish before the kill"
     stamp = first.stat().st_mtime_ns
     time.sleep(5)  # past tune.stale_after (4 s here, 20 by default): the killed trial's heartbeat is stale
-    for key in ("KGC_DATA_HOME", "KGC_CACHE_HOME", "OMP_NUM_THREADS"):
+    for key in ("KGC_DATA_HOME", "KGC_CACHE_HOME"):  # the folders the killed process used
         monkeypatch.setenv(key, env[key])
     summary = tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
     assert summary["complete"] == 3 and summary["failed"] == 1

@@ -303,18 +303,16 @@ def bench_rules(recipe_path: Path, *, split: str = "test", batch_size: int = 64,
     """Mined rules scoring a split's queries (both directions, in batches as evaluation asks): a small graph's
     per-relation tables (``RuleModel.tables``, every head's row computed at a relation's first query and kept)
     against rows computed for each batch's heads alone, on the same rules; the scores must be equal."""
-    from kgc.linkpred.rules import RuleModel, RulesOptions, mine_rules
+    from kgc.linkpred.rules import RuleModel, RulesOptions, mine_graph
 
     recipe = load_recipe(recipe_path, ["structure.model=rules", *(overrides or [])])
     config = recipe.structure
     if not isinstance(config, RulesOptions):  # the override above makes it one; a recipe cannot say otherwise
         raise KGCError(f"{recipe_path}: kgc bench rules needs structure.model=rules")
     graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
-    edges, r2 = graph.both_directions("train"), 2 * graph.num_relations
+    r2 = 2 * graph.num_relations
     start = time.perf_counter()
-    rules = mine_rules(edges, graph.num_entities, r2, max_length=config.rule_length,
-                       min_support=config.rule_min_support, unseen=config.rule_unseen,
-                       min_confidence=config.rule_min_confidence, max_per_relation=config.rule_max_per_relation)
+    rules, edges = mine_graph(config, graph)
     mined = time.perf_counter() - start
     if split not in graph.splits:
         raise KGCError(f"--split {split}: choose one of {', '.join(graph.splits)}")

@@ -268,16 +268,23 @@ class RuleModel:
         return cls(rules, edges, entities, relations2, aggregation=meta["params"].get("rule_aggregation", "noisy_or"))
 
 
+def mine_graph(config: RulesOptions, graph) -> tuple[list[Rule], np.ndarray]:
+    """``graph``'s train rules mined with ``config``'s ``rule_*`` options, and the edges they were mined from
+    (train, both directions)."""
+    edges = graph.both_directions("train")
+    rules = mine_rules(edges, graph.num_entities, 2 * graph.num_relations, max_length=config.rule_length,
+                       min_support=config.rule_min_support, unseen=config.rule_unseen,
+                       min_confidence=config.rule_min_confidence, max_per_relation=config.rule_max_per_relation)
+    return rules, edges
+
+
 def mine(config, graph, folder: Path, *, echo=print) -> tuple["RuleModel", float]:
     """Mine ``graph``'s train rules with ``config`` (a StructureConfig), save them in ``folder``; return the
     model and the seconds it took."""
     start = time.perf_counter()
-    edges = graph.both_directions("train")
     echo(f"mining rules of length ≤ {config.rule_length} from {len(graph.splits['train'])} train triples "
          f"({2 * graph.num_relations} relations with the inverses)")
-    rules = mine_rules(edges, graph.num_entities, 2 * graph.num_relations, max_length=config.rule_length,
-                       min_support=config.rule_min_support, unseen=config.rule_unseen,
-                       min_confidence=config.rule_min_confidence, max_per_relation=config.rule_max_per_relation)
+    rules, edges = mine_graph(config, graph)
     seconds = time.perf_counter() - start
     model = RuleModel(rules, edges, graph.num_entities, 2 * graph.num_relations, config.rule_aggregation)
     model.save(folder, graph.relation_label)
