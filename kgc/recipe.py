@@ -130,6 +130,17 @@ class TrainConfig(Section):
                         "mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv (RUN/metrics.csv), wandb (offline unless "
                         "$WANDB_MODE says otherwise, RUN/wandb); all but csv optional extras: pip install "
                         "'kgc[tensorboard]' / 'kgc[mlflow]' / 'kgc[wandb]'")
+    prefetch: Union[bool, Literal["auto"]] = Field(
+        "auto", description="build step n+1's inputs (token ids, distinct rows, length groups, pinned memory) in a "
+                            "background thread while step n runs (kgc/training/prefetch.py); auto: on a GPU (on 2 CPU "
+                            "cores the thread would take a core from the step itself)")
+    length_bucket: Optional[int] = Field(
+        8, ge=0, description="a batch's distinct texts are encoded in length groups, each padded to its longest "
+                             "rounded up to this many tokens (kgc/encoding/inputs.py: little work on padding, a "
+                             "fixed set of widths); 0 or null: one group padded to the batch's longest")
+    compile: bool = Field(False, description="run the encoders of a training step through torch.compile (one graph "
+                          "per length-group width; evaluation stays eager). The compile time counts as training "
+                          "time; docs/gpu.md says when it pays")
     check_memory: bool = Field(True, description="refuse to start when the estimated memory of a training step "
                                "exceeds what the machine has free (kgc/training/estimate.py); false: warn and go on "
                                "(kgc train --no-memory-check)")

@@ -172,6 +172,18 @@ class Conditioner(nn.Module, ABC):
         return self.combine(self.encode_sentences(sentences), self.encode_conditions([list(k) for k in distinct]),
                             index)
 
+    def prepare(self, sentences: TokenLists, conditions: TokenLists) -> Any:
+        """What :meth:`forward_prepared` needs, built on the host ahead of a training step (the prefetch thread,
+        :mod:`kgc.training.prefetch`): nothing here may wait for the device. ``sentences`` and ``conditions`` are
+        row-aligned token ids (:class:`~kgc.data.ragged.Ragged` or lists). Default: the rows as Python lists, for
+        :meth:`forward`; a conditioner that can build its device inputs here (the bi-encoder's padded pairs)
+        overrides both."""
+        return [list(t) for t in sentences], [list(t) for t in conditions]
+
+    def forward_prepared(self, prepared: Any) -> torch.Tensor:
+        """``forward`` of what :meth:`prepare` built: (batch, dim), L2-normalised."""
+        return self(*prepared)
+
     # state tables for evaluation (conditioners entering after the input): the states of every entity,
     # concatenated from chunks, then gathered per query chunk. Override for states that are not one tensor.
     def take(self, state: Any, index: torch.Tensor) -> Any:

@@ -147,6 +147,25 @@ class BiEncoder(Conditioner):
         with self.routing.route(r):
             return self.encoder(**sub)[inverse], r
 
+    def prepare(self, sentences: TokenLists, conditions: TokenLists) -> Any:
+        """The padded ``[CLS] head [SEP] relation [SEP]`` rows built on the arrays, their distinct rows in length
+        groups, pinned (:func:`kgc.encoding.inputs.build_inputs`): the step only copies them and runs the encoder.
+        With routing, the lists for :meth:`forward` (its route marks are built per row)."""
+        if self.routing is not None:
+            return super().prepare(sentences, conditions)
+        from kgc.data.ragged import Ragged
+        from kgc.encoding.inputs import build_inputs
+
+        a = sentences if isinstance(sentences, Ragged) else Ragged.from_lists(sentences)
+        b = conditions if isinstance(conditions, Ragged) else Ragged.from_lists(conditions)
+        pairs = self.special.wrap_pair_pad(a, b, self.max_tokens)
+        return build_inputs(pairs, bucket=self.encoder.length_bucket, cap=self.max_tokens).pin()
+
+    def forward_prepared(self, prepared: Any) -> torch.Tensor:
+        if isinstance(prepared, tuple):
+            return super().forward_prepared(prepared)
+        return self.encoder.encode_inputs(prepared)  # (batch, dim)
+
     @property
     def routing_layers(self) -> range:
         return range(self.encoder.num_layers - self.router_layers, self.encoder.num_layers)

@@ -115,6 +115,35 @@ class SpecialTokens:
         return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask.astype(np.int64)),
                 "token_type_ids": torch.from_numpy(token_types)}
 
+    def wrap_pair_pad(self, a: Ragged, b: Ragged, max_len: int) -> dict[str, torch.Tensor]:
+        """``pad([wrap_pair(x, y, max_len) for x, y in zip(a, b)])`` on the arrays: both sides cut longest-first
+        (:meth:`truncate_pair`'s rule, row by row as vectors), then ``[CLS] a [SEP] b [SEP]`` with the two token
+        types, padded to the longest. A step's 1,024 queries in about a millisecond instead of a Python list each."""
+        pre, mid, suf = self.pair
+        ta, tb = self.pair_types
+        la, lb = a.lengths.astype(np.int64), b.lengths.astype(np.int64)
+        excess = np.maximum(la + lb - (max_len - self.n_pair), 0)
+        cut_long = np.minimum(excess, np.abs(la - lb))  # the longer side down towards the shorter ...
+        la2 = np.where(la > lb, la - cut_long, la)
+        lb2 = np.where(la > lb, lb, lb - cut_long)
+        rest = excess - cut_long  # ... then both sides alternately
+        la2, lb2 = np.maximum(la2 - rest // 2, 0), np.maximum(lb2 - (rest - rest // 2), 0)
+        first = len(pre) + la2 + len(mid)  # tokens of type ta
+        lengths = first + lb2 + len(suf)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        out = np.empty(int(lengths.sum()), dtype=np.int64)
+        types = np.full(len(out), tb, dtype=np.int64)
+        types[spans(starts, first)] = ta
+        for j, t in enumerate(pre):
+            out[starts + j] = t
+        out[spans(starts + len(pre), la2)] = a.values[spans(a.offsets[:-1], la2)]
+        for j, t in enumerate(mid):
+            out[starts + len(pre) + la2 + j] = t
+        out[spans(starts + first, lb2)] = b.values[spans(b.offsets[:-1], lb2)]
+        for j, t in enumerate(suf):
+            out[starts + lengths - len(suf) + j] = t
+        return self._padded(lengths, out, types)
+
     def wrap_pad(self, rows: Ragged, max_len: int) -> dict[str, torch.Tensor]:
         """``pad([wrap(r, max_len) for r in rows])`` on the arrays: each row cut to fit, between the single-sequence
         prefix and suffix (token type 0), padded to the longest."""

@@ -19,6 +19,7 @@ from torch import nn
 from kgc.errors import KGCError
 
 if TYPE_CHECKING:
+    from kgc.encoding.inputs import EncoderInputs
     from kgc.encoding.pooling import Pooling
 
 # model id → (python package, function returning its folder)
@@ -173,6 +174,11 @@ class TextEncoder(nn.Module):
             pooling, int(backbone.config.hidden_size), len(backbone.encoder.layer), **pooling_options)
         self.cache = None  # LayerCache of the frozen lower layers (not a module: no weights)
         self.frozen_layers = 0  # embeddings and layers below this are frozen and run without dropout
+        # encode_unique's length groups (kgc.encoding.inputs): widths rounded up to this many tokens (None: one group
+        # padded to the longest), at most length_cap (the texts' max_tokens: a fixed set of widths)
+        self.length_bucket: int | None = 8
+        self.length_cap: int | None = None
+        self._compiled = None  # torch.compile of _plain (train.compile), one graph per group width
 
     def train(self, mode: bool = True) -> "TextEncoder":
         super().train(mode)
@@ -204,15 +210,37 @@ class TextEncoder(nn.Module):
         batch = {"input_ids": input_ids, "attention_mask": attention_mask,
                  "token_type_ids": token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)}
         if self.cache is None:  # one call into the Hugging Face model
-            kwargs = {"token_type_ids": batch["token_type_ids"]} if \
-                getattr(self.backbone.config, "type_vocab_size", 0) > 1 else {}
-            n = self.pooler.blocks
-            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=n > 1,
-                                **kwargs)
-            states = torch.stack(out.hidden_states[-n:], 2) if n > 1 else out.last_hidden_state.unsqueeze(2)
-            return self._pool(states, attention_mask if pool_mask is None else pool_mask)
+            run = self._compiled if self._compiled is not None and torch.is_grad_enabled() else self._plain
+            if run is not self._plain:
+                for t in (input_ids, attention_mask, batch["token_type_ids"], pool_mask):
+                    if t is not None:
+                        torch._dynamo.mark_dynamic(t, 0)  # rows vary per batch; widths come from a fixed set
+            return run(input_ids, attention_mask, batch["token_type_ids"],
+                       attention_mask if pool_mask is None else pool_mask)
         layer = self.cache.layer
         return self.run_from(self.hidden_at(batch, layer), attention_mask, layer, pool_mask=pool_mask)
+
+    def _plain(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
+               pool_mask: torch.Tensor) -> torch.Tensor:
+        """The whole encoder, pooled and normalised: (batch, H). The attention mask goes in as the 4-d mask the
+        attention implementation reads (:func:`~kgc.encoding.layers.extended_mask`), built without reading it back:
+        Hugging Face's own builder asks ``mask.all()`` on the device to skip it, a host-device synchronisation
+        before every attention."""
+        from kgc.encoding.layers import extended_mask
+
+        kwargs = {"token_type_ids": token_type_ids} if getattr(self.backbone.config, "type_vocab_size", 0) > 1 else {}
+        n = self.pooler.blocks
+        embeds_dtype = self.backbone.embeddings.word_embeddings.weight.dtype
+        mask = extended_mask(self.backbone, attention_mask, dtype=embeds_dtype)
+        out = self.backbone(input_ids=input_ids, attention_mask=mask, output_hidden_states=n > 1, **kwargs)
+        states = torch.stack(out.hidden_states[-n:], 2) if n > 1 else out.last_hidden_state.unsqueeze(2)
+        return self._pool(states, pool_mask)
+
+    def compile(self, **options) -> "TextEncoder":
+        """Training steps run the encoder through ``torch.compile`` (``train.compile``): one graph per length-group
+        width (:mod:`kgc.encoding.inputs`: a fixed set), the rows dynamic. Evaluation (no gradient) stays eager."""
+        self._compiled = torch.compile(self._plain, **options)
+        return self
 
     def hidden_at(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
         """(batch, len, K, H): the states at ``layer`` (0 = embeddings output), K = :meth:`carried`."""
@@ -250,10 +278,20 @@ class TextEncoder(nn.Module):
         Identical sequences are common in a batch (UMLS has 135 entities; a batch of 1024 tails repeats
         most of them), and a transformer forward is the whole cost of a step on a CPU. The distinct rows are
         found where the batch is — on the CPU, before its copy to the encoder's device, so a GPU step does not
-        wait on the host for them — and only they travel (:func:`to_device`).
+        wait on the host for them — and only they travel, in length groups padded to their own width
+        (:mod:`kgc.encoding.inputs`, ``length_bucket``).
         """
-        sub, inverse = unique_rows_on(batch, next(self.parameters()).device)
-        return self(**sub)[inverse]
+        from kgc.encoding.inputs import build_inputs
+
+        return self.encode_inputs(build_inputs(batch, bucket=self.length_bucket, cap=self.length_cap))
+
+    def encode_inputs(self, inputs: "EncoderInputs") -> torch.Tensor:
+        """(batch, dim) from a batch made ready on the host (:func:`kgc.encoding.inputs.build_inputs`: its distinct
+        rows in length groups): each group through the encoder, then every batch row gathered from its group's output
+        (gradients flow to every use)."""
+        inputs = inputs.to(next(self.parameters()).device)
+        outs = [self(**group) for group in inputs.groups]
+        return (outs[0] if len(outs) == 1 else torch.cat(outs))[inputs.inverse]
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -28,11 +28,26 @@ def num_layers(backbone: nn.Module) -> int:
     return len(backbone.encoder.layer)
 
 
-def extended_mask(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor):
-    """The attention mask in the form the backbone's attention implementation expects."""
+def extended_mask(backbone: nn.Module, attention_mask: torch.Tensor, *, dtype: torch.dtype = torch.float32,
+                  hidden: torch.Tensor | None = None):
+    """The (batch, len) 0/1 attention mask in the 4-d form the backbone's attention implementation reads: for SDPA a
+    boolean (batch, 1, 1, len) mask (True: attend), for eager attention an additive one (0 or the dtype's minimum).
+
+    Built here rather than by ``transformers.masking_utils.create_bidirectional_mask``, which asks ``mask.all()`` to
+    drop a mask without padding: on a GPU that reads a value back, so the host waits for the device before every
+    attention (a 4-d mask is passed through as it is). Other implementations get Hugging Face's builder."""
+    how = getattr(backbone.config, "_attn_implementation", None) or "eager"
+    keep = attention_mask.bool()[:, None, None, :]
+    if how == "sdpa":
+        return keep
+    if how == "eager":
+        zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
+        return torch.where(keep, zero, torch.finfo(dtype).min)
     from transformers.masking_utils import create_bidirectional_mask
 
-    return create_bidirectional_mask(config=backbone.config, inputs_embeds=hidden, attention_mask=attention_mask)
+    embeds = hidden if hidden is not None else torch.zeros(*attention_mask.shape, 1, dtype=dtype,
+                                                           device=attention_mask.device)
+    return create_bidirectional_mask(config=backbone.config, inputs_embeds=embeds, attention_mask=attention_mask)
 
 
 def embed(backbone: nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,7 +67,7 @@ def run_layers(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.
     end = len(layers) if end is None else end
     outs: list[torch.Tensor] = []
     if start < end:
-        mask = extended_mask(backbone, hidden, attention_mask)
+        mask = extended_mask(backbone, attention_mask, dtype=hidden.dtype, hidden=hidden)
         for layer in layers[start:end]:
             out = layer(hidden, mask)
             hidden = out[0] if isinstance(out, tuple) else out

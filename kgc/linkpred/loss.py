@@ -196,8 +196,8 @@ class SimKGCLoss(nn.Module):
         tail_all, query_all = dist.gather_with_grad(tail), dist.gather_with_grad(query)  # (B, d)
         tails_all, hr_all = dist.gather(tails), dist.gather(hr)  # (B,)
         own = torch.arange(b, device=query.device) + dist.rank() * b  # column of each local row's positive
-        positive = torch.zeros(b, tail_all.size(0), dtype=torch.bool, device=query.device)
-        positive[torch.arange(b), own] = True  # (b, B)
+        # (b, B), built where the vectors are (an index made on the host would be copied over, and waited for)
+        positive = own.unsqueeze(1) == torch.arange(tail_all.size(0), device=query.device).unsqueeze(0)
         rows = self._in_batch(query, tail_all, positive, inv_t, hr, tails, tails_all, train_keys, num_entities)
         blocks = [rows]  # (b, B) queries → global tails
         if self.pre_batch and self.queue:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -120,6 +121,30 @@ class LinkPredictor(TaskModel):
         """(batch, dim): head texts given as token ids (no special tokens; an entity's text, or free text) under their
         relations."""
         return self.conditioner([list(s) for s in sentences], [self.bank.relation_ids[int(r)] for r in rels])
+
+    def prepare_queries(self, heads: Sequence[int], rels: Sequence[int], excludes: Sequence[int] | None = None):
+        """The query tower's inputs for a training step, built on the host (:meth:`Conditioner.prepare`): head texts
+        (neighbour ``excludes`` left out) under their relations, as arrays; read by
+        ``conditioner.forward_prepared``."""
+        from kgc.data.ragged import Ragged
+
+        if getattr(self, "_relation_rows", None) is None or len(self._relation_rows) != len(self.bank.relation_ids):
+            self._relation_rows = Ragged.from_lists(self.bank.relation_ids)
+        return self.conditioner.prepare(self.bank.entity_batch(heads, excludes),
+                                        self._relation_rows.take(np.asarray(rels, dtype=np.int64)))
+
+    def prepare_entities(self, entities: Sequence[int], excludes: Sequence[int | None] | None = None):
+        """The tail tower's inputs for ``entities``, built on the host: distinct rows in length groups, pinned
+        (:func:`kgc.encoding.inputs.build_inputs`); read by :meth:`encode_prepared_entities`."""
+        from kgc.encoding.inputs import build_inputs
+
+        enc = self.tail_encoder
+        return build_inputs(self.bank.entity_inputs(entities, excludes), bucket=enc.length_bucket,
+                            cap=enc.length_cap).pin()
+
+    def encode_prepared_entities(self, inputs) -> torch.Tensor:
+        """(batch, dim) the tail tower, then the tail map, over :meth:`prepare_entities`'s inputs."""
+        return self.map_table(self.tail_encoder.encode_inputs(inputs), grad=True)
 
     def encode_entities(self, entities: Sequence[int], excludes: Sequence[int | None] | None = None, *,
                         bank: TextBank | None = None) -> torch.Tensor:

@@ -30,32 +30,64 @@ def make_loss(recipe: Recipe) -> "SimKGCLoss":
                          if k in SimKGCLoss.__init__.__kwdefaults__})
 
 
-def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray", train_keys: "torch.Tensor", *,
-               amp: str = "auto"):
-    """The SimKGC loss of one batch of (head, relation, tail) rows: both towers, then the objective."""
+class StepBatch:
+    """One training step's batch made ready on the host (:func:`prepare_batch`, in the prefetch thread): the
+    (head, relation, tail) rows, their ids in pinned memory, the query tower's inputs (the conditioner's
+    :meth:`~kgc.conditioning.base.Conditioner.prepare`) and the tail tower's (tails, then heads; None when the
+    loss reads them from its entity table)."""
+
+    __slots__ = ("rows", "ids", "query", "entities")
+
+    def __init__(self, rows, ids, query, entities) -> None:
+        self.rows, self.ids, self.query, self.entities = rows, ids, query, entities
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def prepare_batch(model, criterion: "SimKGCLoss", batch: "np.ndarray") -> StepBatch:
+    """Everything of a step that the host builds: token rows from the text bank (neighbour names of the other end
+    left out), the bi-encoder's pairs, distinct rows, length groups, pinned copies. Nothing here reads the device."""
     import numpy as np
     import torch
 
+    heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
+    ids = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)) for k, v in
+           (("heads", heads), ("rels", rels), ("tails", tails))}
+    if torch.cuda.is_available():
+        ids = {k: v.pin_memory() for k, v in ids.items()}
+    query = model.prepare_queries(heads, rels, excludes=tails)
+    entities = None if criterion.table_tails else model.prepare_entities(np.concatenate([tails, heads]),
+                                                                         np.concatenate([heads, tails]))
+    return StepBatch(batch, ids, query, entities)
+
+
+def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray | StepBatch", train_keys: "torch.Tensor", *,
+               amp: str = "auto"):
+    """The SimKGC loss of one batch of (head, relation, tail) rows (or a :class:`StepBatch` built ahead): both
+    towers, then the objective. Nothing in it reads a value back from the device."""
     from kgc.encoding.backbone import to_device
     from kgc.profiling import section
     from kgc.training.common import autocast
 
+    if not isinstance(batch, StepBatch):
+        batch = prepare_batch(model, criterion, batch)
     graph, device = model.bank.graph, model.device
-    heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
+    b = len(batch)
     with autocast(device, amp):  # the encoders may run in bf16 on CUDA ...
         with section("query tower forward"):
-            query = model.encode_queries(heads, rels, excludes=tails)  # (B, d)
-        if criterion.table_tails:  # tails and heads are rows of the loss's entity table: no tail tower here
+            query = model.conditioner.forward_prepared(batch.query)  # (B, d)
+        if batch.entities is None:  # tails and heads are rows of the loss's entity table: no tail tower here
             tail_vec = head_vec = None
         else:
             with section("tail tower forward"):
-                ents = model.encode_entities(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
-            tail_vec, head_vec = ents[: len(batch)].float(), ents[len(batch):].float()  # (B, d) each
+                ents = model.encode_prepared_entities(batch.entities)
+            tail_vec, head_vec = ents[:b].float(), ents[b:].float()  # (B, d) each
     # ... the logits do not: a 0.02 margin on cosines scaled by 1/0.05 needs fp32
-    as_t = lambda x: to_device({"x": torch.as_tensor(x)}, device)["x"]  # noqa: E731 (pinned, not waited for)
+    ids = to_device(batch.ids, device)  # pinned: not waited for
     with section("loss"):
-        return criterion(query.float(), tail_vec, head_vec, heads=as_t(heads), rels=as_t(rels),
-                         tails=as_t(tails), train_keys=train_keys, num_entities=graph.num_entities,
+        return criterion(query.float(), tail_vec, head_vec, heads=ids["heads"], rels=ids["rels"],
+                         tails=ids["tails"], train_keys=train_keys, num_entities=graph.num_entities,
                          num_relations2=2 * graph.num_relations)
 
 
@@ -288,6 +320,9 @@ class LinkPredTask(Task):
 
     def to(self, device: "torch.device") -> None:
         self.train_keys = self.train_keys.to(device)
+
+    def prepare(self, model, criterion, batch):
+        return prepare_batch(model, criterion, batch)
 
     def batch_loss(self, model, criterion, batch):
         return batch_loss(model, criterion, batch, self.train_keys, amp=self.recipe.train.amp)

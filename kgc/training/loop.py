@@ -33,6 +33,7 @@ from kgc.training.common import (MetricsLog, end_schedule_at, fit_schedule, line
                                  set_rng_state)
 from kgc.training import distributed as dist
 from kgc.training import estimate
+from kgc.training.prefetch import Prefetcher
 from kgc.training.run import RunDir, load_checkpoint, load_weights, weights_to_save
 from kgc.training.task import Task, make_task
 from kgc.training.setup import count_parameters, freezes_weights, pooling_parameters, save_backbone_files
@@ -228,6 +229,9 @@ class _Setup:
         self.criterion = criterion = task.make_loss()
         model.to(self.device)
         criterion.to(self.device)
+        if tc.compile:  # one graph per length-group width, built at the first steps (their time counts as training)
+            for encoder in model.encoders:
+                encoder.compile()
         task.to(self.device)
         self.step_module: nn.Module = _Step(task, model, criterion)
         if self.world > 1:  # rank 0's weights are broadcast; gradients are averaged in buckets during backward
@@ -341,13 +345,12 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     eta_from: tuple[int, float, int] | None = None  # (step, seconds, seen) after the first step (its one-off work:
     s.pace = None  # the entity table, the layer cache's first states) — the pace and end time, said once
     for epoch in range(s.step // s.steps_per_epoch if s.step < s.total else tc.epochs, tc.epochs):
-        for i, batch in enumerate(task.epoch_batches(epoch)):
-            if epoch * s.steps_per_epoch + i < s.step:
-                continue  # done before the resume
+        feed = _feed(s, task.epoch_batches(epoch), skip=max(0, s.step - epoch * s.steps_per_epoch))
+        for size, batch in feed:  # this rank's share, made ready on the host (in a thread, a step ahead)
             if s.step >= s.total:
                 break
             task.before_step(model, criterion, s.step)
-            loss = s.step_module(dist.shard(batch, s.rank, s.world) if s.world > 1 else batch)
+            loss = s.step_module(batch)
             s.optimizer.zero_grad(set_to_none=True)
             s.scaler.scale(loss).backward()
             s.scaler.unscale_(s.optimizer)
@@ -357,7 +360,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             task.after_step(criterion)
             s.scheduler.step()
             s.step += 1
-            s.seen += task.batch_size(batch)  # the global batch
+            s.seen += size  # the global batch
             rate = (s.seen - seen0) / (s.seconds() - clock0)  # this process's, validation excluded
             logged = s.step % tc.log_every == 0 or s.step == s.total
             if logged:  # reading the loss or τ waits for the device: only on the steps that log them
@@ -405,6 +408,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 s.say(f"train.max_minutes={tc.max_minutes:g} reached after {s.step} steps")
                 s.total = s.step  # stop here: the end of the epoch's work (validation, checkpoint), then finish
                 break
+        feed.close()
         if s.validated <= epoch:
             validating = recipe.eval.validate_every_epoch and task.can_validate
             if validating:
@@ -423,6 +427,22 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     s.clock, s.clock_start = s.seconds(), time.perf_counter()  # frozen here: finishing is not training
     _finish(s, time.perf_counter() - t_start, progress=progress, echo=echo)
     return s.run.path
+
+
+def _feed(s: _Setup, batches: list, *, skip: int) -> Prefetcher:
+    """The epoch's batches from ``skip`` on (those before were trained before a resume) as (examples in the global
+    batch, this rank's share made ready by ``task.prepare``): built in a background thread a step ahead where
+    ``train.prefetch`` says (auto: on a GPU), else when asked. Closed when training ends, whatever ends it."""
+    task, tc = s.task, s.recipe.train
+    ahead = tc.prefetch if tc.prefetch != "auto" else s.device.type == "cuda"
+
+    def source():
+        for batch in batches[skip:]:
+            yield task.batch_size(batch), dist.shard(batch, s.rank, s.world) if s.world > 1 else batch
+
+    feed = Prefetcher(source(), lambda item: (item[0], task.prepare(s.model, s.criterion, item[1])), enabled=ahead)
+    s.hold.callback(feed.close)
+    return feed
 
 
 def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:

@@ -199,8 +199,16 @@ class Task(ABC):
     def epoch_batches(self, epoch: int) -> "list[np.ndarray]":
         """The epoch's batches (``steps_per_epoch`` of them); a pure function of (seed, epoch)."""
 
+    def prepare(self, model: "nn.Module", criterion: "nn.Module", batch: "np.ndarray") -> Any:
+        """A batch of :meth:`epoch_batches` made ready on the host for :meth:`batch_loss` (token rows, padded and
+        pinned inputs): called in the prefetch thread while the previous step runs (``train.prefetch``), so it must
+        not read anything back from the device. Default: the batch as it is. A prepared batch has ``len()``: its
+        examples."""
+        return batch
+
     @abstractmethod
-    def batch_loss(self, model: "nn.Module", criterion: "nn.Module", batch: "np.ndarray") -> "torch.Tensor": ...
+    def batch_loss(self, model: "nn.Module", criterion: "nn.Module", batch: Any) -> "torch.Tensor":
+        """The objective of one batch, as :meth:`epoch_batches` gives it or as :meth:`prepare` made it."""
 
     def batch_size(self, batch: "np.ndarray") -> int:
         """Training examples in a batch (for the throughput figure)."""
