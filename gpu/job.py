@@ -5,20 +5,22 @@ $OUT/metrics.jsonl as soon as it ends, so a later failure or the lease's end los
 
 1. ``environment``: GPU, torch / CUDA / transformers versions, bf16 support, free memory, the measured bf16
    matrix-product rate (the ceiling a training step is compared with);
-2. ``smoke``: the tests marked ``cuda``, then a 20-step UMLS train → evaluate → predict → serve round trip on the
-   GPU; when it fails the job stops there, leaving most of the lease for a fix and a rerun;
-3. ``wn18rr_biencoder``: recipes/wn18rr_biencoder.yaml (SimKGC's protocol: full fine-tuning, batch 1024, bf16
-   autocast, neighbour texts, in-batch + self negatives, margin 0.02, learnable τ, 5-hop re-ranking) for its
-   minutes (``train.max_minutes`` with ``train.schedule: minutes``: the decay ends with the minutes), then the
-   filtered test evaluation;
-4. ``wn18rr_csr``: recipes/wn18rr_csr.yaml, the router that tied the bi-encoder on the CPU (k = 2, cross-attention in
-   the top 2 layers);
+2. ``profile``: tests/test_cuda.py's step under ``set_sync_debug_mode("error")`` (said, not fatal), then
+   torch.profiler over PROFILE_STEPS steady steps of recipes/wn18rr_biencoder.yaml (``train.profile_steps``): the
+   top operators by GPU and CPU time, the GPU's idle share, synchronisations per step, below the summary's table;
+3. ``pace``: the host's share of a step (``kgc bench inputs``), then ``--pace-steps`` steps of that recipe for each
+   switch of a step (PACE_SWITCHES: prefetch, length groups, compile, on and off): triples/s and GPU busy, a row each;
+4. ``wn18rr_protocol``: SimKGC's WN18RR protocol (recipes/wn18rr_biencoder.yaml, 50 epochs: full fine-tuning, batch
+   1024, bf16 autocast, neighbour texts, in-batch + self negatives, margin 0.02, learnable τ, 5-hop re-ranking), or as
+   many epochs as the minutes allow (``train.max_minutes`` with ``train.schedule: minutes``: the decay ends with
+   whichever comes first; the status says which), then the filtered test evaluation;
 and, only when named in --phases:
 
-5. ``wn18rr_csr_k1``: recipes/wn18rr_csr_k1.yaml (the router with k = 1, as the CSR paper has it);
-6. ``fb15k237_biencoder``: recipes/fb15k237_biencoder.yaml, SimKGC's FB15k-237 protocol (lr 1e-5, pre-batch 2);
-7. ``pace``: the host's share of a step (``kgc bench inputs``) and ``--pace-steps`` steps of
-   recipes/wn18rr_biencoder.yaml without evaluation: the steady triples/s and how busy the GPU was (a minute).
+5. ``smoke``: the other tests marked ``cuda``, then a 20-step UMLS train → evaluate → predict → serve round trip on
+   the GPU; when it fails the job stops there, leaving most of the lease for a fix and a rerun;
+6. ``fb15k237_protocol``: SimKGC's FB15k-237 protocol (10 epochs, lr 1e-5, pre-batch 2), the same way;
+7. ``wn18rr_biencoder``, ``wn18rr_csr`` (the router, k = 2), ``wn18rr_csr_k1``, ``fb15k237_biencoder``: a recipe for
+   its share of the minutes.
 
 Training phases share what is left after the smoke test by weight (``WEIGHTS``); each keeps a reserve for its
 setup and evaluation. Nothing is copied back but the summary, the metrics and the logs (8 files at most).
@@ -40,15 +42,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-PHASES = ("environment", "smoke", "wn18rr_biencoder", "wn18rr_csr")  # the default; RECIPES has two more
-OPTIONAL = ("pace",)
+# the default: issue 50's measurements and SimKGC's WN18RR protocol with what is left; smoke and the other recipes
+# run when named
+PHASES = ("environment", "profile", "pace", "wn18rr_protocol")
+OPTIONAL = ("smoke", "profile", "pace")
 RECIPES = {
     "wn18rr_biencoder": ("recipes/wn18rr_biencoder.yaml", []),
     "wn18rr_csr": ("recipes/wn18rr_csr.yaml", []),
     "wn18rr_csr_k1": ("recipes/wn18rr_csr_k1.yaml", []),
     "fb15k237_biencoder": ("recipes/fb15k237_biencoder.yaml", []),
+    # SimKGC's protocols: the papers' epochs (WN18RR 50, FB15k-237 10), or as many as the minutes allow (said)
+    "wn18rr_protocol": ("recipes/wn18rr_biencoder.yaml", ["train.epochs=50"]),
+    "fb15k237_protocol": ("recipes/fb15k237_biencoder.yaml", ["train.epochs=10"]),
 }
-WEIGHTS = {"wn18rr_biencoder": 0.6, "wn18rr_csr": 0.4, "wn18rr_csr_k1": 0.4, "fb15k237_biencoder": 1.0}
+PROTOCOL_EPOCHS = {"wn18rr_protocol": 50, "fb15k237_protocol": 10}
+WEIGHTS = {"wn18rr_biencoder": 0.6, "wn18rr_csr": 0.4, "wn18rr_csr_k1": 0.4, "fb15k237_biencoder": 1.0,
+           "wn18rr_protocol": 1.0, "fb15k237_protocol": 1.0}
+PACE_RECIPE = "recipes/wn18rr_biencoder.yaml"
+# the pace phase's runs: each switch of a training step against the defaults (train.prefetch auto = on a GPU,
+# train.length_bucket 8, train.compile off)
+PACE_SWITCHES = {
+    "defaults": [],
+    "prefetch off": ["train.prefetch=false"],
+    "length groups off": ["train.length_bucket=0"],
+    "compile on": ["train.compile=true"],
+    "prefetch and length groups off": ["train.prefetch=false", "train.length_bucket=0"],
+}
+PACE_DEFAULT = ("defaults", "prefetch off", "length groups off", "compile on")  # --pace-switches all: every one
+SYNC_TEST = "never_waits"  # tests/test_cuda.py's step under set_sync_debug_mode("error"): run by profile, not smoke
+PROFILE_STEPS = 30
 RESERVE_SECONDS = 100  # per training phase: process start, data and tokenisation, the test evaluation
 SMOKE_SECONDS = 120  # 35 s in the rehearsal on 2 loaded CPU cores; room for five processes starting CUDA
 MIN_TRAIN_MINUTES = 0.5  # a training phase with less than this left is skipped (said in the summary)
@@ -61,6 +83,7 @@ class Job:
         self.args, self.out, self.work, self.bundle = args, args.out, args.work, args.bundle
         self.deadline = args.started + 60 * args.minutes
         self.rows: list[dict] = []
+        self.sections: list[str] = []  # pages below the table (the profile)
         self.env: dict = {}
         self.overrides = [f"model.backbone={args.backbone}"] if args.backbone else []
         self.overrides += args.set or []
@@ -91,6 +114,8 @@ class Job:
                 lines += ["", f"`{r['phase']}`: `{r['command']}`"]
             if r.get("detail"):
                 lines += ["", f"`{r['phase']}`: {r['detail']}"]
+        for page in self.sections:
+            lines += ["", page]
         if note:
             lines += ["", note]
         (self.out / "summary.md").write_text("\n".join(lines) + "\n")
@@ -262,7 +287,8 @@ def smoke(job: Job) -> bool:
     def left() -> float:
         return budget - (time.time() - start)
 
-    tests = [job.python, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    tests = [job.python, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "-k", f"not {SYNC_TEST}",
+             "tests/test_cuda.py"]
     steps.append(("cuda tests", job.run("smoke", tests, timeout=left())))
     run = job.work / "runs" / "smoke"
     if steps[-1][1] == 0:
@@ -387,7 +413,13 @@ def train_phase(job: Job, phase: str, minutes: float) -> None:
             f.write(json.dumps({"kind": "curve", "phase": phase, **row}) + "\n")
     peaks = [p for p in (training.peak_mib, evaluation.peak_mib) if p is not None]
     torch_peak = summary.get("peak_gpu_bytes")
-    job.record({"phase": phase, "status": "ok" if rc == 0 else "timed out" if rc == 124 else f"failed ({rc})",
+    status = "ok" if rc == 0 else "timed out" if rc == 124 else f"failed ({rc})"
+    wanted, done = PROTOCOL_EPOCHS.get(phase), summary.get("epochs")
+    if wanted and rc == 0 and done is not None:  # the papers' epochs, or as many as the minutes allowed
+        ran_out = summary.get("train_seconds_without_validation", 0) >= 0.95 * 60 * minutes
+        status += f" ({done:g} of {wanted} epochs" + (")" if done >= wanted - 1e-6 else ": the minutes ran out)"
+                                                      if ran_out else ": stopped by train.max_steps)")
+    job.record({"phase": phase, "status": status,
                 "minutes": round(summary.get("train_seconds_without_validation", 0) / 60, 2) or "",
                 "epochs": summary.get("epochs", ""), "triples_per_s": round(rate) if rate else "",
                 **metrics_of(results),
@@ -409,30 +441,78 @@ def steady_rate(rows: list[dict], skip: int = 20) -> float | None:
     return (later[-1]["seen"] - later[0]["seen"]) / (later[-1]["train_seconds"] - later[0]["train_seconds"])
 
 
-def pace(job: Job) -> None:
-    """The host's ms per step building inputs (``kgc bench inputs``), then a short training without evaluation."""
+def short_train(job: Job, phase: str, run: Path, steps: int, extra: list[str], monitor: "GpuMonitor",
+                budget: float) -> int:
+    """``steps`` steps of PACE_RECIPE without evaluation or checkpoints, into ``run``, logged every 10 steps."""
+    changes = [*job.args.train_set, f"train.max_steps={steps}", "train.log_every=10", "eval.validate_every_epoch=false",
+               "train.check_memory=false", f"train.checkpoint_every={10 * steps}", *extra]
+    with monitor:
+        return job.run(phase, job.kgc("train", PACE_RECIPE, "--out", str(run), "--no-progress", *job.sets(changes)),
+                       timeout=budget)
+
+
+def profile(job: Job) -> None:
+    """torch.profiler over PROFILE_STEPS steady steps of PACE_RECIPE (``train.profile_steps``): the page it writes
+    (top operators by GPU and CPU time, the GPU's idle share, synchronisations per step) goes into the summary."""
+    from kgc.profiling import PROFILE_WARMUP
+
     start = time.time()
-    recipe, steps = "recipes/wn18rr_biencoder.yaml", job.args.pace_steps
+    sync = job.run("profile", [job.python, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "-k", SYNC_TEST,
+                               "tests/test_cuda.py"], timeout=max(30.0, min(120.0, job.left() - 90)))
+    run = job.work / "runs" / "profile"
+    steps = PROFILE_WARMUP + PROFILE_STEPS + 2
+    monitor = GpuMonitor()
+    rc = short_train(job, "profile", run, steps, [f"train.profile_steps={PROFILE_STEPS}"], monitor,
+                     budget=max(30.0, min(240.0, job.left() - 60)))
+    page = (run / "profile.md").read_text() if (run / "profile.md").is_file() else ""
+    if page:
+        job.sections.append(page.replace("# ", "## ", 1))
+    rate = steady_rate(read_lines(run / "metrics.jsonl"), skip=PROFILE_WARMUP)
+    job.record({"phase": "profile", "status": ("ok" if page else "no profile.md") if rc == 0 else
+                "timed out" if rc == 124 else f"failed ({rc})", "triples_per_s": round(rate) if rate else "",
+                "gpu_busy": monitor.busy, "seconds": round(time.time() - start),
+                "detail": f"{PROFILE_STEPS} steps of {PACE_RECIPE} after {PROFILE_WARMUP} of warm-up "
+                          "(train.profile_steps): the page below the table; a step under "
+                          "set_sync_debug_mode('error') (tests/test_cuda.py): "
+                          + ("skipped (no GPU)" if job.env.get("gpu") in (None, "no GPU") else
+                             {0: "passed", 124: "timed out"}.get(sync, f"failed ({sync})")),
+                "sync_test": sync, "profile": page or None})
+
+
+def pace(job: Job) -> None:
+    """The host's share of a step (``kgc bench inputs``: its inputs built three ways, steps with a tiny BERT), then
+    ``--pace-steps`` steps of PACE_RECIPE for each of PACE_SWITCHES: the steady triples/s from step 20 on and how
+    busy the GPU was, a row each."""
+    start = time.time()
     bench = job.work / "inputs.json"
-    rc = job.run("pace", job.kgc("bench", "inputs", recipe, "--steps", "10", "--out", str(bench),
-                                 *job.sets([])), timeout=max(30.0, min(120.0, job.left() - 60)))
+    rc = job.run("pace", job.kgc("bench", "inputs", PACE_RECIPE, "--steps", "10", "--out", str(bench),
+                                 *job.sets(job.args.train_set)), timeout=max(30.0, min(150.0, job.left() - 60)))
     inputs = read_json(bench) or {}
-    run = job.work / "runs" / "pace"
-    changes = [f"train.max_steps={steps}", "train.log_every=10", "eval.validate_every_epoch=false",
-               "train.check_memory=false", f"train.checkpoint_every={10 * steps}", *job.args.train_set]
-    with GpuMonitor() as training:
-        if rc == 0:
-            rc = job.run("pace", job.kgc("train", recipe, "--out", str(run), "--no-progress", *job.sets(changes)),
-                         timeout=max(30.0, job.left() - 5))
-    rows = read_lines(run / "metrics.jsonl")
-    rate = steady_rate(rows)
     ms = inputs.get("ms_per_step", {})
-    job.record({"phase": "pace", "status": "ok" if rc == 0 else "timed out" if rc == 124 else f"failed ({rc})",
-                "triples_per_s": round(rate) if rate else "", "gpu_busy": training.busy,
+    step = inputs.get("step_ms", {})
+    job.record({"phase": "pace: host", "status": "ok" if rc == 0 else f"failed ({rc})",
                 "seconds": round(time.time() - start),
-                "detail": f"{steps} steps of {recipe}, triples/s from step 20 on; the host building a step's inputs: "
-                          + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items()),
+                "detail": "kgc bench inputs, a step's inputs: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items())
+                          + "; a step with a tiny BERT, outside the model: " +
+                          ", ".join(f"{k} {v.get('outside_model', 0):.1f} ms" for k, v in step.items()),
                 "inputs": inputs or None})
+    chosen = job.args.pace_switches
+    names = list(PACE_SWITCHES) if chosen == "all" else [n for n in chosen.split(",") if n] if chosen else PACE_DEFAULT
+    for name in names:
+        if job.left() < 40:
+            job.record({"phase": f"pace: {name}", "status": f"skipped ({job.left():.0f}s left)"})
+            continue
+        begun = time.time()
+        run = job.work / "runs" / f"pace-{len(job.rows)}"
+        monitor = GpuMonitor()
+        rc = short_train(job, "pace", run, job.args.pace_steps, PACE_SWITCHES[name], monitor,
+                         budget=max(30.0, min(300.0, job.left() - 30)))
+        rate = steady_rate(read_lines(run / "metrics.jsonl"))
+        job.record({"phase": f"pace: {name}", "status": "ok" if rc == 0 else "timed out" if rc == 124 else
+                    f"failed ({rc})", "triples_per_s": round(rate) if rate else "", "gpu_busy": monitor.busy,
+                    "seconds": round(time.time() - begun),
+                    "command": " ".join([f"kgc train {PACE_RECIPE} --set train.max_steps={job.args.pace_steps}",
+                                         *(f"--set {x}" for x in PACE_SWITCHES[name])])})
 
 
 def read_yaml(path: Path) -> dict:
@@ -464,12 +544,15 @@ def main() -> int:
     parser.add_argument("--backbone", default="", help="model.backbone for every run (the rehearsal's tiny BERT)")
     parser.add_argument("--set", action="append", help="a recipe override for every run (the rehearsal's)")
     parser.add_argument("--train-set", action="append", default=[], help="a recipe override for the training phases")
-    parser.add_argument("--pace-steps", type=int, default=120, help="the pace phase's training steps")
+    parser.add_argument("--pace-steps", type=int, default=60, help="the pace phase's training steps per switch")
+    parser.add_argument("--pace-switches", default="", help="comma-separated names of PACE_SWITCHES, or all "
+                                                            "(default PACE_DEFAULT)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     job = Job(args)
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = [p for p in phases if p not in PHASES and p not in RECIPES and p not in OPTIONAL]
+    unknown += [f"pace switch {n}" for n in args.pace_switches.split(",") if n and n != "all" and n not in PACE_SWITCHES]
     if unknown:
         print(f"gpu/job.py: unknown phase {unknown[0]!r}; phases: {', '.join([*PHASES, *RECIPES, *OPTIONAL])}",
               file=sys.stderr)
@@ -482,6 +565,8 @@ def main() -> int:
         job.write_summary("**Stopped after the smoke phase failed**: smoke.log says where; the training phases "
                           "did not run.")
         return print_summary(job, 1)
+    if "profile" in phases:
+        profile(job)
     if "pace" in phases:
         pace(job)
     training = [p for p in phases if p in RECIPES]

@@ -2,7 +2,7 @@
 # The whole GPU job, as it runs on the lent machine: from the repository root, with the bundle that
 # `make gpu-bundle` packed at gpu/bundle (carried with the command) and $OUT the folder whose files come back:
 #
-#     bash gpu/run.sh [--minutes 9] [--phases environment,smoke,wn18rr_biencoder,wn18rr_csr,wn18rr_csr_k1]
+#     bash gpu/run.sh [--minutes 9] [--phases environment,smoke,profile,pace,wn18rr_protocol]
 #
 # It installs the bundle's wheels into a temporary site folder (kgc runs on the machine's own torch and
 # transformers), unpacks the datasets and the model there, then runs gpu/job.py: phases with their own budgets and
@@ -30,6 +30,9 @@ if ! "$PY" -m pip install --quiet --no-index --no-deps --no-compile --disable-pi
     cp "$WORK/install.log" "$OUT/environment.log"
     exit 3
 fi
+# byte-compile the wheels and kgc once, on every core (pip's --no-compile above: sequential compiling is slower),
+# so no command of the job compiles .py files at its start
+"$PY" -m compileall -q -j 0 "$WORK/site" "$ROOT/kgc" >>"$WORK/install.log" 2>&1 || true
 export PYTHONPATH="$WORK/site:$ROOT" PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
     HF_HOME="$WORK/hf" KGC_DATA_HOME="$WORK/data" KGC_CACHE_HOME="$WORK/cache" TOKENIZERS_PARALLELISM=false
 exec "$PY" "$ROOT/gpu/job.py" --bundle "$BUNDLE" --work "$WORK" --out "$OUT" \

@@ -511,7 +511,8 @@ def bench_inputs(recipe: Path = typer.Argument(..., help="e.g. recipes/wn18rr_bi
                  batch_size: Optional[int] = typer.Option(None, "--batch-size", help="default: the recipe's"),
                  set_: List[str] = typer.Option([], "--set"),
                  out: Optional[Path] = typer.Option(None, "--out", help="write the figures as JSON")) -> None:
-    """The host's share of a training step: building a batch's token inputs, arrays against one entity at a time."""
+    """The host's share of a training step: a batch's inputs one entity at a time, as built before in the step, and
+    prepared a step ahead; then steps with a tiny BERT, inputs in the step against prefetched."""
     from kgc import api
 
     result = api.bench_inputs(recipe, steps=steps, batch_size=batch_size, overrides=set_, echo=_echo)

@@ -85,3 +85,77 @@ def count_syncs() -> Iterator[dict[str, int]]:
 
     with _Functions(), _Operators():
         yield counts
+
+
+PROFILE_WARMUP = 10  # steps before a profiled window (train.profile_steps): allocations, compilation, the first tables
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ",
+               "cudaMemcpy\0")  # the runtime calls where the host waits ("cudaMemcpy" alone, not cudaMemcpyAsync)
+
+
+def profile_table(prof, *, steps: int, seconds: float, top: int = 12) -> str:
+    """A finished ``torch.profiler.profile`` over ``steps`` training steps taking ``seconds`` of wall time, as a short
+    markdown page (not a trace): the top operators by GPU time and by CPU time (self times, ms per step), the GPU's
+    idle share of the window (1 − kernel time / wall time), and host-device synchronisations per step (the CUDA
+    runtime's synchronise and blocking-copy calls)."""
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+    kernels_us = sum(device_us(e) for e in events)
+    gpu = kernels_us > 0
+    syncs = sum(e.count for e in events if any((e.key + "\0").startswith(c) for c in _SYNC_CALLS))
+    lines = [f"{steps} steps in {seconds:.2f} s ({1000 * seconds / steps:.1f} ms a step)" +
+             (f"; GPU kernels {kernels_us / 1e3 / steps:.1f} ms a step, the GPU idle "
+              f"{max(0.0, 1 - kernels_us / 1e6 / seconds):.0%} of the window" if gpu else "; no GPU kernels (a CPU run)") +
+             f"; host-device synchronisations: {syncs / steps:.1f} a step", ""]
+    tables = [("GPU", device_us)] if gpu else []
+    tables.append(("CPU", lambda e: float(e.self_cpu_time_total)))
+    for name, key in tables:
+        rows = sorted((e for e in events if key(e) > 0), key=key, reverse=True)[:top]
+        lines += [f"| top operators by {name} time | calls a step | ms a step | share |", "|---|---|---|---|"]
+        total = sum(key(e) for e in events) or 1.0
+        for e in rows:
+            lines.append(f"| `{e.key[:60]}` | {e.count / steps:.1f} | {key(e) / 1e3 / steps:.2f} | {key(e) / total:.0%} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+class StepProfiler:
+    """``train.profile_steps``: torch.profiler over ``steps`` training steps from step ``start`` on; when they are
+    done, :func:`profile_table` goes to ``write`` (a function of the markdown). The device is synchronised once at
+    each end of the window, outside it, so the window's wall time is its steps' own."""
+
+    def __init__(self, start: int, steps: int, device, write) -> None:
+        self.start, self.steps, self.device, self.write = start, steps, device, write
+        self.prof = None
+        self.began = 0.0
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def before(self, step: int) -> None:
+        """Before training step ``step`` + 1 (``step`` done so far)."""
+        if step != self.start or self.prof is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._sync()
+        self.prof = profile(activities=activities)
+        self.prof.__enter__()
+        self.began = time.perf_counter()
+
+    def after(self, step: int) -> None:
+        """After the step that brought the count to ``step``."""
+        if self.prof is None or step < self.start + self.steps:
+            return
+        self._sync()
+        seconds = time.perf_counter() - self.began
+        self.prof.__exit__(None, None, None)
+        self.write(profile_table(self.prof, steps=step - self.start, seconds=seconds))
+        self.prof = None
+        self.start = -1  # once

@@ -134,19 +134,27 @@ class TrainConfig(Section):
         "auto", description="build step n+1's inputs (token ids, distinct rows, length groups, pinned memory) in a "
                             "background thread while step n runs (kgc/training/prefetch.py); auto: on a GPU (on 2 CPU "
                             "cores the thread would take a core from the step itself)")
-    length_bucket: Optional[int] = Field(
-        8, ge=0, description="a batch's distinct texts are encoded in length groups, each padded to its longest "
-                             "rounded up to this many tokens (kgc/encoding/inputs.py: little work on padding, a "
-                             "fixed set of widths); 0 or null: one group padded to the batch's longest")
+    length_bucket: Union[int, Literal["auto"], None] = Field(
+        "auto", description="a batch's distinct texts are encoded in length groups, each padded to its longest "
+                            "rounded up to this many tokens (kgc/encoding/inputs.py: little work on padding, a fixed "
+                            "set of widths); 0 or null: one group padded to the batch's longest, the path before; "
+                            "auto: 8 on a GPU, 0 on a CPU (where it measured no faster, and runs train bit for bit "
+                            "as before)")
     compile: bool = Field(False, description="run the encoders of a training step through torch.compile (one graph "
                           "per length-group width; evaluation stays eager). The compile time counts as training "
                           "time; docs/gpu.md says when it pays")
+    profile_steps: Optional[int] = Field(
+        None, ge=1, description="profile this many training steps with torch.profiler, after 10 steps of warm-up, "
+                                "and write RUN/profile.md: the top operators by GPU and by CPU time, the GPU's idle "
+                                "share, host-device synchronisations per step (kgc/profiling.py)")
     check_memory: bool = Field(True, description="refuse to start when the estimated memory of a training step "
                                "exceeds what the machine has free (kgc/training/estimate.py); false: warn and go on "
                                "(kgc train --no-memory-check)")
 
     @model_validator(mode="after")
     def _threads_positive(self) -> "TrainConfig":
+        if isinstance(self.length_bucket, int) and self.length_bucket < 0:
+            raise ValueError(f"train.length_bucket={self.length_bucket}: give a token count (8), 0 for none, or auto")
         if isinstance(self.num_threads, int) and self.num_threads < 1:
             raise ValueError(f"train.num_threads={self.num_threads}: give a count of at least 1, or auto")
         if self.schedule == "minutes" and not self.max_minutes:

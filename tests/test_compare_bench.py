@@ -98,8 +98,10 @@ def test_compare_table_prints_shares_and_metrics_to_their_digits():
 
 
 def test_bench_inputs_times_both_assemblies_and_checks_them_equal(tiny_bert, tmp_path, data_home, monkeypatch):
-    """`kgc bench inputs`: a step's token inputs built on arrays and one entity at a time, on the recipe's train
-    triples; a difference between the two is an error, not a figure."""
+    """`kgc bench inputs`: a step's token inputs built one entity at a time, as before in the step, and prepared a
+    step ahead (distinct rows in length groups), on the recipe's train triples; a difference is an error, not a
+    figure. Then steps with a tiny BERT, inputs in the step against prefetched: the prefetched step waits less for
+    its inputs than the step spends building them."""
     from kgc.data.texts import TextBank
     from kgc.errors import KGCError
     from kgc.linkpred.bench import bench_inputs
@@ -107,8 +109,14 @@ def test_bench_inputs_times_both_assemblies_and_checks_them_equal(tiny_bert, tmp
     recipe = write_recipe(tmp_path / "r.yaml", tiny_bert)
     result = bench_inputs(recipe, steps=2, batch_size=64, echo=lambda m: None)
     assert result["batch_size"] == 64 and result["entities"] == 135 and result["steps"] == 2
-    assert set(result["ms_per_step"]) == {"arrays", "one at a time"} and result["speedup"] > 0
+    assert set(result["ms_per_step"]) == {"one at a time", "before (in the step)", "prepared (a step ahead)"}
+    assert result["speedup"] > 0
+    positions = result["token_positions"]
+    assert 0 < positions["length_groups"] <= positions["padded"]  # less where lengths vary (WN18RR: a third)
+    inline, ahead = result["step_ms"]["inputs in the step"], result["step_ms"]["prefetched"]
+    assert set(inline) == {"inputs", "towers", "loss", "backward", "optimizer", "step", "outside_model"}
+    assert ahead["inputs"] < inline["inputs"]
     real = TextBank.entity_batch
     monkeypatch.setattr(TextBank, "entity_batch", lambda self, e, x=None: real(self, e, None))  # exclusion lost
-    with pytest.raises(KGCError, match="other inputs than the reference"):
+    with pytest.raises(KGCError, match="other inputs than the reference"):  # the tokens prepared differ
         bench_inputs(recipe, steps=2, batch_size=64, echo=lambda m: None)

@@ -57,3 +57,42 @@ def test_bf16_training_then_the_same_evaluation_on_gpu_and_cpu(tiny_bert, tmp_pa
     assert a == pytest.approx(b, abs=1e-3)
     answers = kgc.load(run.path, device="cuda", echo=None).predict("e_dog", "hypernym", top_k=3)
     assert len(answers) == 3
+
+
+def test_a_training_step_never_waits_for_the_gpu(tiny_bert, data_home):
+    """Issue 50: steps on prepared inputs (as the prefetch thread builds them) under
+    ``torch.cuda.set_sync_debug_mode("error")``: a synchronising call in the forward, the loss, backward, clipping or
+    fused AdamW raises. Two warm-up steps first (the caching allocator, cuBLAS handles)."""
+    from kgc.linkpred.task import LinkPredTask
+    from kgc.recipe import load_recipe
+    from kgc.training.common import make_optimizer
+    from tests.conftest import ROOT
+
+    recipe = load_recipe(ROOT / "recipes" / "umls_biencoder.yaml",
+                         [f"model.backbone={tiny_bert}", "train.batch_size=256", "encoder.trainable_layers=all"])
+    task = LinkPredTask(recipe)
+    model, _ = task.build_model(tiny_bert)
+    criterion = task.make_loss()
+    device = torch.device("cuda")
+    model.to(device)
+    criterion.to(device)
+    task.to(device)
+    model.train()
+    optimizer = make_optimizer([model, criterion], 1e-3, 1e-4, fused=True)
+    params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
+    batches = [task.prepare(model, criterion, b) for b in task.epoch_batches(0)[:5]]
+    try:
+        for i, batch in enumerate(batches):
+            if i == 2:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            task.before_step(model, criterion, i)
+            loss = task.batch_loss(model, criterion, batch)  # bf16 autocast inside (train.amp auto)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 10.0)
+            optimizer.step()
+            task.after_step(criterion)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert math.isfinite(float(loss))

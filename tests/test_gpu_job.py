@@ -37,28 +37,46 @@ def test_the_gpu_job_rehearses_on_the_cpu(tmp_path, data_home):
     subprocess.run([sys.executable, "gpu/bundle.py", "--out", str(bundle), "--datasets", "UMLS"], cwd=ROOT,
                    env=env, check=True, timeout=600)
     assert json.loads((bundle / "manifest.json").read_text())["model_dtype"] == "float16"
+    # every phase: the pace and profile runs and both protocols pointed at UMLS, batches of 64 (a tiny BERT on 2
+    # cores), the protocols' max_steps 4; one length-group width, so "compile on" builds one graph
     res = subprocess.run([sys.executable, "gpu/rehearse.py", "--bundle", str(bundle), "--keep", str(out),
-                          "--minutes", "10", "--smoke-seconds", "400", "--phases", "environment,smoke,wn18rr_biencoder",
-                          "--train-set", "data.dataset=umls", "--train-set", "train.max_steps=4"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          "--minutes", "14", "--smoke-seconds", "400", "--phases",
+                          "environment,smoke,profile,pace,wn18rr_protocol,fb15k237_protocol",
+                          "--pace-steps", "24", "--pace-switches", "all", "--train-set", "data.dataset=umls", "--train-set", "train.max_steps=4",
+                          "--train-set", "train.batch_size=64", "--train-set", "train.length_bucket=64"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["environment.log", "metrics.jsonl", "smoke.log", "summary.md",
-                                                     "wn18rr_biencoder.log"]
+    assert sorted(p.name for p in out.iterdir()) == ["environment.log", "fb15k237_protocol.log", "metrics.jsonl",
+                                                     "pace.log", "profile.log", "smoke.log", "summary.md",
+                                                     "wn18rr_protocol.log"]  # 8: what the device tool brings back
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     phases = {r["phase"]: r for r in rows if r["kind"] == "phase"}
-    assert [phases[p]["status"] for p in ("environment", "smoke", "wn18rr_biencoder")] == ["ok", "ok", "ok"]
+    assert [phases[p]["status"] for p in ("environment", "smoke", "profile")] == ["ok", "ok", "ok"]
+    pace = {p: r for p, r in phases.items() if p.startswith("pace: ")}
+    assert set(pace) == {"pace: host", "pace: defaults", "pace: prefetch off", "pace: length groups off",
+                         "pace: prefetch and length groups off", "pace: compile on"}
+    assert all(r["status"] == "ok" for r in pace.values()), pace
+    assert all(r["triples_per_s"] > 0 for p, r in pace.items() if p != "pace: host")
+    assert set(pace["pace: host"]["inputs"]["ms_per_step"]) == {"one at a time", "before (in the step)",
+                                                                "prepared (a step ahead)"}
+    assert "top operators by CPU time" in phases["profile"]["profile"] and phases["profile"]["triples_per_s"] > 0
+    assert phases["profile"]["detail"].endswith("skipped (no GPU)")
+    for name, epochs in (("wn18rr_protocol", 50), ("fb15k237_protocol", 10)):  # max_steps 4: the minutes did not end it
+        assert phases[name]["status"].startswith(f"ok (") and f"of {epochs} epochs" in phases[name]["status"]
+        assert 0 < phases[name]["mrr"] <= 1
     assert phases["smoke"]["detail"] == ("cuda tests: ok; train 20 steps: ok; evaluate: ok; predict: ok; "
                                          "serve: ok")
     env_detail = phases["environment"]["detail"]
     assert "faiss-cpu None" in env_detail and "pydantic 2." in env_detail  # faiss absent, pydantic from a wheel
     # MiniLM found through the Hugging Face cache the job fills from the bundle, its fp16 weights loaded as float32
     assert "models--sentence-transformers--all-MiniLM-L6-v2" in env_detail and "torch.float32, 384-dim" in env_detail
-    wn = phases["wn18rr_biencoder"]
-    assert 0 < wn["mrr"] <= 1 and wn["triples_per_s"] > 0 and wn["epochs"] > 0
-    assert [r["step"] for r in rows if r["kind"] == "curve" and "loss" in r] == [4]  # the last step (log_every 10)
+    wn = phases["wn18rr_protocol"]
+    assert wn["triples_per_s"] > 0 and wn["epochs"] > 0
+    curves = [r for r in rows if r["kind"] == "curve" and "loss" in r]
+    assert [(r["phase"], r["step"]) for r in curves] == [("wn18rr_protocol", 4), ("fb15k237_protocol", 4)]
     summary = (out / "summary.md").read_text()
-    assert "kgc train recipes/wn18rr_biencoder.yaml --set train.max_minutes=" in summary
-    assert "| wn18rr_biencoder | ok |" in summary
+    assert "kgc train recipes/wn18rr_biencoder.yaml --set train.epochs=50 --set train.max_minutes=" in summary
+    assert "| wn18rr_protocol | ok (" in summary and "## " in summary and "top operators by CPU time" in summary
 
 
 def test_the_pace_phase_reads_the_steady_rate_past_the_warm_up():

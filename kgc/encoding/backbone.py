@@ -176,7 +176,7 @@ class TextEncoder(nn.Module):
         self.frozen_layers = 0  # embeddings and layers below this are frozen and run without dropout
         # encode_unique's length groups (kgc.encoding.inputs): widths rounded up to this many tokens (None: one group
         # padded to the longest), at most length_cap (the texts' max_tokens: a fixed set of widths)
-        self.length_bucket: int | None = 8
+        self.length_bucket: int | str | None = "auto"  # auto: kgc.encoding.inputs.resolve_bucket, by device
         self.length_cap: int | None = None
         self._compiled = None  # torch.compile of _plain (train.compile), one graph per group width
 
@@ -205,8 +205,14 @@ class TextEncoder(nn.Module):
         return layer - min(layer, self.num_layers - self.pooler.blocks + 1) + 1
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``pool_mask`` (batch, len) pools a sub-span of the tokens (default: every real token)."""
+                token_type_ids: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None, *,
+                dense: bool | None = None) -> torch.Tensor:
+        """``pool_mask`` (batch, len) pools a sub-span of the tokens (default: every real token). ``dense``: the
+        batch has no padding, so attention runs without a mask (SDPA's fastest kernels), as the host knows it
+        (:class:`~kgc.encoding.inputs.EncoderInputs`); None: asked of a mask on the CPU, assumed False on a GPU
+        (asking there would wait for the device)."""
+        if dense is None:
+            dense = attention_mask.device.type == "cpu" and bool(attention_mask.all())
         batch = {"input_ids": input_ids, "attention_mask": attention_mask,
                  "token_type_ids": token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)}
         if self.cache is None:  # one call into the Hugging Face model
@@ -216,12 +222,12 @@ class TextEncoder(nn.Module):
                     if t is not None:
                         torch._dynamo.mark_dynamic(t, 0)  # rows vary per batch; widths come from a fixed set
             return run(input_ids, attention_mask, batch["token_type_ids"],
-                       attention_mask if pool_mask is None else pool_mask)
+                       attention_mask if pool_mask is None else pool_mask, dense)
         layer = self.cache.layer
         return self.run_from(self.hidden_at(batch, layer), attention_mask, layer, pool_mask=pool_mask)
 
     def _plain(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
-               pool_mask: torch.Tensor) -> torch.Tensor:
+               pool_mask: torch.Tensor, dense: bool = False) -> torch.Tensor:
         """The whole encoder, pooled and normalised: (batch, H). The attention mask goes in as the 4-d mask the
         attention implementation reads (:func:`~kgc.encoding.layers.extended_mask`), built without reading it back:
         Hugging Face's own builder asks ``mask.all()`` on the device to skip it, a host-device synchronisation
@@ -231,7 +237,7 @@ class TextEncoder(nn.Module):
         kwargs = {"token_type_ids": token_type_ids} if getattr(self.backbone.config, "type_vocab_size", 0) > 1 else {}
         n = self.pooler.blocks
         embeds_dtype = self.backbone.embeddings.word_embeddings.weight.dtype
-        mask = extended_mask(self.backbone, attention_mask, dtype=embeds_dtype)
+        mask = None if dense else extended_mask(self.backbone, attention_mask, dtype=embeds_dtype, padded=True)
         out = self.backbone(input_ids=input_ids, attention_mask=mask, output_hidden_states=n > 1, **kwargs)
         states = torch.stack(out.hidden_states[-n:], 2) if n > 1 else out.last_hidden_state.unsqueeze(2)
         return self._pool(states, pool_mask)
@@ -283,14 +289,22 @@ class TextEncoder(nn.Module):
         """
         from kgc.encoding.inputs import build_inputs
 
-        return self.encode_inputs(build_inputs(batch, bucket=self.length_bucket, cap=self.length_cap))
+        return self.encode_inputs(build_inputs(batch, bucket=self.group_bucket(), cap=self.length_cap))
+
+    def group_bucket(self) -> int | None:
+        """The width step of this encoder's length groups on the device it is on (``length_bucket``, auto
+        resolved: :func:`kgc.encoding.inputs.resolve_bucket`)."""
+        from kgc.encoding.inputs import resolve_bucket
+
+        return resolve_bucket(self.length_bucket, next(self.parameters()).device.type)
 
     def encode_inputs(self, inputs: "EncoderInputs") -> torch.Tensor:
         """(batch, dim) from a batch made ready on the host (:func:`kgc.encoding.inputs.build_inputs`: its distinct
         rows in length groups): each group through the encoder, then every batch row gathered from its group's output
         (gradients flow to every use)."""
         inputs = inputs.to(next(self.parameters()).device)
-        outs = [self(**group) for group in inputs.groups]
+        dense = inputs.dense or [False] * len(inputs.groups)
+        outs = [self(**group, dense=d) for group, d in zip(inputs.groups, dense)]
         return (outs[0] if len(outs) == 1 else torch.cat(outs))[inputs.inverse]
 
 

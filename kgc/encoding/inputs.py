@@ -15,6 +15,10 @@ encoded again. :func:`build_inputs` does, on the CPU and before the step (the pr
   handful of graphs, not one per batch;
 * the map back (``inverse``): row i of the batch is row ``inverse[i]`` of the groups' outputs concatenated.
 
+``bucket`` None (``train.length_bucket: 0``) is the path before length groups exactly: one group padded to the
+longest, the distinct rows in ``torch.unique``'s order (sorted as tuples; the batch's own order when every row is
+distinct), so dropout draws the same masks for the same rows and a run trains bit for bit as it did.
+
 Each row's embedding depends on its own tokens only (padding is masked in attention and pooling), so the grouped
 encoding equals the padded one up to float rounding: ``tests/test_step_inputs.py`` checks the loss and every
 gradient within 1e-5 in fp32.
@@ -30,6 +34,17 @@ import torch
 # odd 64-bit multipliers for the row hash (any fixed odd numbers: a collision is caught by the row check)
 _MIX = np.random.default_rng(0x6B6763).integers(1, 2 ** 63 - 1, size=4096, dtype=np.int64) | 1
 MIN_ROWS = 32  # a length group smaller than this joins the next wider one
+GPU_BUCKET = 8  # train.length_bucket: auto on a GPU (on a CPU: none, one padded group)
+
+
+def resolve_bucket(bucket: "int | str | None", device_type: str) -> int | None:
+    """``train.length_bucket`` for a device: auto is GPU_BUCKET on CUDA and None (one padded group) elsewhere; 0 is
+    None."""
+    if bucket == "auto":
+        return GPU_BUCKET if device_type == "cuda" else None
+    if bucket is None:
+        return None
+    return int(bucket) or None
 
 
 @dataclass
@@ -41,6 +56,7 @@ class EncoderInputs:
     inverse: torch.Tensor
     rows: int  # rows of the batch it came from
     padded_tokens: int  # tokens the batch held padded to its longest (the plain path's work)
+    dense: list[bool] | None = None  # per group: no padding at all (attention then needs no mask), known on the host
 
     @property
     def distinct(self) -> int:
@@ -59,7 +75,7 @@ class EncoderInputs:
         """The tensors in page-locked memory, so :meth:`to` copies them to a GPU without the host waiting."""
         pin = (lambda t: t.pin_memory()) if torch.cuda.is_available() else (lambda t: t)  # noqa: E731
         return EncoderInputs([{k: pin(v) for k, v in g.items()} for g in self.groups], pin(self.inverse), self.rows,
-                             self.padded_tokens)
+                             self.padded_tokens, self.dense)
 
     def to(self, device: torch.device) -> "EncoderInputs":
         """On ``device``; to a GPU without blocking the host (the kernels that read a tensor wait for its copy on
@@ -69,7 +85,7 @@ class EncoderInputs:
         move = (lambda t: t.to(device, non_blocking=t.is_pinned())) if device.type == "cuda" else (  # noqa: E731
             lambda t: t.to(device))
         return EncoderInputs([{k: move(v) for k, v in g.items()} for g in self.groups], move(self.inverse),
-                             self.rows, self.padded_tokens)
+                             self.rows, self.padded_tokens, self.dense)
 
 
 def distinct_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -90,11 +106,11 @@ def distinct_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def group_widths(lengths: np.ndarray, bucket: int | None, cap: int, min_rows: int = MIN_ROWS) -> list[tuple[int, int]]:
     """For ``lengths`` sorted ascending: ``[(end, width), …]``, the groups ``[previous end, end)`` and the width
-    each is padded to. ``bucket`` None or 0: one group at the longest length (the plain path)."""
+    each is padded to. ``bucket`` None or 0: one group at the longest length (the plain path; any order)."""
     n = len(lengths)
     if n == 0:
         return []
-    longest = int(lengths[-1])
+    longest = int(lengths.max())
     if not bucket:
         return [(n, longest)]
     cap = max(cap, longest)
@@ -130,12 +146,19 @@ def build_inputs(batch: dict[str, torch.Tensor], *, bucket: int | None = 8, cap:
     else:
         first, inverse = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
     lengths = lengths_all[first]
-    order = np.argsort(lengths, kind="stable")  # distinct rows by length
+    if bucket:
+        order = np.argsort(lengths, kind="stable")  # distinct rows by length
+    elif len(first) < n:  # one group in torch.unique's order (the rows sorted as tuples): the path before, exactly
+        order = np.lexsort(key[first].T[::-1])
+    else:  # every row distinct: the batch's own order, as before
+        order = np.argsort(first, kind="stable")
     rows = first[order]  # batch rows, one per distinct text, shortest first
     position = np.empty(len(order), dtype=np.int64)
     position[order] = np.arange(len(order))  # distinct row → its place in the groups' concatenation
-    groups, start = [], 0
-    for end, w in group_widths(lengths[order], bucket, cap or width, min_rows):
+    groups, dense, start = [], [], 0
+    sorted_lengths = lengths[order]
+    for end, w in group_widths(sorted_lengths, bucket, cap or width, min_rows):
+        dense.append(bool((sorted_lengths[start:end] == w).all()))
         take = torch.from_numpy(rows[start:end])
         group = {}
         for k, v in batch.items():
@@ -147,4 +170,4 @@ def build_inputs(batch: dict[str, torch.Tensor], *, bucket: int | None = 8, cap:
             group[k] = part.contiguous()
         groups.append(group)
         start = end
-    return EncoderInputs(groups, torch.from_numpy(position[inverse]), n, int(n * width))
+    return EncoderInputs(groups, torch.from_numpy(position[inverse]), n, int(n * width), dense)

@@ -139,7 +139,7 @@ class LinkPredictor(TaskModel):
         from kgc.encoding.inputs import build_inputs
 
         enc = self.tail_encoder
-        return build_inputs(self.bank.entity_inputs(entities, excludes), bucket=enc.length_bucket,
+        return build_inputs(self.bank.entity_inputs(entities, excludes), bucket=enc.group_bucket(),
                             cap=enc.length_cap).pin()
 
     def encode_prepared_entities(self, inputs) -> torch.Tensor:

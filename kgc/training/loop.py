@@ -341,6 +341,12 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     t_start = time.perf_counter()
     s.clock_start, clock0, seen0 = t_start, s.clock, s.seen  # the training clock starts with the first step
     step0 = s.step
+    profiler = None
+    if tc.profile_steps and dist.is_main():  # train.profile_steps: RUN/profile.md
+        from kgc.profiling import PROFILE_WARMUP, StepProfiler
+
+        profiler = StepProfiler(s.step + PROFILE_WARMUP, tc.profile_steps, s.device,
+                                lambda page: write_text(s.run.path / "profile.md", f"# {recipe.name}: profile\n\n{page}"))
     pace_step0: int | None = s.step  # pace_warning: steps counted from here; None once judged
     eta_from: tuple[int, float, int] | None = None  # (step, seconds, seen) after the first step (its one-off work:
     s.pace = None  # the entity table, the layer cache's first states) — the pace and end time, said once
@@ -349,6 +355,8 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
         for size, batch in feed:  # this rank's share, made ready on the host (in a thread, a step ahead)
             if s.step >= s.total:
                 break
+            if profiler is not None:
+                profiler.before(s.step)
             task.before_step(model, criterion, s.step)
             loss = s.step_module(batch)
             s.optimizer.zero_grad(set_to_none=True)
@@ -361,6 +369,8 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             s.scheduler.step()
             s.step += 1
             s.seen += size  # the global batch
+            if profiler is not None:
+                profiler.after(s.step)
             rate = (s.seen - seen0) / (s.seconds() - clock0)  # this process's, validation excluded
             logged = s.step % tc.log_every == 0 or s.step == s.total
             if logged:  # reading the loss or τ waits for the device: only on the steps that log them

@@ -36,7 +36,7 @@ def build_encoders(recipe: Recipe, backbone_folder: Path, *, pretrained: bool = 
     query = TextEncoder(backbone, recipe.model.pooling, **opts)
     tail = query if shared else TextEncoder(copy.deepcopy(backbone), recipe.model.pooling, **opts)
     for encoder in {query, tail}:  # length groups of a batch's distinct rows (kgc.encoding.inputs)
-        encoder.length_bucket = recipe.train.length_bucket or None
+        encoder.length_bucket = recipe.train.length_bucket or None  # auto: resolved by the device it runs on
         encoder.length_cap = recipe.data.max_tokens
     return query, tail
 
