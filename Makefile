@@ -34,7 +34,7 @@ TEST_WORKERS ?= 2
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # after pytest: its exit code, but 5 ("no tests ran") is a failure
 COLLECTED = rc=$$?; if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
-# the suite but the GPU job's CPU rehearsal (marked rehearsal, ~90 s: `make test-rehearsal`; .ci/run runs both)
+# the suite but the GPU job's CPU rehearsal (marked rehearsal, every phase, ~5.5 min: `make test-rehearsal`; .ci/run runs both)
 test: install
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal"; $(COLLECTED)
