@@ -472,7 +472,8 @@ def profile(job: Job) -> None:
                 "timed out" if rc == 124 else f"failed ({rc})", "triples_per_s": round(rate) if rate else "",
                 "gpu_busy": monitor.busy, "seconds": round(time.time() - start),
                 "detail": f"{PROFILE_STEPS} steps of {PACE_RECIPE} after {PROFILE_WARMUP} of warm-up "
-                          "(train.profile_steps): the page below the table; a step under "
+                          "(train.profile_steps; every 10th step is logged, and reads its loss back): the page "
+                          "below the table; a step under "
                           "set_sync_debug_mode('error') (tests/test_cuda.py): "
                           + ("skipped (no GPU)" if job.env.get("gpu") in (None, "no GPU") else
                              {0: "passed", 124: "timed out"}.get(sync, f"failed ({sync})")),

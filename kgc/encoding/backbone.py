@@ -220,7 +220,7 @@ class TextEncoder(nn.Module):
             if run is not self._plain:
                 for t in (input_ids, attention_mask, batch["token_type_ids"], pool_mask):
                     if t is not None:
-                        torch._dynamo.mark_dynamic(t, 0)  # rows vary per batch; widths come from a fixed set
+                        torch._dynamo.maybe_mark_dynamic(t, 0)  # rows vary per batch; widths: a fixed set
             return run(input_ids, attention_mask, batch["token_type_ids"],
                        attention_mask if pool_mask is None else pool_mask, dense)
         layer = self.cache.layer
