@@ -210,6 +210,8 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
     elif done["action"] == "search":
         _echo(f"{run.path / 'index'}: search parameters {done['why']}, stored in meta.json (no rebuild)")
     else:
+        if done.get("note"):  # the added entities restored from their copy of record, or an edited list taken
+            _echo(done["note"])
         added = meta.get("added_entities", {}).get("count", 0)
         shown = ", ".join(f"{k}={v}" for k, v in meta["index"].items() if k != "type")
         _echo(f"indexed {meta['entities']} entities{f' ({added} of them added, kept)' if added else ''} "

@@ -124,8 +124,10 @@ def ensure_space(path: str | os.PathLike, needed: int | None, what: str = "") ->
     path = Path(path)
     free = free_bytes(path.parent)
     if free is not None and free < needed + SPACE_MARGIN:
-        raise _full_message(path, needed, f"{what or path.name} needs {human_bytes(needed)}, "
-                                          f"{human_bytes(free)} free")
+        reserve = "" if free < needed else (f" and kgc keeps {human_bytes(SPACE_MARGIN)} free beside it (the disk "
+                                            "would be full before the rest of the run's writes)")
+        raise _full_message(path, needed + SPACE_MARGIN,
+                            f"{what or path.name} needs {human_bytes(needed)}{reserve}, {human_bytes(free)} free")
 
 
 # ---------------------------------------------------------------- fault injection (tests)

@@ -276,3 +276,98 @@ def test_a_run_that_died_young_has_one_way_forward(trained, tmp_path, tiny_bert)
     assert "starting it again from step 0" in out.stdout + out.stderr
     assert (run / "best.pt").is_file() or (run / "checkpoints" / "last.pt").is_file()
     cli("predict", run, "--head", "virus", "--relation", "causes", "--top-k", "1")
+
+
+# ---------------------------------------------------------------- added entities: nothing lost (issue 51)
+
+
+def test_a_damaged_meta_json_never_costs_the_added_entities(run_dir, tmp_path):
+    """meta.json damaged on a run with added entities: every command names the file and `kgc index --force`
+    (never "delete the folder"); --force rebuilds the index and keeps the entities."""
+    cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
+    state = index_state(run_dir)
+    meta = run_dir / "index" / "meta.json"
+    meta.write_text(meta.read_text()[:40])  # cut
+    for args in (("predict", run_dir, "--head", "new_1", "--relation", "isa"), ("index", run_dir),
+                 ("evaluate", run_dir)):
+        out = cli(*args, "--no-progress", check=False)
+        assert out.exit_code == 2 and "Traceback" not in out.stderr, out
+        assert f"{meta}: unreadable" in out.stderr and "--force" in out.stderr and "Delete" not in out.stderr
+    out = cli("index", run_dir, "--force", "--no-progress")
+    assert "meta.json was damaged" in out.stdout and "the 3 entities of" in out.stdout
+    assert index_state(run_dir) == state  # the same rows, the same added entities
+    assert not stray(run_dir)
+
+
+def test_a_cut_added_list_is_restored_from_its_copy_of_record(run_dir, tmp_path):
+    """index/added_entities.tsv cut mid-line (one entity gone, the next one's description cut): a rebuild restores
+    the list meta.json recorded from RUN/added/<sha256>.tsv instead of rebuilding the cut one; without that copy
+    it refuses, changing nothing. An edited list (it reads whole) is taken, and said."""
+    cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
+    state = index_state(run_dir)
+    listed = run_dir / "index" / "added_entities.tsv"
+    whole = listed.read_bytes()
+    copies = list((run_dir / "added").glob("*.tsv"))
+    assert len(copies) == 1 and copies[0].read_bytes() == whole
+    listed.write_bytes(whole[: len(whole) - 12])  # cut inside the last line
+    out = cli("index", run_dir, "--force", "--no-progress")
+    assert "is cut or unreadable; its 3 entities are restored from" in out.stdout
+    assert index_state(run_dir) == state and listed.read_bytes() == whole
+    # the copy gone too: refused, nothing changed
+    listed.write_bytes(whole[: len(whole) - 12])
+    shutil.rmtree(run_dir / "added")
+    before = snapshot(run_dir / "index")
+    out = cli("index", run_dir, "--force", "--no-progress", check=False)
+    assert out.exit_code == 2 and "cut or unreadable" in out.stderr and "nothing was changed" in out.stderr
+    assert snapshot(run_dir / "index") == before
+    # an edit on purpose (one line removed, the file whole): rebuilt as listed, and said
+    listed.write_bytes(b"".join(whole.splitlines(keepends=True)[:2]))
+    out = cli("index", run_dir, "--force", "--no-progress")
+    assert "was edited since the last add: 3 entities recorded, 2 listed now" in out.stdout
+    assert index_state(run_dir)[1] == ["new_0", "new_1"]
+    assert [p.name for p in (run_dir / "added").glob("*.tsv")] != [copies[0].name]  # the new list's copy only
+
+
+def test_a_refusal_by_the_space_reserve_names_the_reserve(tmp_path, monkeypatch):
+    """189 bytes with 15.9 MiB free used to read "needs 189 bytes, 15.9 MiB free" (it fits, by those numbers):
+    the reserve that decided is in the message, and the bytes needed count it."""
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: fileio.SPACE_MARGIN - (100 << 10))
+    with pytest.raises(DiskFull) as err:
+        fileio.write_text(tmp_path / "small.json", "x" * 189)
+    text = str(err.value)
+    assert "kgc keeps 16.0 MiB free beside it" in text and "it needs 16.0 MiB" in text, text
+    assert not (tmp_path / "small.json").exists()
+
+
+def test_a_head_that_is_not_text_is_one_message(run_dir):
+    """Bytes that are not UTF-8 on the command line reach Python as a lone surrogate: one message naming it, not the
+    tokenizer's TypeError."""
+    proc = subprocess.run([sys.executable, "-m", "kgc", "predict", str(run_dir), "--head", b"caf\xff",
+                           "--relation", "isa", "--no-progress"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "not valid text (a lone surrogate" in proc.stderr and "at character 4" in proc.stderr
+
+
+def test_saving_the_backbone_on_a_full_disk_is_one_message_and_changes_nothing(tiny_bert, tmp_path, monkeypatch):
+    """save_pretrained on a full disk raised safetensors' own error (a traceback); the run's backbone/ is now written
+    beside and renamed whole, and a full disk is one DiskFull naming the file. A backbone/ already there stays."""
+    from transformers import AutoTokenizer, BertModel
+
+    from kgc.recipe import load_recipe
+    from kgc.training.setup import save_backbone_files
+
+    recipe = load_recipe(None, [f"model.backbone={tiny_bert}"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    folder = tmp_path / "run" / "backbone"
+    save_backbone_files(folder, recipe, tokenizer, weights=True)
+    before = snapshot(folder)
+
+    def full(self, *args, **kwargs):
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+
+    monkeypatch.setattr(BertModel, "save_pretrained", full)
+    monkeypatch.setattr(fileio, "free_bytes", lambda _folder: 1 << 20)  # under LOW_SPACE: the disk is full
+    monkeypatch.setattr(fileio, "ensure_space", lambda *a, **k: None)  # the estimate passed; the write itself fails
+    with pytest.raises(DiskFull, match=r"model\.safetensors: cannot be written .* Nothing was changed"):
+        save_backbone_files(folder, recipe, tokenizer, weights=True)
+    assert snapshot(folder) == before and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]

@@ -205,3 +205,19 @@ def test_train_with_data_creates_its_folder_through_run_dir(tiny_bert, tmp_path,
     assert created == [tmp_path / "run", tmp_path / "run"]  # the API (for its triples), then the training loop
     assert (run.path / "data" / "train.tsv").is_file() and (run.path / "recipe.yaml").is_file()
     assert json.loads((run.path / "train_summary.json").read_text())
+
+
+def test_a_true_self_loop_is_shown_marked_known():
+    """The head is left out of its own answers, unless the graph has (head, relation, head): then it is an answer
+    like any known one (shown, marked known; left out by filter_known)."""
+    from kgc.linkpred.predict import Query
+    from kgc.linkpred.query import QueryOptions
+
+    def left_out(known, **options):
+        return Query("e", 3, 0, [], QueryOptions.of(**options)).excluded(set(known))
+
+    assert left_out({5}) == {3}  # not an answer of its own: left out as before
+    assert left_out({3, 5}) == set()  # a self-loop of the graph: shown
+    assert left_out({3, 5}, filter_known=True) == {3, 5}
+    assert left_out({5}, include_head=True) == set()
+    assert Query("free text", None, 0, [], QueryOptions()).excluded({5}) == set()

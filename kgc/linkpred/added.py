@@ -10,7 +10,10 @@ Added entities live in the run's index folder:
 * ``index/added_entities.tsv`` — ``id<TAB>name<TAB>description`` of every added entity, in index order; their
   rows follow the graph's entities in ``entities.npy`` and the FAISS index (row ``num_entities + i``);
 * ``meta.json``'s ``added_entities`` — their count, the sha256 of ``added_entities.tsv`` and of every
-  file they came from. The index is fresh when its base fingerprint (weights, graph texts) matches *and*
+  file they came from;
+* ``RUN/added/<sha256>.tsv`` — a copy of the list of record, written before the index commits it, outside the
+  index folder: a rebuild (``kgc index RUN --force``) restores a cut list from it, or keeps the added entities when
+  meta.json itself is damaged (:func:`kept_added`). The index is fresh when its base fingerprint (weights, graph texts) matches *and*
   ``added_entities.tsv`` is the one recorded; rebuilding the index (``kgc index RUN``) re-embeds the added
   entities from that file, so they survive a retrained or edited run. To drop them, delete the file and
   rebuild.
@@ -96,6 +99,76 @@ def stored_entities(folder: Path) -> list[NewEntity]:
     """Every entity in ``folder/added_entities.tsv`` (an index folder; none when there is no such file)."""
     f = Path(folder) / ADDED_FILE
     return [e for _, e in read_new_entities(f)] if f.is_file() else []
+
+
+RECORD_FOLDER = "added"  # RUN/added/<sha256>.tsv: the added list of each commit, outside the index folder
+
+
+def record_path(run_dir: Path, sha: str) -> Path:
+    """Where the added list whose sha256 is ``sha`` is kept outside the index (``RUN/added/<sha>.tsv``): a damaged
+    or deleted index folder cannot take the added entities with it."""
+    return Path(run_dir) / RECORD_FOLDER / f"{sha}.tsv"
+
+
+def intact_list(f: Path) -> list[NewEntity] | None:
+    """The entities of an added list that reads whole (parses, and ends with its last line's newline: kgc writes
+    every line whole, so a list cut mid-line is damaged, not edited); None when it does not."""
+    try:
+        data = f.read_bytes()
+        if not data.endswith(b"\n"):
+            return None
+        return [e for _, e in read_new_entities(f)]
+    except (OSError, KGCError):
+        return None
+
+
+def kept_added(run_dir: Path, folder: Path, meta: dict | None, damaged_meta: str | None = None) -> tuple[
+        list[NewEntity], str | None]:
+    """The added entities a rebuild keeps, and a line saying where they came from when it is not simply the index's
+    list (None then). The list of record is the one meta.json's sha256 names: the index's ``added_entities.tsv``
+    when it still is that file, else its copy ``RUN/added/<sha256>.tsv``. A list edited on purpose (it reads whole,
+    another sha256) is taken as it is, and said; deleted, its entities are dropped (how they are dropped). A list
+    cut or unreadable, with no copy of record, is one KGCError. ``damaged_meta``: meta.json could not be read (this
+    says why): the index's list is kept if it reads whole, else the newest copy of record."""
+    f = Path(folder) / ADDED_FILE
+    if damaged_meta is not None:
+        whole = intact_list(f) if f.is_file() else None
+        if whole is not None:
+            return whole, f"meta.json was damaged ({damaged_meta}); the {len(whole)} entities of {f} are kept"
+        copies = sorted(Path(run_dir, RECORD_FOLDER).glob("*.tsv"), key=lambda p: p.stat().st_mtime)
+        for copy in reversed(copies):
+            kept = intact_list(copy)
+            if kept is not None and sha256_file(copy) == copy.stem:
+                return kept, (f"meta.json was damaged ({damaged_meta}) and {f.name} is "
+                              f"{'cut' if f.is_file() else 'gone'}; the {len(kept)} entities of {copy} are kept")
+        if f.is_file():
+            raise KGCError(f"{f}: cut or unreadable, and meta.json, which recorded it, is damaged too; no copy of it "
+                           f"is kept in {Path(run_dir) / RECORD_FOLDER}. Restore the file (each line "
+                           "id<TAB>name<TAB>description) and run the command again, or delete it to drop them.")
+        return [], None
+    rec = (meta or {}).get("added_entities")
+    if rec is None:
+        if not f.is_file():
+            return [], None
+        return [e for _, e in read_new_entities(f)], None  # listed by hand before any add: read as given
+    if not f.is_file():
+        return [], f"{f.name} was deleted: its {rec.get('count', 0)} added entities are dropped"
+    sha = rec.get("sha256")
+    if sha and sha256_file(f) == sha:
+        return [e for _, e in read_new_entities(f)], None
+    copy = record_path(run_dir, sha) if sha else None
+    whole = intact_list(f)
+    if whole is not None:
+        kept = f" (the list before is kept in {copy})" if copy is not None and copy.is_file() else ""
+        return whole, (f"{f.name} was edited since the last add: {rec.get('count', 0)} entities recorded, "
+                       f"{len(whole)} listed now; the rebuild keeps the {len(whole)} it lists{kept}")
+    if copy is not None and copy.is_file() and sha256_file(copy) == sha:
+        kept = [e for _, e in read_new_entities(copy)]
+        return kept, f"{f.name} is cut or unreadable; its {len(kept)} entities are restored from {copy}"
+    raise KGCError(f"{f}: cut or unreadable (it is not the list meta.json recorded: {rec.get('count', 0)} entities, "
+                   f"sha256 {str(sha)[:12]}…), and no copy of it is kept in {Path(run_dir) / RECORD_FOLDER}. Restore "
+                   "it from the files it was added from (meta.json's added_entities.sources) and rebuild; nothing "
+                   "was changed.")
 
 
 def added_count(meta: dict | None) -> int:

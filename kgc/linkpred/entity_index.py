@@ -81,6 +81,8 @@ class EntityIndex:
                 config = None if reason == NO_INDEX else stored_config(self.dir)
                 meta = rebuild_index(self.dir, self._model(), self._graph(), progress=progress, config=config,
                                      faiss_device=self.faiss_device())
+                if meta.get("note"):
+                    self.echo(meta.pop("note"))
                 self.echo(f"indexed {meta['entities']} entities in {meta.get('seconds', '?')}s → {self.dir.index}")
         self.forget()
 
@@ -181,18 +183,27 @@ class EntityIndex:
             return {**self._update(type, force, progress, params, embed=shards.encode), "shards": shards.reports}
 
     def _update(self, type: str | None, force: bool, progress: bool, params: dict, embed=None) -> dict:
-        from kgc.linkpred.index import index_plan, rebuild_index, stored_config, update_search_params
+        from kgc.linkpred.index import DamagedMeta, index_plan, rebuild_index, stored_config, update_search_params
         from kgc.linkpred.index_types import index_config
         from kgc.training.run import read_json
 
         # an existing index keeps its type and build parameters (`kgc index RUN --nprobe 64` on an ivf index, or
         # a rebuild after retraining, must not turn it back into the recipe's type); `type` starts from the recipe
-        stored = stored_config(self.dir) if type is None else None
+        damaged = None
+        try:
+            stored = stored_config(self.dir) if type is None else None
+        except DamagedMeta as exc:  # --force repairs it (the recipe's type then), anything else says so
+            if not force:
+                raise
+            stored, damaged = None, exc.why
         if stored is not None and params.get("nlist") is not None and params.get("train_size") is None:
             stored = stored.model_copy(update={"train_size": None})  # its train_size was 64·(old nlist)
         config = index_config(stored if stored is not None else self.dir.recipe.index, type=type, **params)
         model = self._model()  # bad options stopped above, before the model is loaded
-        action, why = index_plan(self.dir, model, config)
+        if damaged is not None:
+            action, why = "build", f"meta.json is damaged ({damaged}): rebuilt as the recipe's index says"
+        else:
+            action, why = index_plan(self.dir, model, config)
         if force:
             action = "build"
         if action == "none":
@@ -203,7 +214,8 @@ class EntityIndex:
             meta = rebuild_index(self.dir, model, self._graph(), progress=progress, config=config,
                                  reuse_embeddings=not force, faiss_device=self.faiss_device(), embed=embed)
         self.forget()
-        return {"action": action, "why": why, "meta": meta}
+        note = meta.pop("note", None) if isinstance(meta, dict) else None  # where the added entities came from
+        return {"action": action, "why": why, "meta": meta, **({"note": note} if note else {})}
 
     def add(self, path: str | Path, *, progress: bool = True, guard=None, batch_size: int, keep_loaded: bool) -> dict:
         """``kgc index --add``: the entities of ``path`` embedded and appended (the index built first if missing or

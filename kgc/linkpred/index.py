@@ -34,12 +34,13 @@ import numpy as np
 import torch
 
 from kgc.errors import KGCError
-from kgc.fileio import Transaction, recover, run_lock, sha256_cached, sha256_file, sweep, write_error
+from kgc.fileio import Transaction, recover, run_lock, sha256_cached, sha256_file, sweep, write_error, write_text
 from kgc.data.graph import KnowledgeGraph
 from kgc.linkpred import index_types
 from kgc.linkpred.index_types import IndexOptions
 from kgc.linkpred.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
-                                read_new_entities, stored_entities, tsv)
+                                RECORD_FOLDER, kept_added, read_new_entities, record_path, stored_entities,
+                                tsv)
 from kgc.linkpred.model import LinkPredictor
 from kgc.training.run import RunDir
 
@@ -57,13 +58,29 @@ def _read_meta(folder: Path) -> dict | None:
     try:
         meta = json.loads(f.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise KGCError(f"{f}: unreadable ({exc}). Delete {folder} and rebuild it with `kgc index {folder.parent}`.") \
-            from None
+        raise DamagedMeta(f, f"unreadable ({exc})") from None
     kind = (meta.get("index") or {}).get("type", "flat") if isinstance(meta, dict) else None
     if kind not in index_types.TYPES:
-        raise KGCError(f"{f}: not an index description kgc wrote (index type {kind!r}). Delete {folder} and "
-                       f"rebuild it with `kgc index {folder.parent}`.")
+        raise DamagedMeta(f, f"not an index description kgc wrote (index type {kind!r})")
     return meta
+
+
+class DamagedMeta(KGCError):
+    """An index's meta.json that cannot be read. The fix rebuilds, never deletes: the index folder holds the
+    entities added to the run (``kgc index --force`` keeps them: :func:`kgc.linkpred.added.kept_added`)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.why = why
+        super().__init__(f"{path}: {why}. Rebuild the index with `kgc index {path.parent.parent} --force` (the "
+                         "entities added to it are kept; do not delete the folder: it holds them).")
+
+
+def _meta_or_damage(folder: Path) -> tuple[dict | None, str | None]:
+    """(meta.json, None), or (None, why) when it is damaged: for the commands that repair it."""
+    try:
+        return _read_meta(folder), None
+    except DamagedMeta as exc:
+        return None, exc.why
 
 
 HASH_LIMIT = 1 << 30  # files larger than this are checked by size only (a sha256 of 1 GiB takes ~1 s)
@@ -208,7 +225,7 @@ def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, bat
     sweep(folder)  # staged files of a build or add that never committed
     current = fingerprint(run, model)
     entities = model.bank.graph.num_entities
-    stored = _reusable_table(folder, _read_meta(folder), current, entities) if reuse_embeddings else None
+    stored = _reusable_table(folder, _meta_or_damage(folder)[0], current, entities) if reuse_embeddings else None
     source = "reused" if stored is not None else "computed"
     if stored is None and embed is not None:  # e.g. encoded in shards by several processes
         table = embed(model, batch_size, progress)  # (entities, dim)
@@ -280,12 +297,27 @@ def _commit(tx: Transaction, run: RunDir, meta: dict, table: np.ndarray, index, 
         tmp = tx.write_with("entities.faiss", lambda t: faiss.write_index(index, str(t)),
                             needed=int(table.nbytes))  # at most about the table's size (PQ: less)
         meta["faiss"]["bytes"] = tmp.stat().st_size
+    record, made = None, False
     if "added_entities" in meta:
-        tmp = tx.write_text(ADDED_FILE, tsv(added))
-        meta["added_entities"]["sha256"] = sha256_cached(tmp)  # _file_records below reads this hash, not the file
-    meta["files"] = _file_records(folder, tx)
-    tx.write_json("meta.json", meta)  # every file of the index, and its description, in one commit
-    tx.commit()
+        text = tsv(added)
+        tmp = tx.write_text(ADDED_FILE, text)
+        meta["added_entities"]["sha256"] = sha = sha256_cached(tmp)  # _file_records below reads this hash
+        record = record_path(run.path, sha)  # the list of record outside the index, before the commit names it
+        if not record.is_file():
+            record.parent.mkdir(exist_ok=True)
+            write_text(record, text)
+            made = True
+    try:
+        meta["files"] = _file_records(folder, tx)
+        tx.write_json("meta.json", meta)  # every file of the index, and its description, in one commit
+        tx.commit()
+    except BaseException:
+        if made:  # a list no commit names: not left to be taken for one
+            record.unlink(missing_ok=True)
+        raise
+    for old in (run.path / RECORD_FOLDER).glob("*.tsv"):  # the lists no commit names any more (dropped ones too)
+        if old != record:
+            old.unlink(missing_ok=True)
     return meta
 
 
@@ -504,8 +536,10 @@ def rebuild_index(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, *, p
     with run_lock(run.path, "building the index"):
         recover(run.index)
         stored = run.index / ADDED_FILE
-        keep = read_new_entities(stored) if stored.is_file() else []
-        check_new(graph, keep, str(stored), "Remove that line (the graph has the entity now) and rebuild.")
-        sources = _meta(run).get("added_entities", {}).get("sources", [])
-        return build_index(run, model, progress=progress, keep=[e for _, e in keep], sources=sources,
-                           **build_options)
+        meta, damaged = _meta_or_damage(run.index)
+        keep, note = kept_added(run.path, run.index, meta, damaged)  # the list of record, restored where it was cut
+        check_new(graph, list(enumerate(keep, 1)), str(stored),
+                  "Remove that line (the graph has the entity now) and rebuild.")
+        sources = (meta or {}).get("added_entities", {}).get("sources", [])
+        built = build_index(run, model, progress=progress, keep=keep, sources=sources, **build_options)
+        return {**built, "note": note} if note else built

@@ -47,10 +47,10 @@ class Query:
         return self.options.top_k
 
     def excluded(self, known: set[int]) -> set[int]:
-        """Entity ids left out of the answers: the head (unless ``include_head``), and ``known`` with
-        ``filter_known``."""
+        """Entity ids left out of the answers: the head (unless ``include_head``, or the graph has it as an answer:
+        a true self-loop is shown, marked known), and ``known`` with ``filter_known``."""
         out = set(known) if self.options.filter_known else set()
-        if self.h is not None and not self.options.include_head:
+        if self.h is not None and not self.options.include_head and self.h not in known:
             out.add(self.h)
         return out
 

@@ -152,6 +152,10 @@ class Predictor:
     def resolve_head(self, head: str, graph: "KnowledgeGraph", *, free_text: bool = False) -> int | None:
         """The entity ``head`` names in ``graph``, or None for free text; says nothing. A head spelt like an entity
         (a typo) raises :class:`kgc.errors.UnknownName` with the near misses unless ``free_text``."""
+        bad = next((i for i, c in enumerate(head) if "\ud800" <= c <= "\udfff"), None)
+        if bad is not None:  # a lone surrogate (a shell's undecodable bytes): no tokenizer reads it
+            raise KGCError(f"head {head[:40]!r}: not valid text (a lone surrogate, {head[bad]!r}, at character "
+                           f"{bad + 1}: bytes that are not UTF-8). Give the head as UTF-8 text.")
         h = graph.lookup_entity(head)
         if h is not None:
             return h

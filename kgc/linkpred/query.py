@@ -24,7 +24,9 @@ class QueryOptions(BaseModel):
     top_k: int = Field(10, json_schema_extra={"minimum": 1}, description="how many answers, best first")
     inverse: bool = Field(False, description="ask (?, relation, head) instead")
     filter_known: bool = Field(False, description="drop answers already in the graph")
-    include_head: bool = Field(False, description="keep the head itself among the answers (left out by default)")
+    include_head: bool = Field(False, description="keep the head itself among the answers (left out by default, "
+                                                  "unless the graph has it as an answer: a self-loop is shown, "
+                                                  "marked known)")
     free_text: bool = Field(False, description="embed a head that names no entity as text even when it is spelt "
                                                "like one (else: did you mean)")
 

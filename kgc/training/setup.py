@@ -133,13 +133,26 @@ def save_backbone_files(folder: Path, recipe: Recipe, tokenizer, *, weights: boo
     too (once: the checkpoints then hold only the weights that train, and the frozen ones come from here)."""
     from transformers import AutoConfig
 
+    from kgc.fileio import atomic_dir, ensure_space, write_error
+
     source = resolve_backbone(recipe.model.backbone)
-    folder.mkdir(parents=True, exist_ok=True)
-    if weights:  # the weights with their config
-        load_backbone(source).save_pretrained(str(folder))
-    else:
-        AutoConfig.from_pretrained(str(source)).save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
+    backbone = load_backbone(source) if weights else None
+    # float32 weights (the source may hold fp16) and the tokenizer's files, checked before the first byte
+    needed = (4 * sum(p.numel() for p in backbone.parameters()) if backbone is not None else 0) + (4 << 20)
+    target = folder / ("model.safetensors" if weights else "config.json")
+    ensure_space(target, needed, f"the run's copy of {recipe.model.backbone}")
+    try:  # written beside, renamed into place whole: a failure leaves the folder as it was
+        with atomic_dir(folder, replace=True) as tmp:
+            if backbone is not None:  # the weights with their config
+                backbone.save_pretrained(str(tmp))
+            else:
+                AutoConfig.from_pretrained(str(source)).save_pretrained(str(tmp))
+            tokenizer.save_pretrained(str(tmp))
+    except Exception as exc:  # safetensors and transformers say "disk full" their own ways
+        error = write_error(target, exc, needed)
+        if error is None or error is exc:
+            raise
+        raise error from None
 
 
 def freezes_weights(recipe: Recipe, model: nn.Module) -> bool:
