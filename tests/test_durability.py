@@ -342,10 +342,10 @@ def test_a_refusal_by_the_space_reserve_names_the_reserve(tmp_path, monkeypatch)
 def test_a_head_that_is_not_text_is_one_message(run_dir):
     """Bytes that are not UTF-8 on the command line reach Python as a lone surrogate: one message naming it, not the
     tokenizer's TypeError."""
-    proc = subprocess.run([sys.executable, "-m", "kgc", "predict", str(run_dir), "--head", b"caf\xff",
-                           "--relation", "isa", "--no-progress"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "not valid text (a lone surrogate" in proc.stderr and "at character 4" in proc.stderr
+    out = cli("predict", run_dir, "--head", b"caf\xff".decode("utf-8", "surrogateescape"), "--relation", "isa",
+              "--no-progress", check=False)  # what Python's argv holds for those bytes
+    assert out.exit_code == 2 and "Traceback" not in out.stderr, out
+    assert "not valid text (a lone surrogate" in out.stderr and "at character 4" in out.stderr
 
 
 def test_saving_the_backbone_on_a_full_disk_is_one_message_and_changes_nothing(tiny_bert, tmp_path, monkeypatch):
