@@ -19,6 +19,7 @@ Errors are JSON: a malformed body 422 (FastAPI's validation), an unknown name 40
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -74,6 +75,51 @@ def _json_response():
 def _short(value: Any, most: int = 80) -> Any:
     """A value of an error location, shortened (a key of a megabyte is not echoed back)."""
     return value if not isinstance(value, str) or len(value) <= most else value[: most - 1] + "…"
+
+
+class _TrustedHosts:
+    """ASGI middleware: answers only requests whose Host header names this server (no DNS rebinding: a web page
+    elsewhere cannot point a name at it and write into the run); any other gets a JSON 400, as every error here."""
+
+    def __init__(self, app, *, allowed: list[str]) -> None:
+        self.app, self.allowed = app, {h.lower() for h in allowed}
+
+    @staticmethod
+    def host_of(value: str) -> str:
+        """``example.com:8000`` → ``example.com``, ``[::1]:8000`` → ``[::1]``."""
+        value = value.strip().lower()
+        if value.startswith("["):
+            return value[: value.find("]") + 1] if "]" in value else value
+        return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        raw = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), "")
+        host = self.host_of(raw)
+        if host in self.allowed:
+            return await self.app(scope, receive, send)
+        body = json.dumps({"detail": f"Invalid host header {_short(raw, 60)!r}: this server answers "
+                                     f"{', '.join(sorted(self.allowed))}"}).encode()
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def trusted_hosts_for(host: str) -> list[str] | None:
+    """The Host headers a server bound to ``host`` answers: this machine's loopback names for a loopback address
+    (127.0.0.0/8, ::1, localhost) plus the address itself; the bound name or address alone otherwise; None (every
+    Host) for the wildcard addresses, whose names cannot be known (the server warns)."""
+    import ipaddress
+
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    try:
+        loop = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loop = host.lower() == "localhost"
+    named = [host, f"[{host}]"] if ":" in host and not host.startswith("[") else [host]
+    return list(dict.fromkeys((LOOPBACK_NAMES if loop else []) + named))
 
 
 class _LimitBodies:
@@ -257,9 +303,7 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
     app.state.serving = serving
     app.state.limits = limits
     if trusted_hosts is not None:
-        from starlette.middleware.trustedhost import TrustedHostMiddleware
-
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(trusted_hosts))
+        app.add_middleware(_TrustedHosts, allowed=list(trusted_hosts))
     app.add_middleware(_LimitBodies, limits=limits, stopping=serving.stopping)
 
     async def require_ready() -> None:  # async: FastAPI would run a plain function on its threadpool
@@ -401,10 +445,11 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, dev
         if server is not None:
             server.should_exit = True
 
-    loopback = host in ("127.0.0.1", "localhost", "::1")
+    trusted = trusted_hosts_for(host)
+    loopback = trusted is not None and "localhost" in trusted
     limits = Limits(**limits) if isinstance(limits, dict) else limits or Limits()
     app = create_app(run, max_batch=max_batch, max_wait_ms=max_wait_ms, on_load_error=stop,
-                     trusted_hosts=LOOPBACK_NAMES if loopback else None, limits=limits)
+                     trusted_hosts=trusted, limits=limits)
     stopping = app.state.serving.stopping
     if not loopback:
         echo(f"warning: listening on {host}: any machine that reaches it may query the run and add entities to it "

@@ -262,3 +262,27 @@ def test_a_real_server_bounds_non_reading_clients_and_stops_an_add_on_sigterm(tr
     assert sorted(f.name for f in (run_dir / "index").iterdir()) == before
     assert not (run_dir / "index" / "added_entities.tsv").exists()
     assert "Traceback" not in log.read_text()
+
+
+def test_the_host_check_follows_the_bound_address_and_answers_json():
+    """`kgc serve --host 127.0.0.2` used to answer any Host (the check was on for 127.0.0.1 only), and its 400 was
+    plain text: the check now covers every loopback or named address it binds (not the wildcard ones, whose names
+    cannot be known), and refuses with JSON."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from kgc.serve import _TrustedHosts, trusted_hosts_for
+
+    assert trusted_hosts_for("127.0.0.2") == ["127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"]
+    assert trusted_hosts_for("::1") == ["127.0.0.1", "localhost", "::1", "[::1]"]
+    assert trusted_hosts_for("10.1.2.3") == ["10.1.2.3"] and trusted_hosts_for("kgc.lan") == ["kgc.lan"]
+    assert trusted_hosts_for("0.0.0.0") is None and trusted_hosts_for("::") is None
+    app = Starlette(routes=[Route("/health", lambda request: PlainTextResponse("ok"))])
+    client = TestClient(_TrustedHosts(app, allowed=trusted_hosts_for("127.0.0.2")))
+    for good in ("127.0.0.2:8000", "localhost", "[::1]:8000", "LOCALHOST:1"):
+        assert client.get("/health", headers={"host": good}).text == "ok", good
+    bad = client.get("/health", headers={"host": "evil.com"})
+    assert bad.status_code == 400 and bad.headers["content-type"] == "application/json"
+    assert bad.json()["detail"].startswith("Invalid host header 'evil.com'")
