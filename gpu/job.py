@@ -413,7 +413,7 @@ def train_phase(job: Job, phase: str, minutes: float) -> None:
             f.write(json.dumps({"kind": "curve", "phase": phase, **row}) + "\n")
     peaks = [p for p in (training.peak_mib, evaluation.peak_mib) if p is not None]
     torch_peak = summary.get("peak_gpu_bytes")
-    status = "ok" if rc == 0 else "timed out" if rc == 124 else f"failed ({rc})"
+    status = outcome(rc)
     wanted, done = PROTOCOL_EPOCHS.get(phase), summary.get("epochs")
     if wanted and rc == 0 and done is not None:  # the papers' epochs, or as many as the minutes allowed
         ran_out = summary.get("train_seconds_without_validation", 0) >= 0.95 * 60 * minutes
@@ -430,6 +430,11 @@ def train_phase(job: Job, phase: str, minutes: float) -> None:
                 "seconds": round(time.time() - start), "command": command,
                 "tflops": round(rate * per / 1e12, 1) if rate and per else None,
                 "flops_per_triple": per, "results": results and results.get("kgc")})
+
+
+def outcome(rc: int) -> str:
+    """A phase's status from its command's exit code (124: killed at its timeout)."""
+    return "ok" if rc == 0 else "timed out" if rc == 124 else f"failed ({rc})"
 
 
 def steady_rate(rows: list[dict], skip: int = 20) -> float | None:
@@ -468,8 +473,8 @@ def profile(job: Job) -> None:
     if page:
         job.sections.append(page.replace("# ", "## ", 1))
     rate = steady_rate(read_lines(run / "metrics.jsonl"), skip=PROFILE_WARMUP)
-    job.record({"phase": "profile", "status": ("ok" if page else "no profile.md") if rc == 0 else
-                "timed out" if rc == 124 else f"failed ({rc})", "triples_per_s": round(rate) if rate else "",
+    job.record({"phase": "profile", "status": ("ok" if page else "no profile.md") if rc == 0 else outcome(rc),
+                "triples_per_s": round(rate) if rate else "",
                 "gpu_busy": monitor.busy, "seconds": round(time.time() - start),
                 "detail": f"{PROFILE_STEPS} steps of {PACE_RECIPE} after {PROFILE_WARMUP} of warm-up "
                           "(train.profile_steps; every 10th step is logged, and reads its loss back): the page "
@@ -509,8 +514,8 @@ def pace(job: Job) -> None:
         rc = short_train(job, "pace", run, job.args.pace_steps, PACE_SWITCHES[name], monitor,
                          budget=max(30.0, min(300.0, job.left() - 30)))
         rate = steady_rate(read_lines(run / "metrics.jsonl"))
-        job.record({"phase": f"pace: {name}", "status": "ok" if rc == 0 else "timed out" if rc == 124 else
-                    f"failed ({rc})", "triples_per_s": round(rate) if rate else "", "gpu_busy": monitor.busy,
+        job.record({"phase": f"pace: {name}", "status": outcome(rc), "triples_per_s": round(rate) if rate else "",
+                    "gpu_busy": monitor.busy,
                     "seconds": round(time.time() - begun),
                     "command": " ".join([f"kgc train {PACE_RECIPE} --set train.max_steps={job.args.pace_steps}",
                                          *(f"--set {x}" for x in PACE_SWITCHES[name])])})

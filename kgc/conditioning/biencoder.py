@@ -159,7 +159,7 @@ class BiEncoder(Conditioner):
         a = sentences if isinstance(sentences, Ragged) else Ragged.from_lists(sentences)
         b = conditions if isinstance(conditions, Ragged) else Ragged.from_lists(conditions)
         pairs = self.special.wrap_pair_pad(a, b, self.max_tokens)
-        return build_inputs(pairs, bucket=self.encoder.group_bucket(), cap=self.max_tokens).pin()
+        return build_inputs(pairs, bucket=self.encoder.group_bucket(), cap=self.max_tokens).pin(self.device)
 
     def forward_prepared(self, prepared: Any) -> torch.Tensor:
         if isinstance(prepared, tuple):

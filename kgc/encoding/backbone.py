@@ -211,11 +211,11 @@ class TextEncoder(nn.Module):
         batch has no padding, so attention runs without a mask (SDPA's fastest kernels), as the host knows it
         (:class:`~kgc.encoding.inputs.EncoderInputs`); None: asked of a mask on the CPU, assumed False on a GPU
         (asking there would wait for the device)."""
-        if dense is None:
-            dense = attention_mask.device.type == "cpu" and bool(attention_mask.all())
         batch = {"input_ids": input_ids, "attention_mask": attention_mask,
                  "token_type_ids": token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)}
         if self.cache is None:  # one call into the Hugging Face model
+            if dense is None:
+                dense = attention_mask.device.type == "cpu" and bool(attention_mask.all())
             run = self._compiled if self._compiled is not None and torch.is_grad_enabled() else self._plain
             if run is not self._plain:
                 for t in (input_ids, attention_mask, batch["token_type_ids"], pool_mask):
@@ -326,17 +326,13 @@ def unique_rows_on(batch: dict[str, torch.Tensor], device: torch.device) -> tupl
 
 
 def unique_rows(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The distinct rows of a padded batch (trimmed to their longest) and the map back to all rows."""
-    parts = [batch["input_ids"], batch["token_type_ids"]] + ([batch["pool_mask"]] if "pool_mask" in batch else [])
-    key = torch.cat(parts, dim=1)
-    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if len(uniq) == len(key):
-        return batch, torch.arange(len(key), device=key.device)
-    first = torch.full((len(uniq),), len(key), dtype=torch.long, device=key.device)
-    first.scatter_reduce_(0, inverse, torch.arange(len(key), device=key.device), reduce="amin")
-    sub = {k: v[first] for k, v in batch.items()}
-    width = int(sub["attention_mask"].sum(1).max())
-    return {k: v[:, :width] for k, v in sub.items()}, inverse
+    """The distinct rows of a padded batch (on the CPU; trimmed to their longest) and the map back to all rows: one
+    group of :func:`kgc.encoding.inputs.build_inputs` (rows in ``torch.unique``'s order, the batch's own when every
+    row is distinct)."""
+    from kgc.encoding.inputs import build_inputs
+
+    inputs = build_inputs(batch, bucket=None)
+    return inputs.groups[0], inputs.inverse
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:

@@ -71,9 +71,12 @@ class EncoderInputs:
     def widths(self) -> list[int]:
         return [int(g["input_ids"].shape[1]) for g in self.groups]
 
-    def pin(self) -> "EncoderInputs":
-        """The tensors in page-locked memory, so :meth:`to` copies them to a GPU without the host waiting."""
-        pin = (lambda t: t.pin_memory()) if torch.cuda.is_available() else (lambda t: t)  # noqa: E731
+    def pin(self, device: torch.device) -> "EncoderInputs":
+        """For a GPU ``device``: the tensors in page-locked memory, so :meth:`to` copies them without the host
+        waiting; for any other, as they are."""
+        if device.type != "cuda":
+            return self
+        pin = lambda t: t.pin_memory()  # noqa: E731
         return EncoderInputs([{k: pin(v) for k, v in g.items()} for g in self.groups], pin(self.inverse), self.rows,
                              self.padded_tokens, self.dense)
 

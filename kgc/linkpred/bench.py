@@ -258,13 +258,25 @@ def _arrays(bank, heads, tails, relation_ids, max_tokens: int) -> tuple[dict, di
     return queries, bank.entity_inputs(np.concatenate([tails, heads]), np.concatenate([heads, tails]))
 
 
+def _unique_rows_by_sort(batch: dict) -> dict:
+    """A padded batch's distinct rows as training found them before issue 50: ``torch.unique(dim=0)`` over the ids
+    and token types, the first row of each, trimmed to their longest (kept here as the reference it was)."""
+    key = torch.cat([batch["input_ids"], batch["token_type_ids"]], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if len(uniq) == len(key):
+        return batch
+    first = torch.full((len(uniq),), len(key), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(key)), reduce="amin")
+    sub = {k: v[first] for k, v in batch.items()}
+    width = int(sub["attention_mask"].sum(1).max())
+    return {k: v[:, :width] for k, v in sub.items()}
+
+
 def _before(bank, heads, tails, relation_ids, max_tokens: int) -> tuple[dict, dict]:
     """A step's inputs as training built them before issue 50, in the step: the arrays' inputs, then each tower's
     distinct rows by ``torch.unique(dim=0)``."""
-    from kgc.encoding.backbone import unique_rows
-
     queries, ents = _arrays(bank, heads, tails, relation_ids, max_tokens)
-    return unique_rows(queries)[0], unique_rows(ents)[0]
+    return _unique_rows_by_sort(queries), _unique_rows_by_sort(ents)
 
 
 def _same_rows(prepared, padded: dict) -> bool:

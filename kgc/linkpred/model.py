@@ -140,7 +140,7 @@ class LinkPredictor(TaskModel):
 
         enc = self.tail_encoder
         return build_inputs(self.bank.entity_inputs(entities, excludes), bucket=enc.group_bucket(),
-                            cap=enc.length_cap).pin()
+                            cap=enc.length_cap).pin(self.device)
 
     def encode_prepared_entities(self, inputs) -> torch.Tensor:
         """(batch, dim) the tail tower, then the tail map, over :meth:`prepare_entities`'s inputs."""

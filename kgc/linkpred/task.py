@@ -54,7 +54,7 @@ def prepare_batch(model, criterion: "SimKGCLoss", batch: "np.ndarray") -> StepBa
     heads, rels, tails = batch[:, 0], batch[:, 1], batch[:, 2]
     ids = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)) for k, v in
            (("heads", heads), ("rels", rels), ("tails", tails))}
-    if torch.cuda.is_available():
+    if model.device.type == "cuda":  # page-locked: copied to the GPU without the host waiting
         ids = {k: v.pin_memory() for k, v in ids.items()}
     query = model.prepare_queries(heads, rels, excludes=tails)
     entities = None if criterion.table_tails else model.prepare_entities(np.concatenate([tails, heads]),
