@@ -307,17 +307,27 @@ def serve(run_dir: Path = typer.Argument(..., help="a run directory (link predic
           max_body_mb: float = typer.Option(8.0, "--max-body-mb", min=0.001,
                                             help="largest request body taken (MiB; larger: 413)"),
           body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1,
-                                             help="seconds a request body may take to arrive (then 408)"),
-          max_connections: int = typer.Option(256, "--max-connections", min=1,
-                                              help="connections and requests at once (more: 503)"),
+                                             help="seconds a whole request body may take to arrive (then 408)"),
+          head_timeout: float = typer.Option(10.0, "--head-timeout", min=0.1,
+                                             help="seconds for a request's line and headers, from the connection "
+                                                  "or the previous reply (then 408, closed)"),
+          max_connections: int = typer.Option(1024, "--max-connections", min=1,
+                                              help="connections open at once (more: 503, closed)"),
+          per_client: int = typer.Option(64, "--per-client", min=1,
+                                         help="connections open at once from one address (more: 503, closed)"),
+          max_requests: int = typer.Option(256, "--max-requests", min=1,
+                                           help="requests answered at once (more: 503)"),
           keep_alive: float = typer.Option(5.0, "--keep-alive", min=0.1,
-                                           help="seconds an idle keep-alive connection is kept open"),
+                                           help="seconds a connection that sends nothing is kept open"),
+          send_timeout: float = typer.Option(30.0, "--send-timeout", min=0.1,
+                                             help="seconds a client may take nothing of its reply (then dropped)"),
           log_level: str = typer.Option("info", "--log-level")) -> None:
     """Serve a trained run over HTTP: POST /predict (batched), a page at /, the OpenAPI page at /docs."""
     import kgc
 
-    limits = dict(max_body=int(max_body_mb * (1 << 20)), body_timeout=body_timeout,
-                  max_connections=max_connections, keep_alive=keep_alive)
+    limits = dict(max_body=int(max_body_mb * (1 << 20)), body_timeout=body_timeout, head_timeout=head_timeout,
+                  max_connections=max_connections, per_client=per_client, max_requests=max_requests,
+                  keep_alive=keep_alive, send_timeout=send_timeout)
     raise typer.Exit(kgc.api.serve(run_dir, host=host, port=port, device=device, max_batch=max_batch,
                                    max_wait_ms=max_wait_ms, log_level=log_level, threads=threads, limits=limits,
                                    echo=_echo))

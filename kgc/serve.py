@@ -19,6 +19,7 @@ Errors are JSON: a malformed body 422 (FastAPI's validation), an unknown name 40
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,21 +41,191 @@ DEFAULT_MAX_WAIT_MS = 5.0
 
 
 class Limits:
-    """What one server takes (``kgc serve --max-body-mb …``): a body larger than ``max_body`` bytes is refused with
-    413 before it is read (by its Content-Length) or as soon as it passes the limit (a chunked body); a body not
-    received within ``body_timeout`` seconds is 408; at most ``max_connections`` connections and requests at once
-    (more: 503, uvicorn's ``limit_concurrency``); an idle keep-alive connection is closed after ``keep_alive``
-    seconds; a request head (line + headers) larger than ``max_header`` bytes is refused by the HTTP parser. A
-    client that does not read its replies is not buffered for: uvicorn stops writing (and reading) that
-    connection until it reads. SIGTERM: requests in flight get ``grace`` seconds."""
+    """What one server takes and how long it waits (``kgc serve --max-body-mb …``; ``GET /info`` lists them), after
+    nginx's defaults: no client, slow or idle or not reading, costs more than bounded time and memory, and none can
+    shut others out.
 
-    def __init__(self, *, max_body: int = 8 << 20, body_timeout: float = 30.0, max_connections: int = 256,
-                 keep_alive: float = 5.0, max_header: int = 16 << 10, grace: float = 10.0) -> None:
+    * ``max_body``: a larger request body is 413, before it is read (by its Content-Length) or as soon as it
+      passes the limit (a chunked body);
+    * ``body_timeout``: the whole body must arrive within it, counted from its request head (not per read:
+      a byte every few seconds does not keep it open), else 408;
+    * ``head_timeout``: the request line and headers must arrive within it, from the connection's accept or the
+      end of its previous reply (nginx's ``client_header_timeout``), else 408 and closed;
+    * ``keep_alive``: a connection that sends nothing for this long, from its accept or its previous reply, is
+      closed;
+    * ``max_connections``: connections open at once, ``per_client``: from one address at once (more: 503 and
+      closed at once; the per-client cap is below the global one, so one client cannot take them all); an idle
+      or half-sent connection does not count against ``max_requests``, the requests in flight at once (more: 503);
+    * ``max_header``: a request head larger than this many bytes is refused by the HTTP parser;
+    * ``send_timeout``: a reply the client takes nothing of for this long is dropped (the connection closed);
+      ``reply_budget``: the bytes of replies waiting on clients that do not read, all together; past it, the
+      connection stalled the longest is dropped first;
+    * ``grace``: on SIGTERM, requests in flight get this long; requests that arrive meanwhile on open
+      connections are answered 503, never reset.
+    """
+
+    def __init__(self, *, max_body: int = 8 << 20, body_timeout: float = 30.0, max_connections: int = 1024,
+                 keep_alive: float = 5.0, max_header: int = 16 << 10, grace: float = 10.0, head_timeout: float = 10.0,
+                 per_client: int = 64, send_timeout: float = 30.0, reply_budget: int = 32 << 20,
+                 max_requests: int = 256) -> None:
         self.max_body, self.body_timeout, self.max_connections = max_body, body_timeout, max_connections
+        self.max_requests = max_requests
         self.keep_alive, self.max_header, self.grace = keep_alive, max_header, grace
+        self.head_timeout, self.per_client = head_timeout, min(per_client, max_connections)
+        self.send_timeout, self.reply_budget = send_timeout, reply_budget
 
     def as_json(self) -> dict:
         return dict(vars(self))
+
+
+PIECE = 64 << 10  # a reply body goes to the transport in pieces of this many bytes
+LINGER = 1.0  # seconds an idle connection stays open after SIGTERM, so a request already on its way gets a 503
+
+
+def guarded_protocol(limits: Limits):
+    """uvicorn's h11 protocol with the deadlines and caps of :class:`Limits` that an ASGI middleware cannot see
+    (they act before a request exists, or after its reply was handed over): the head and idle deadlines from
+    accept, the per-client cap, the body deadline as a backstop for bodies no route reads, the send deadline and the
+    budget of unread replies, and SIGTERM's 503 for requests that arrive on open connections. Pass it as uvicorn's
+    ``http``."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    def _json(status: int, reason: bytes, detail: str, extra: bytes = b"") -> bytes:
+        body = json.dumps({"detail": detail}).encode()
+        return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%sconnection: close"
+                b"\r\n\r\n" % (status, reason, len(body), extra) + body)
+
+    class GuardedH11(H11Protocol):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._deadline: Any = None
+            self._send_timer: Any = None
+            self._stalled_at: float | None = None
+            self._seen_cycle = None
+            self._pending = 0  # bytes of the reply body being sent
+            host = self.client[0] if self.client else None
+            full = None
+            if len(self.connections) > limits.max_connections:
+                full = f"this server has {limits.max_connections} connections open, the most it takes (kgc serve " \
+                       "--max-connections); try again shortly"
+            elif host is not None and sum(1 for c in self.connections
+                                          if getattr(c, "client", None) and c.client[0] == host) > limits.per_client:
+                full = f"{host} has {limits.per_client} connections open to this server, the most one client may " \
+                       "(kgc serve --per-client); reuse them (keep-alive) or close some"
+            if full is not None:
+                transport.write(_json(503, b"Service Unavailable", full, b"retry-after: 1\r\n"))
+                transport.close()
+                return
+            # idle from accept: uvicorn arms its keep-alive timer only after a first reply
+            self.timeout_keep_alive_task = self.loop.call_later(limits.keep_alive, self.timeout_keep_alive_handler)
+            self._arm(limits.head_timeout)
+
+        # -- the request deadline: its head from accept (or the previous reply), its body from its head
+        def _arm(self, seconds: float) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(seconds, self._deadline_passed)
+
+        def _deadline_passed(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            busy = self.cycle is not None and not self.cycle.response_complete
+            if busy and self.conn.their_state is not h11.SEND_BODY:
+                return  # the request is in: the route answers it
+            if not busy and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+                self.transport.write(_json(408, b"Request Timeout", "the request line and headers did not arrive "
+                                                                     f"within {limits.head_timeout:g}s"))
+            self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and self.cycle is not self._seen_cycle:  # a new request's head arrived
+                self._seen_cycle = self.cycle
+                self._arm(limits.body_timeout + 2)  # the middleware answers 408 at body_timeout; this closes
+                self.cycle.send = self._counted(self.cycle, self.cycle.send)  # its task starts after this returns
+
+        def _counted(self, cycle, send):
+            """The cycle's send, handing a body to the transport in pieces (a piece is written once the previous
+            ones are taken, so the transport never copies a whole reply) and noting the bytes of the reply held
+            for the client meanwhile (the app's body stays alive until its last piece is taken)."""
+            async def counted(message) -> None:
+                body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+                if len(body) <= PIECE:
+                    return await send(message)
+                self._pending, view, more = len(body), memoryview(body), message.get("more_body", False)
+                try:
+                    for at in range(0, len(body), PIECE):
+                        last = at + PIECE >= len(body)
+                        await send({"type": "http.response.body", "body": bytes(view[at:at + PIECE]),
+                                    "more_body": more or not last})
+                        if cycle.disconnected:
+                            return
+                finally:
+                    self._pending = 0
+                    view.release()
+            return counted
+
+        def _held(self) -> int:
+            return self.transport.get_write_buffer_size() + self._pending
+
+        def on_response_complete(self) -> None:
+            answered = self.cycle
+            super().on_response_complete()  # may start a pipelined request (handle_events arms its deadline)
+            if self.cycle is answered and not self.transport.is_closing():
+                self._arm(limits.head_timeout)  # the next head, or the rest of a body no route read
+
+        def connection_lost(self, exc) -> None:
+            for timer in (self._deadline, self._send_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._stalled_at = None
+            super().connection_lost(exc)
+
+        # -- replies the client does not read
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._stalled_at = self.loop.time()
+            self._send_timer = self.loop.call_later(limits.send_timeout, self._drop)
+            stalled = sorted((c for c in self.connections if getattr(c, "_stalled_at", None) is not None),
+                             key=lambda c: c._stalled_at)
+            held = sum(c._held() for c in stalled)
+            for c in stalled:  # the longest stalled first, until what is held fits the budget
+                if held <= limits.reply_budget:
+                    break
+                held -= c._held()
+                c._drop()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._stalled_at = None
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
+
+        def _drop(self) -> None:
+            self._stalled_at = None
+            if not self.transport.is_closing():
+                log.debug("dropped %s: it did not read its reply", self.client)
+            self.transport.abort()  # its unsent bytes are freed now
+
+        # -- SIGTERM: an idle connection lingers a moment, so a request already on its way is answered 503
+        def shutdown(self) -> None:
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self._unset_keepalive_if_required()
+                if self._deadline is not None:
+                    self._deadline.cancel()
+                self._deadline = self.loop.call_later(LINGER, self._linger_end)
+            else:
+                super().shutdown()
+
+        def _linger_end(self) -> None:
+            self._deadline = None
+            if self.cycle is None or self.cycle.response_complete:
+                super().shutdown()
+
+    return GuardedH11
 
 
 def _json_response():
@@ -123,10 +294,12 @@ def trusted_hosts_for(host: str) -> list[str] | None:
 
 
 class _LimitBodies:
-    """ASGI middleware: bounds request bodies (size, time) and answers 503 once the server is stopping."""
+    """ASGI middleware: bounds request bodies (size, time) and the requests in flight, and answers 503 once the
+    server is stopping."""
 
     def __init__(self, app, *, limits: Limits, stopping: threading.Event) -> None:
         self.app, self.limits, self.stopping = app, limits, stopping
+        self.in_flight = 0  # requests being answered (the event loop's thread alone counts them)
 
     async def _reply(self, send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
         import json
@@ -139,13 +312,24 @@ class _LimitBodies:
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope, receive, send):
-        import asyncio
-
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.stopping.is_set() and scope.get("path") != "/health":
             return await self._reply(send, 503, "the server is stopping; send the request again once it is back",
                                      {"retry-after": "5", "connection": "close"})
+        if self.in_flight >= self.limits.max_requests:
+            return await self._reply(send, 503, f"this server is answering {self.limits.max_requests} requests, the "
+                                                "most it takes at once (kgc serve --max-requests); try again shortly",
+                                     {"retry-after": "1"})
+        self.in_flight += 1
+        try:
+            await self._guarded(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _guarded(self, scope, receive, send):
+        import asyncio
+
         most = self.limits.max_body
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None:
@@ -158,13 +342,15 @@ class _LimitBodies:
                                                     f"most {most:,} (kgc serve --max-body-mb). Split it into "
                                                     "smaller requests.", {"connection": "close"})
         received, complete, refused = 0, False, None  # refused: (status, detail) once the body broke a limit
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.body_timeout  # the whole body, from its head: not per read
 
         async def limited_receive():
             nonlocal received, complete, refused
             if complete or refused:  # the body is in: what follows is a disconnect, waited for without a limit
                 return await receive() if not refused else {"type": "http.disconnect"}
             try:
-                message = await asyncio.wait_for(receive(), self.limits.body_timeout)
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
                 refused = (408, f"the request body did not arrive within {self.limits.body_timeout:g}s")
                 return {"type": "http.disconnect"}  # the app stops reading; the reply is ours
@@ -418,6 +604,34 @@ def _batch_stats(batchers: list[MicroBatcher]) -> dict:
             "largest": max((b.stats["largest"] for b in batchers), default=0)}
 
 
+def _open_files_for(connections: int) -> None:
+    """Raise this process's open-file limit (its soft one, up to the hard one) so ``connections`` sockets and the
+    run's files fit: past it, accept() fails and uvicorn logs an error per connection."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+
+
+def uvicorn_config(app, *, host: str, port: int, limits: Limits, log_level: str = "info"):
+    """The uvicorn configuration of ``kgc serve`` for ``app``: h11 (it pauses reading a pipelining client until
+    it has read its replies) with the guard of :func:`guarded_protocol`, whose caps replace uvicorn's
+    ``limit_concurrency``."""
+    import uvicorn
+
+    _open_files_for(limits.max_connections)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                          timeout_graceful_shutdown=limits.grace, limit_concurrency=None,
+                          timeout_keep_alive=limits.keep_alive, h11_max_incomplete_event_size=limits.max_header,
+                          http=guarded_protocol(limits))
+
+
 def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS, log_level: str = "info",
           threads: int | None = None, limits: Limits | dict | None = None, echo=print) -> int:
@@ -454,10 +668,7 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, dev
     if not loopback:
         echo(f"warning: listening on {host}: any machine that reaches it may query the run and add entities to it "
              "(kgc serve has no authentication; put it behind a proxy that has)")
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=limits.grace, limit_concurrency=limits.max_connections,
-                            timeout_keep_alive=limits.keep_alive, h11_max_incomplete_event_size=limits.max_header,
-                            http="h11")  # h11 pauses reading a pipelining client until it has read its replies
+    config = uvicorn_config(app, host=host, port=port, limits=limits, log_level=log_level)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM/SIGINT: writes not yet begun are abandoned (503)
