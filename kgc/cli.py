@@ -278,8 +278,8 @@ def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory
                    f"{f' → {output}' if output is not None else ''}", err=True)
         _quick_exit()
         return
-    a = run.answer(head, relation, progress=progress, **options)
-    _print_answer({"run": str(a.run), **a.to_json()}, as_json)
+    q = run.resolve(head, relation, progress=progress, **options)
+    _print_answer(run.answer_records([q], run.answer_many([q]))[0], as_json)  # the fields POST /predict answers
     _quick_exit()
 
 

@@ -424,7 +424,7 @@ def _add_api_docs(app) -> None:
 
 def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
                load_in_background: bool = True, on_load_error=None, trusted_hosts: list[str] | None = None,
-               limits: Limits | None = None):
+               limits: Limits | None = None, watch_seconds: float = 1.0):
     """The FastAPI app serving ``run`` (a loaded :class:`kgc.training.run.Run`, e.g. ``kgc.load(RUN)``).
 
     ``trusted_hosts``: the Host headers answered (others get 400), e.g. :data:`LOOPBACK_NAMES` for a server on
@@ -432,7 +432,9 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
     rebinding) and write into the run through ``POST /entities``. None: every host.
 
     The model and index load in a background thread when the app starts (``load_in_background``; otherwise
-    before it answers anything); ``on_load_error(message)`` is called if that fails (``kgc serve`` stops)."""
+    before it answers anything); ``on_load_error(message)`` is called if that fails (``kgc serve`` stops). Then
+    every ``watch_seconds`` (0: never) the server looks for a commit another process made to the run (a second
+    server's add, ``kgc index --add``) and loads it off the query path (:meth:`Serving.watch`)."""
     from fastapi import Body, Depends, FastAPI, HTTPException, Request
     from fastapi.responses import HTMLResponse
 
@@ -470,13 +472,24 @@ def create_app(run: Any, *, max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: flo
             if on_load_error is not None:
                 on_load_error(state.error)
 
+    watch_stop = threading.Event()
+
+    def load_and_watch() -> None:
+        load()
+        if state.status == "ready" and watch_seconds:
+            serving.watch(watch_stop, every=watch_seconds)  # another process's commits, off the query path
+
     @asynccontextmanager
     async def lifespan(app):
         if load_in_background:
-            threading.Thread(target=load, name="kgc-load", daemon=True).start()
+            threading.Thread(target=load_and_watch, name="kgc-load", daemon=True).start()
         else:
             load()
+            if state.status == "ready" and watch_seconds:
+                threading.Thread(target=serving.watch, args=(watch_stop, watch_seconds), name="kgc-watch",
+                                 daemon=True).start()
         yield
+        watch_stop.set()
         for b in state.batchers:
             b.close()
 

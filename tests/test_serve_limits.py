@@ -286,3 +286,101 @@ def test_the_host_check_follows_the_bound_address_and_answers_json():
     bad = client.get("/health", headers={"host": "evil.com"})
     assert bad.status_code == 400 and bad.headers["content-type"] == "application/json"
     assert bad.json()["detail"].startswith("Invalid host header 'evil.com'")
+
+
+# ---------------------------------------------------------------- one truth between processes
+
+def test_two_servers_on_one_run_see_each_others_adds(trained, tmp_path):
+    """A second server on the run used to answer the first one's new entity as free text while /health said
+    ready: each now notices a commit another process made (index/meta.json replaced) and loads it off the query
+    path — an add through server A, then `kgc index --add` from the CLI, both reach server B."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+
+    def serving(run):
+        return TestClient(kgc.api.app(run, max_wait_ms=5, watch_seconds=0.1), raise_server_exceptions=False)
+
+    with serving(kgc.load(run_dir, echo=None)) as a, serving(kgc.load(run_dir, echo=None)) as b:
+        ready(a), ready(b)
+        query = {"head": "new1", "relation": "isa", "top_k": 3}
+        assert "nearest" in b.post("/predict", json=query).json()  # not an entity yet: free text
+        r = a.post("/entities", json={"entities": [{"id": "new1", "name": "brand new thing"}]})
+        assert r.status_code == 200, r.text
+
+        def entity_in_b(head: str) -> dict:
+            deadline = time.time() + 20
+            while True:
+                reply = b.post("/predict", json={**query, "head": head}).json()
+                if "nearest" not in reply:
+                    return reply
+                assert time.time() < deadline, "server B never saw the add"
+                time.sleep(0.1)
+
+        reply = entity_in_b("new1")
+        assert reply["head"] == "new1" and reply["head_text"].startswith("brand new thing")
+        assert b.get("/info").json()["entities"] == a.get("/info").json()["entities"]
+        assert b.get("/health").json()["status"] == "ready"
+        f = tmp_path / "more.tsv"
+        f.write_text("new2\tanother new thing\t\n")
+        assert cli("index", run_dir, "--add", f, "--no-progress").exit_code == 0
+        assert entity_in_b("new2")["head"] == "new2"
+        for _ in range(50):  # and server A, whose own add it was, sees the CLI's too
+            if "nearest" not in a.post("/predict", json={**query, "head": "new2"}).json():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("server A never saw the CLI's add")
+
+
+def test_cli_json_and_post_predict_give_the_same_record(trained, tmp_path):
+    """`kgc predict --json`, `kgc predict --input … (jsonl)` and POST /predict give one record, field for field,
+    for the same query (random entity, name and free-text heads, relations, directions and options)."""
+    import random
+
+    run = kgc.load(trained, echo=None)
+    graph = run.graph()
+    rng = random.Random(5)
+    heads = [*rng.sample(graph.entities, 4), *rng.sample(graph.names, 2), "a thing nobody named"]
+    queries = [{"head": h, "relation": rng.choice(graph.relations), "top_k": rng.choice([1, 3, 10]),
+                "inverse": rng.random() < 0.5, "filter_known": rng.random() < 0.5} for h in heads]
+    lines = tmp_path / "questions.jsonl"
+    lines.write_text("".join(json.dumps(q) + "\n" for q in queries))
+    from_file = [json.loads(x) for x in cli("predict", trained, "--input", lines, "--no-progress").stdout.splitlines()]
+
+    def same(x: dict, y: dict) -> None:
+        x, y = {k: v for k, v in x.items() if k != "seconds"}, {k: v for k, v in y.items() if k != "seconds"}
+        assert x.keys() == y.keys()
+        for px, py in zip(x.pop("predictions"), y.pop("predictions")):
+            assert px.keys() == py.keys() and px["score"] == pytest.approx(py["score"], abs=1e-5)
+            assert {**px, "score": 0} == {**py, "score": 0}
+        assert x == y
+
+    with TestClient(kgc.api.app(run, max_wait_ms=1)) as client:
+        ready(client)
+        for q, filed in zip(queries, from_file):
+            args = ["predict", trained, "--head", q["head"], "--relation", q["relation"], "--top-k", q["top_k"],
+                    "--json", "--no-progress"]
+            args += [f"--{k.replace('_', '-')}" for k in ("inverse", "filter_known") if q[k]]  # flags, off by default
+            printed = json.loads(cli(*args).stdout)
+            served = client.post("/predict", json=q).json()
+            assert len(printed["predictions"]) == q["top_k"] and ("nearest" in printed) == (q["head"] == heads[-1])
+            assert any(p["known_split"] for p in printed["predictions"]) or not printed["predictions"][0]["known"]
+            same(printed, served)
+            assert filed.pop("line") >= 1
+            same(filed, served)
+
+
+def test_a_killed_servers_folder_is_swept_by_the_next_server(tmp_path):
+    """POST /entities writes its request into RUN/.serve-PID-XXXX/ (not /tmp): a server killed mid-add leaves it,
+    and the next server that loads the run removes it — never a live server's."""
+    import os
+
+    from kgc.linkpred.serving import sweep_service_folders
+
+    dead, live = tmp_path / ".serve-999999999-ab12", tmp_path / f".serve-{os.getpid()}-cd34"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "POST-entities.tsv").write_text("x\ty\t\n")
+    (tmp_path / ".serve-notapid").mkdir()
+    assert sweep_service_folders(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and (tmp_path / ".serve-notapid").exists()

@@ -191,11 +191,6 @@ def answer_rows(q: QueryLine, a: Answers) -> list[dict]:
              "name": p.name, "score": round(p.score, 6), "known": int(p.known)} for p in a.predictions]
 
 
-def answer_record(q: QueryLine, a: Answers) -> dict:
-    """``kgc predict --input … --format jsonl``: one object per question."""
-    return {"line": q.line, **a.to_json()}
-
-
 def predict_file(run, path: str | Path, out: str | Path | None = None, *, format: str | None = None,
                  batch_size: int = 64, progress: bool = False, echo=None, **options) -> dict:
     """:meth:`kgc.linkpred.service.LinkPredRun.predict_file` for ``run``: every question of the file resolved
@@ -225,9 +220,12 @@ def predict_file(run, path: str | Path, out: str | Path | None = None, *, format
     start, records, rows = time.perf_counter(), [], []
     for s in tqdm(range(0, len(queries), batch_size), desc="questions", unit="batch", disable=not progress,
                   leave=False):
-        for q, a in zip(lines[s: s + batch_size], run.answer_many(queries[s: s + batch_size])):
-            if fmt == "jsonl":
-                records.append(json.dumps(answer_record(q, a), ensure_ascii=False) + "\n")
+        batch = queries[s: s + batch_size]
+        answers = run.answer_many(batch)
+        full = run.answer_records(batch, answers) if fmt == "jsonl" else [None] * len(batch)
+        for q, a, rec in zip(lines[s: s + batch_size], answers, full):
+            if fmt == "jsonl":  # the fields of kgc predict --json and POST /predict, after the question's line
+                records.append(json.dumps({"line": q.line, **rec}, ensure_ascii=False) + "\n")
             rows += answer_rows(q, a)  # one per answer: the TSV's rows, and the count
     seconds = time.perf_counter() - start
     text = "".join(records) if fmt == "jsonl" else tsv_text(rows, ANSWER_COLUMNS)

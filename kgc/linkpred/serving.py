@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import tempfile
 import threading
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, List, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kgc.errors import KGCError, ServiceStopping
+from kgc.fileio import write_text
 from kgc.linkpred.added import MAX_DESCRIPTION, MAX_ID, MAX_NAME
 from kgc.linkpred.query import QueryOptions
 from kgc.training.serving import BatcherFactory, Serving
@@ -117,17 +119,45 @@ class _LazyPrefixes:
         return self._value.find(prefix, limit) if self._value is not None else []
 
 
+SERVICE_PREFIX = ".serve-"  # RUN/.serve-PID-XXXX/: a server's temporary folder (the TSV of a POST /entities)
+
+
+def sweep_service_folders(run_dir: str | os.PathLike) -> list[Path]:
+    """Remove the temporary folders that servers no longer alive left in ``run_dir`` (a killed one's); returns
+    them. A live server's (its pid runs on this machine) is left alone."""
+    import shutil
+
+    gone = []
+    for folder in Path(run_dir).glob(SERVICE_PREFIX + "*"):
+        pid = folder.name[len(SERVICE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        gone.append(folder)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class LinkPredServing(Serving):
     def __init__(self, run) -> None:  # a LinkPredRun (its module imports this one)
         super().__init__(run)
         self._names: list[tuple[str, str, int]] = []  # (lower-case name, lower-case id, row) for /entities
         self._prefixes: "_LazyPrefixes | None" = None  # instead of _names, for a graph of millions
-        self._split_keys: "dict[str, Any] | None" = None  # sorted triple keys of dev and test (known_split)
         self._add_gate = threading.Lock()  # one add at a time
 
     # ------------------------------------------------------------ loading
 
     def load(self) -> None:
+        sweep_service_folders(self.run.path)
         with self.lock:
             self._warm()
             self.split_keys()
@@ -179,66 +209,27 @@ class LinkPredServing(Serving):
                 except KGCError as exc:
                     out[i] = exc
             try:
-                near = self._nearest([q for _, q in todo])
-                for (i, q), a in zip(todo, self.run.answer_many([q for _, q in todo])):
-                    out[i] = self._reply(q, a, near.get(q.head))
+                answers = self.run.answer_many([q for _, q in todo])
+                records = self.run.answer_records([q for _, q in todo], answers)
+                for (i, _), rec in zip(todo, records):
+                    out[i] = self._encode(rec)
             except Exception:  # noqa: BLE001
                 if len(todo) == 1:
                     raise
                 for i, q in todo:
                     try:
-                        out[i] = self._reply(q, self.run.answer_many([q])[0], self._nearest([q]).get(q.head))
+                        out[i] = self._encode(self.run.answer_records([q], self.run.answer_many([q]))[0])
                     except Exception as exc:  # noqa: BLE001 — that query's own error, reported to it alone
                         out[i] = exc
             return out
 
-    def _reply(self, q: "Query", a: "Answers", nearest: "list[str] | None") -> bytes:
-        """:meth:`Answers.to_json` and, for the page: each prediction's ``known_split`` (the split of the graph that
-        has the triple: "train", "dev" or "test"; None when not known), and for a free-text head its ``nearest``
-        entities by embedding (what ``kgc predict`` says of it)."""
-        out = a.to_json()
-        for p, split in zip(out["predictions"], self.known_splits(q, [p["entity"] for p in out["predictions"]])):
-            p["known_split"] = split if p["known"] else None
-        if q.h is None:
-            out["nearest"] = nearest or []
-        return json.dumps(out, ensure_ascii=False).encode("utf-8", "backslashreplace")
-
-    def _nearest(self, queries: "list[Query]") -> dict[str, list[str]]:
-        """The nearest entities by embedding of the free-text heads among ``queries`` (one pass), by head."""
-        texts = list(dict.fromkeys(q.head for q in queries if q.h is None))
-        return dict(zip(texts, self.run.nearest_entities(texts))) if texts else {}
+    @staticmethod
+    def _encode(record: dict) -> bytes:
+        """A reply (:meth:`LinkPredRun.answer_records`: the fields of ``kgc predict --json``) as UTF-8 JSON."""
+        return json.dumps(record, ensure_ascii=False).encode("utf-8", "backslashreplace")
 
     def split_keys(self) -> dict[str, Any]:
-        """Sorted int64 keys ``(h * 2R + r) * E + t`` of the dev and test triples in both directions, built once
-        (held-out splits are small; a known answer in neither is a train triple)."""
-        if self._split_keys is None:
-            import numpy as np
-
-            graph = self.run.graph()
-            keys = {}
-            for split in ("dev", "test"):
-                q = graph.both_directions(split)
-                keys[split] = np.unique(graph.hr_keys(q[:, 0], q[:, 1]) * graph.num_entities + q[:, 2])
-            self._split_keys = keys
-        return self._split_keys
-
-    def known_splits(self, q: "Query", entities: list[str]) -> "list[str]":
-        """For each answer entity (id) of ``q``, the split that holds (head, relation, entity) if the graph has
-        it: "dev" or "test" when a held-out split does, else "train" (meaningful for known answers only)."""
-        import numpy as np
-
-        graph, full = self.run.graph(), self.run.searcher()[1]
-        out = ["train"] * len(entities)
-        if q.h is None or q.h >= graph.num_entities:
-            return out
-        rows = np.array([full.entity_index.get(e, graph.num_entities) for e in entities], dtype=np.int64)
-        keys = graph.hr_keys(np.array([q.h]), np.array([q.r]))[0] * graph.num_entities + rows
-        for split, held in self.split_keys().items():
-            if len(held):
-                at = np.searchsorted(held, keys).clip(max=len(held) - 1)
-                for i in np.flatnonzero((rows < graph.num_entities) & (held[at] == keys)):
-                    out[i] = split
-        return out
+        return self.run.split_keys()
 
     def resolve_one(self, q: PredictQuery) -> "Query":
         return self.run.resolve(q.head, q.relation, note=False, **q.options())
@@ -279,11 +270,12 @@ class LinkPredServing(Serving):
                           "no longer says adding")
         try:
             self.adding = f"adding {len(rows)} entities"
-            with tempfile.TemporaryDirectory(prefix="kgc-serve-") as tmp:
+            # the request as the file `kgc index --add` reads, in this server's own folder in the run (a killed
+            # server's is swept by the next one that loads the run: sweep_service_folders)
+            with tempfile.TemporaryDirectory(prefix=f"{SERVICE_PREFIX}{os.getpid()}-", dir=self.run.path) as tmp:
                 path = Path(tmp) / f"POST-entities-{time.strftime('%Y%m%dT%H%M%S')}.tsv"
-                path.write_text(tsv([NewEntity(r["id"], r["name"], r.get("description", "")) for r in rows]),
-                                encoding="utf-8")
                 try:
+                    write_text(path, tsv([NewEntity(r["id"], r["name"], r.get("description", "")) for r in rows]))
                     meta = self.run.add_entities(path, progress=False, guard=self._step, batch_size=self.ADD_BATCH,
                                                  keep_loaded=True)
                 except KGCError as exc:  # name the entity of the request, not the temporary file's line
@@ -318,8 +310,26 @@ class LinkPredServing(Serving):
             yield
         time.sleep(0.0005)  # hand the lock to a waiting batch
 
+    def disk_version(self) -> "tuple[int, int, int] | None":
+        """The index's meta.json as stat sees it (every commit of an index replaces it: a new inode and time)."""
+        try:
+            st = os.stat(Path(self.run.path) / "index" / "meta.json")
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def reload(self) -> bool:
+        if not self._add_gate.acquire(blocking=False):
+            return False  # this server's own add: it swaps in what it committed
+        try:
+            self._swap_in()
+        finally:
+            self._add_gate.release()
+        return True
+
     def _swap_in(self) -> None:
         """Load the index as it is now on disk beside the one in use (queries go on), then swap it in at once."""
+        self.seen_version = self.disk_version()  # read first: a commit after it is seen by the next watch
         fork = self.run.fork_search()
         names, prefixes = self._warmed(fork)  # before the swap, not by the first query after it
         with self.lock:

@@ -59,6 +59,42 @@ class Serving(ABC):
         """Task facts for ``GET /info`` (counts, …)."""
         return {}
 
+    # ------------------------------------------------------------ one truth between processes
+
+    def disk_version(self) -> Any:
+        """What the answers read on disk that another process may commit to (link prediction: the index's
+        meta.json, replaced by every commit of an index); None: nothing (the default)."""
+        return None
+
+    def reload(self) -> bool:
+        """Load what :meth:`disk_version` names as it is now, off the query path, and swap it in; False when a
+        write of this server is in progress (the watch tries again)."""
+        return True
+
+    seen_version: Any = None  # the disk_version the answers come from
+
+    def watch(self, stop: threading.Event, every: float = 1.0) -> None:
+        """Until ``stop``: every ``every`` seconds, reload when another process committed to the run (a second
+        server's add, ``kgc index --add``, a rebuild), so two servers on one run answer alike; a reload that fails
+        leaves answers from the state as it was and says so on ``/health`` (degraded)."""
+        import logging
+
+        log = logging.getLogger("kgc.serve")
+        self.seen_version = self.disk_version()
+        while not stop.wait(every):
+            now = self.disk_version()
+            if now == self.seen_version or self.stopping.is_set():
+                continue
+            try:
+                if self.reload():
+                    log.info("reloaded: another process committed to %s", self.run.path)
+                    self.degraded = None
+            except Exception as exc:  # noqa: BLE001 — answers go on from what was loaded; /health says why
+                log.exception("reloading %s after another process's commit failed", self.run.path)
+                self.degraded = (f"another process changed {self.run.path} and loading it failed ({type(exc).__name__}:"
+                                 f" {exc}); answers come from the run as it was. Restart the server.")
+                self.seen_version = now  # not retried every second; a later commit is
+
     @abstractmethod
     def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
         """``n`` realistic requests ``(path, JSON body)`` from the run's own test data, for ``kgc bench serve``
