@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
-from kgc.fileio import write_text
+from kgc.fileio import atomic_dir, write_text
 
 VERSION = 1  # bump when the generator changes: cached folders are keyed by it
 
@@ -187,17 +184,11 @@ def synthetic_folder(*, seed: int, train_pairs: int, validation_pairs: int, test
     folder = home / f"v{VERSION}-seed{seed}-{train_pairs}-{validation_pairs}-{test_pairs}"
     if (folder / "csts_test.csv").is_file():
         return folder
-    home.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=home))
     try:
-        write_synthetic(tmp, seed=seed, train_pairs=train_pairs, validation_pairs=validation_pairs,
-                        test_pairs=test_pairs)
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process made it first
-            if not (folder / "csts_test.csv").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        with atomic_dir(folder) as tmp:
+            write_synthetic(tmp, seed=seed, train_pairs=train_pairs, validation_pairs=validation_pairs,
+                            test_pairs=test_pairs)
+    except OSError:  # another process made it first (the rename onto its folder is refused)
+        if not (folder / "csts_test.csv").is_file():
+            raise
     return folder

@@ -109,7 +109,7 @@ def derived(graph: Any, name: str, compute) -> dict[str, np.ndarray]:
     """Arrays derived from a cached graph (its train neighbours, its answer index), kept beside it and
     memory-mapped on the next read: ``compute()`` returns them as a dict of arrays, the first time only. A graph
     that is not cached (small, or extended with added entities) computes them every time."""
-    from kgc.fileio import write_npy
+    from kgc.fileio import write_npy, write_text
 
     folder = None if graph.cache_dir is None else Path(graph.cache_dir) / name
     if folder is not None and (folder / "done").is_file():
@@ -125,7 +125,7 @@ def derived(graph: Any, name: str, compute) -> dict[str, np.ndarray]:
             folder.mkdir(exist_ok=True)
             for key, value in arrays.items():
                 write_npy(folder / f"{key}.npy", np.ascontiguousarray(value))
-            (folder / "done").write_text(str(graph.num_entities), encoding="utf-8")
+            write_text(folder / "done", str(graph.num_entities))
         except OSError:
             pass
     return arrays

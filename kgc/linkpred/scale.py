@@ -269,16 +269,15 @@ def save_tiny_bert(folder: Path) -> Path:
 
     hf_logging.disable_progress_bar()  # "Writing model shards" on the bench's output
 
+    from kgc.fileio import atomic_dir
+
     tokenizer = AutoTokenizer.from_pretrained(resolve_backbone(TOKENIZER_OF_TINY))
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with torch.random.fork_rng():
+    with atomic_dir(folder) as tmp, torch.random.fork_rng():
         torch.manual_seed(0)
         config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
                             num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
         BertModel(config, add_pooling_layer=False).save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(folder)
+        tokenizer.save_pretrained(tmp)
     return folder
 
 
@@ -292,7 +291,9 @@ def write_recipe(path: Path, graph: Path, model: str, steps: int) -> Path:
            "train": {"epochs": 1, "max_steps": steps, "batch_size": 64, "lr": 1e-3, "warmup_steps": 1,
                      "log_every": 1},
            "eval": {"validate_every_epoch": False}}
-    path.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")  # JSON is YAML
+    from kgc.fileio import write_text
+
+    write_text(path, json.dumps(rec, indent=1) + "\n")  # JSON is YAML
     return path
 
 
@@ -335,12 +336,18 @@ def misspelt(name: str, rng: random.Random) -> str:
 def write_added(graph: Path, out: Path, n: int, seed: int = 0) -> Path:
     """``n`` new entities (``id<TAB>name<TAB>description``, as ``kgc index --add`` reads them): texts of the graph's
     entities, renamed."""
+    from kgc.fileio import write_with
+
     rows = sample_lines(graph / "entity2text.txt", min(n, 1000), seed)
-    with open(out, "w", encoding="utf-8") as fh:
-        for i in range(n):
-            fields = rows[i % len(rows)].split("\t")
-            name, _, desc = (fields[1], "", fields[2]) if len(fields) > 2 else fields[-1].partition(", ")
-            fh.write(f"kgc-scale-added-{i}\t{name} {i}\t{desc}\n")
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for i in range(n):
+                fields = rows[i % len(rows)].split("\t")
+                name, _, desc = (fields[1], "", fields[2]) if len(fields) > 2 else fields[-1].partition(", ")
+                fh.write(f"kgc-scale-added-{i}\t{name} {i}\t{desc}\n")
+
+    write_with(out, write)
     return out
 
 
@@ -799,11 +806,12 @@ def plot_scale(result: dict, path: Path) -> Path:
     ax_t.legend(fontsize=7, ncol=2, loc="upper left")
     fig.suptitle(f"kgc bench scale ({result.get('model')}, {result.get('cpus')} CPUs)", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    from kgc.fileio import write_with
+
+    try:
+        write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -32,7 +32,7 @@ from kgc.training.serving import BatcherFactory, Serving
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-    from kgc.linkpred.predict import Answers, Query
+    from kgc.linkpred.predict import Query
 
 log = logging.getLogger("kgc.serve")
 

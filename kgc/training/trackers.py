@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
 from kgc.errors import KGCError
+from kgc.fileio import append_line, write_text
 
 KNOWN = ("tensorboard", "mlflow", "csv", "wandb")
 NEEDS = {"tensorboard": ("tensorboard", "tensorboard"),
@@ -153,7 +155,7 @@ class MLflowTracker(Tracker):
             experiment_id = (experiment.experiment_id if experiment is not None else self.client.create_experiment(
                 self.title, artifact_location=(self.folder / "artifacts").resolve().as_uri()))
             run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name).info.run_id
-            id_file.write_text(run_id + "\n")
+            write_text(id_file, run_id + "\n")
             self._params(run_id)
         else:
             self.client.update_run(run_id, status="RUNNING")
@@ -208,11 +210,17 @@ class CSVTracker(Tracker):
             self._write([], mode="w")
 
     def _write(self, rows: list[dict[str, Any]], *, mode: str) -> None:
-        with self.path.open(mode, newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.HEADER)
-            if mode == "w":
-                writer.writeheader()
-            writer.writerows(rows)
+        """``mode`` "w": the file anew, whole (atomically); "a": rows appended (a cut last row after a crash is
+        dropped by the resume's rewrite)."""
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=self.HEADER, lineterminator="\n")
+        if mode == "w":
+            writer.writeheader()
+        writer.writerows(rows)
+        if mode == "w":
+            write_text(self.path, buf.getvalue())
+        elif rows:
+            append_line(self.path, buf.getvalue())
 
     def log(self, record: dict[str, Any]) -> None:
         step, epoch = record.get("step", 0), record.get("epoch", "")
@@ -242,7 +250,7 @@ class WandbTracker(Tracker):
                               project=project, name=self.run_dir.name, id=run_id, resume="allow",
                               config=self.params or None, settings=settings, reinit="create_new")
         if not known:
-            id_file.write_text(json.dumps({"id": run_id, "project": project}) + "\n")
+            write_text(id_file, json.dumps({"id": run_id, "project": project}) + "\n")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")  # plotted against kgc's step, not W&B's counter
 
