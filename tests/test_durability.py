@@ -278,6 +278,31 @@ def test_a_run_that_died_young_has_one_way_forward(trained, tmp_path, tiny_bert)
     cli("predict", run, "--head", "virus", "--relation", "causes", "--top-k", "1")
 
 
+def test_resuming_a_young_run_on_a_full_disk_keeps_what_it_had(trained, tmp_path):
+    """`kgc train --resume` of a run that died young, failing at each of its first writes (a disk too small for
+    the backbone): one message each time, and the run keeps its recipe and backbone/ — a failed command deletes only
+    what it made itself (it used to delete the run's backbone/)."""
+    young = tmp_path / "young"
+    young.mkdir()
+    shutil.copy(trained / "recipe.yaml", young / "recipe.yaml")
+    shutil.copytree(trained / "backbone", young / "backbone")
+    before = snapshot(young / "backbone")
+    failed = 0
+    for n in range(1, 5):
+        fail_at(n)
+        out = cli("train", "--resume", young, "--no-progress", check=False)
+        fileio._FAULTS.clear()
+        if out.exit_code == 0:
+            break
+        failed += 1
+        assert out.exit_code == 2 and "Traceback" not in out.stderr and "No space left" in out.stderr, out
+        assert (young / "recipe.yaml").is_file() and snapshot(young / "backbone") == before, n
+        assert not stray(young)
+    assert failed >= 2
+    cli("train", "--resume", young, "--no-progress")
+    assert (young / "train_summary.json").is_file()
+
+
 # ---------------------------------------------------------------- added entities: nothing lost (issue 51)
 
 

@@ -186,13 +186,17 @@ class _Setup:
             self.say(f"{run_dir} stopped before its first checkpoint: starting it again from step 0 (its recipe.yaml)")
         self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
                                                if self.world > 1 else ""))
+        # what this command may make; what is there already (a young run's backbone/, started again) is not its own
+        makes = [RunDir.backbone_folder(run_dir), run_dir / "metrics.jsonl"] + ([] if restart else
+                                                                               [run_dir / "recipe.yaml"])
+        found = {m for m in makes if m.exists()}
         try:
             self._init_model(recipe, task, run_dir, None, None)
         except BaseException:  # nothing half-written: what this setup made goes (data/ handed in by the API stays)
             if dist.is_main():
-                made_files = [RunDir.backbone_folder(run_dir), run_dir / "metrics.jsonl"]
-                for made in made_files + ([] if restart else [run_dir / "recipe.yaml"]):
-                    shutil.rmtree(made) if made.is_dir() else made.unlink(missing_ok=True)
+                for made in makes:
+                    if made not in found:  # nothing a failed command touched is deleted unless it was new in it
+                        shutil.rmtree(made) if made.is_dir() else made.unlink(missing_ok=True)
                 if not existed:
                     shutil.rmtree(run_dir, ignore_errors=True)
             raise
