@@ -15,6 +15,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -109,6 +110,9 @@ def write_error(path: str | os.PathLike, exc: BaseException, needed: int | None 
     if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: never a disk's
         return None
     text = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    code = re.search(r"\(os error (\d+)\)", str(exc))  # a Rust library's io::Error (tokenizers, safetensors)
+    if code is not None and not isinstance(exc, OSError):
+        return write_error(path, OSError(int(code.group(1)), text), needed, written=written)
     free, limit = free_bytes(path.parent), _fsize_limit()
     at_limit = limit is not None and written is not None and written >= limit
     if "No space left" in str(exc) or (free is not None and free < LOW_SPACE) or at_limit:

@@ -173,13 +173,34 @@ class Study:
             if trial.should_prune():
                 raise optuna.TrialPruned(f"dev {figures[metric]:.4f} at step {step}")
 
-        train(recipe, out=out, progress=False, echo=lambda m: None, on_validation=report)
+        try:
+            train(recipe, out=out, progress=False, echo=lambda m: None, on_validation=report)
+        except KGCError as exc:  # a full disk, a bad value: the study stops with this one message
+            self.stopped = exc
+            raise KGCError(f"trial {trial.number} ({out}): {exc}") from None
         best = _best_of(out, metric)
         trial.set_user_attr("run", str(out))
         self.echo(f"trial {trial.number}: best {metric} {best:.4f}")
         return best
 
+    stopped: KGCError | None = None  # what ended the study: said once, by the caller (not by Optuna's log too)
+
     def optimize(self, trials: int, timeout: float | None) -> None:
+        import logging
+
+        import optuna
+
+        quiet = _QuietFailures(self)  # on Optuna's handlers: its records come from child loggers
+        handlers = logging.getLogger("optuna").handlers
+        for h in handlers:
+            h.addFilter(quiet)
+        try:
+            self._optimize(trials, timeout)
+        finally:
+            for h in handlers:
+                h.removeFilter(quiet)
+
+    def _optimize(self, trials: int, timeout: float | None) -> None:
         import optuna
 
         with warnings.catch_warnings():
@@ -260,6 +281,17 @@ class Study:
         return drawn
 
 
+class _QuietFailures:
+    """A logging filter on Optuna: its "Trial N failed …" records (with a traceback) are dropped once a trial
+    stopped the study with a KGCError, which the caller says once."""
+
+    def __init__(self, study: Study) -> None:
+        self.study = study
+
+    def filter(self, record) -> bool:
+        return self.study.stopped is None or "failed" not in record.getMessage()
+
+
 def _best_of(run: Path, metric: str) -> float:
     import json
 
@@ -317,6 +349,50 @@ def tune(recipe: str | Path, *, out: str | Path | None = None, trials: int | Non
     ``trials`` finished trials (default ``tune.trials``); ``jobs`` worker processes here; return the summary."""
     base = load_recipe(Path(recipe), overrides or [])
     folder = Path(out) if out is not None else Path("runs") / f"tune-{base.name}"
+    try:
+        return _tune(recipe, base, folder, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
+                     overrides=overrides, echo=echo, worker=worker)
+    except Exception as exc:
+        error = storage_error(exc, folder, storage)
+        if error is None:
+            raise
+        raise error from None
+
+
+# what SQLite says when it cannot write the study (a full disk, `ulimit -f`, a read-only folder)
+_SQLITE_WRITE = ("disk I/O error", "database or disk is full", "unable to open database file",
+                 "attempt to write a readonly database")
+
+
+def storage_error(exc: BaseException, folder: Path, storage: str | None) -> KGCError | None:
+    """One KGCError for a study database that cannot be written (anywhere in ``exc``'s chain: Optuna wraps
+    SQLAlchemy, which wraps sqlite3), naming the database and the fix; None for any other error."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        reason = next((w for w in _SQLITE_WRITE if w in str(e)), None)
+        if reason is not None:
+            break
+        e = e.__cause__ or e.__context__
+    else:
+        return None
+    where = storage or str(folder / STUDY_DB)
+    if "readonly" in reason or "unable to open" in reason:
+        fix = f"make {folder} writable (or pick another --out)"
+    else:
+        from kgc.fileio import _fsize_limit, free_bytes, human_bytes
+
+        free, limit = free_bytes(folder), _fsize_limit()
+        fix = (f"free space on the disk that holds {folder} ({human_bytes(free) if free is not None else '?'} free"
+               f"{f'; this process may write files of at most {human_bytes(limit)}: `ulimit -f`' if limit else ''})")
+    return KGCError(f"{where}: the study cannot be written ({reason}). It keeps every trial it recorded before "
+                    f"(SQLite undid the write that failed). {fix[0].upper() + fix[1:]}, then run the same command "
+                    "again to continue the study.")
+
+
+def _tune(recipe: str | Path, base: Recipe, folder: Path, *, trials: int | None, timeout_minutes: float | None,
+          jobs: int, storage: str | None, overrides: list[str] | None, echo: Callable[[str], None],
+          worker: bool) -> dict:
     study = Study(Path(recipe), folder, overrides=overrides, storage=storage, echo=echo)
     n = trials or base.tune.trials
     timeout = 60 * (timeout_minutes or base.tune.timeout_minutes or 0) or None

@@ -189,3 +189,59 @@ def test_an_empty_space_is_the_tasks_and_the_conditioners():
         {"train.lr", "loss.contrastive_temperature"}
     mse = resolve_recipe({**csts, "model": {"conditioner": "case"}, "loss": {"contrastive": False}})
     assert set(default_space(mse)) == {"train.lr", "train.conditioner_lr"}
+
+
+def _limited(nbytes: int):
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return limit
+
+
+@pytest.mark.parametrize("limit_kib,names", [(60, "study.db: the study cannot be written (disk I/O error)"),
+                                             (400, "trial 0 (")])
+def test_a_full_disk_under_a_study_is_one_message(tiny_bert, tmp_path, data_home, limit_kib, names):
+    """A file-size limit (`ulimit -f`, a full disk for SQLite and for torch/safetensors/tokenizers alike) under
+    `kgc tune`: at 60 KiB SQLite cannot create the study, at 400 KiB the first trial cannot save its backbone —
+    each one message naming the file and the fix, exit 2, no traceback (there were seven)."""
+    recipe = write_tune_recipe(tmp_path / "umls_full.yaml", tiny_bert, pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    env = {**os.environ, "KGC_DATA_HOME": str(SHARED_DATA), "KGC_CACHE_HOME": str(tmp_path / "cache"),
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "kgc", "tune", str(recipe), "--out", str(tmp_path / "study"),
+                           "--trials", "2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          preexec_fn=_limited(limit_kib << 10))
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert len(errors) == 1 and names in errors[0] and "ulimit -f" in errors[0], proc.stderr[-3000:]
+
+
+def test_a_study_database_that_fails_mid_study_is_one_message_and_keeps_its_trials(tiny_bert, tmp_path, data_home,
+                                                                                    monkeypatch):
+    """SQLite refusing a write after the first trial (what a full disk makes it say, as SQLAlchemy and Optuna pass
+    it on): one KGCError naming study.db, the trial recorded before kept; the same command then continues."""
+    import optuna
+    import sqlalchemy.exc
+
+    from kgc.tune import tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_mid.yaml", tiny_bert, pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    real = optuna.storages.RDBStorage.set_trial_state_values
+    calls = []
+
+    def full(self, trial_id, state, values=None):
+        calls.append(state)
+        if len(calls) >= 3:  # the third trial's result is refused
+            raise sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception("database or disk is full"))
+        return real(self, trial_id, state, values)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", full)
+    with pytest.raises(KGCError, match=r"study\.db: the study cannot be written \(database or disk is full\)\. "
+                                       r"It keeps every trial"):
+        tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", real)
+    summary = tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
+    assert summary["complete"] == 3

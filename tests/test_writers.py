@@ -37,7 +37,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
                                                      "transactions",
     ("tune.py", "__init__", "sqlite"): "Optuna's SQLite study (SQLite's own journal; a full disk under it is one "
                                        "message: kgc.tune)",
-    ("tune.py", "tune", "sqlite"): "the same study's URL handed to the workers",
+    ("tune.py", "_tune", "sqlite"): "the same study's URL handed to the workers",
 }
 
 # functions that write into a folder their caller stages: allowed if every call of them is inside the writer
