@@ -396,3 +396,23 @@ def test_saving_the_backbone_on_a_full_disk_is_one_message_and_changes_nothing(t
     with pytest.raises(DiskFull, match=r"model\.safetensors: cannot be written .* Nothing was changed"):
         save_backbone_files(folder, recipe, tokenizer, weights=True)
     assert snapshot(folder) == before and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_half_a_recipe_says_it_is_cut(run_dir):
+    """recipe.yaml cut anywhere after its first line: every command names the file and says it is cut (its
+    missing keys would otherwise take their defaults silently); a recipe of an older run (no end line promised)
+    is read as before."""
+    recipe = run_dir / "recipe.yaml"
+    whole = recipe.read_text()
+    lines = whole.splitlines(keepends=True)
+    assert lines[-1] == "# end of recipe\n" and "ends with" in lines[0]
+    for cut in (len(lines) // 2, len(lines) - 1):  # half of it; all but its last line
+        recipe.write_text("".join(lines[:cut]))
+        for args in (("predict", run_dir, "--head", "virus", "--relation", "isa"), ("evaluate", run_dir),
+                     ("index", run_dir), ("train", "--resume", run_dir)):
+            out = cli(*args, "--no-progress", check=False)
+            assert out.exit_code == 2 and "Traceback" not in out.stderr, out
+            assert f"{recipe}: cut — it ends at line {cut} without its last line" in out.stderr, out
+    recipe.write_text("# kgc train --resume somewhere\n" + "".join(lines[1:-1]))  # an older run's file
+    cli("predict", run_dir, "--head", "virus", "--relation", "isa", "--top-k", "1")
+    recipe.write_text(whole)

@@ -34,7 +34,7 @@ from kgc.training.common import (MetricsLog, end_schedule_at, fit_schedule, line
 from kgc.training import distributed as dist
 from kgc.training import estimate
 from kgc.training.prefetch import Prefetcher
-from kgc.training.run import RunDir, load_checkpoint, load_weights, weights_to_save
+from kgc.training.run import RunDir, load_checkpoint, load_weights, saved_recipe_text, weights_to_save
 from kgc.training.task import Task, make_task
 from kgc.training.setup import count_parameters, freezes_weights, pooling_parameters, save_backbone_files
 
@@ -211,7 +211,7 @@ class _Setup:
             def publish() -> None:
                 save_backbone_files(RunDir.backbone_folder(run_dir), recipe, tokenizer,
                                     weights=freezes_weights(recipe, model))
-                write_text(run_dir / "recipe.yaml", f"# kgc train --resume {run_dir}\n" + recipe.to_yaml())
+                write_text(run_dir / "recipe.yaml", saved_recipe_text(recipe, run_dir))
 
             _on_main(publish)
         else:

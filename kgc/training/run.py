@@ -91,6 +91,33 @@ def as_list(x: Any) -> tuple[list, bool]:
     return list(x), False
 
 
+RECIPE_END = "# end of recipe"  # the last line of a run's recipe.yaml: half a recipe lacks it
+_RECIPE_PROMISE = f'(a whole one ends with "{RECIPE_END}")'  # said by the first line, which a cut file keeps
+
+
+def saved_recipe_text(recipe, run_dir: str | Path) -> str:
+    """A run's recipe.yaml: the command that resumes it, the resolved recipe, and an end line, so that a file cut
+    short (a copy that stopped, a damaged disk) is told from a whole one instead of read with defaults for its
+    missing keys."""
+    return f"# kgc train --resume {run_dir}   {_RECIPE_PROMISE}\n{recipe.to_yaml()}{RECIPE_END}\n"
+
+
+def check_saved_recipe(path: Path) -> None:
+    """A run's recipe.yaml whose first line promises an end line (every one written since it did) and that lacks
+    it is cut: one KGCError naming it. Older runs' files (no promise) are read as before."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return  # the recipe reader names what is wrong with it
+    lines = text.splitlines()
+    if lines and _RECIPE_PROMISE in lines[0] and RECIPE_END not in (line.strip() for line in lines[1:]):
+        raise KGCError(f"{path}: cut — it ends at line {len(lines)} without its last line \"{RECIPE_END}\", so the "
+                       "rest of the run's recipe is missing (its keys would silently take their defaults). Copy "
+                       "recipe.yaml back from a copy of the run, or write it again from the recipe file the run was "
+                       "trained from (with the --set values it was given), keeping the first line and ending with "
+                       f"\"{RECIPE_END}\".")
+
+
 class RunDir:
     """The paths of one run directory; the one place that knows its layout."""
 
@@ -100,6 +127,7 @@ class RunDir:
             raise KGCError(self.not_a_run(self.path))
         with contextlib.suppress(KGCError):  # an evaluation's files killed mid-commit: completed (read-only: as is)
             recover(self.path)
+        check_saved_recipe(self.recipe_file)
         self.recipe: Recipe = load_recipe(self.recipe_file, saved=True)
 
     recipe_file = property(lambda self: self.path / "recipe.yaml")
