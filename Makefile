@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test test-rehearsal test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
+.PHONY: install quickstart test test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ test: install
 
 test-rehearsal: install
 	$(BIN)/python -m pytest -q -m rehearsal tests/test_gpu_job.py; $(COLLECTED)
+
+# the fault matrix in full (tests/test_fault_matrix.py): every command that writes a run, a full disk at each of its
+# writes and a kill at each, then the next command (the suite runs one point of each)
+test-faults: install
+	KGC_FAULT_SWEEP=full $(BIN)/python -m pytest -q tests/test_fault_matrix.py; $(COLLECTED)
 
 # the suite once more, writing each test file's seconds to tests/durations.json (the order `make test` starts them in)
 test-durations: install

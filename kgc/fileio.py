@@ -137,6 +137,12 @@ def ensure_space(path: str | os.PathLike, needed: int | None, what: str = "") ->
 # ---------------------------------------------------------------- fault injection (tests)
 
 _FAULTS: dict[str, int] = {}  # point -> countdown; parsed from $KGC_FAULT ("write:3", "commit:2")
+_WRITES = [0]  # writes of this process so far (tests: how many points a fault sweep has)
+
+
+def writes_so_far() -> int:
+    """How many file writes (:func:`fault` points) this process made: a fault sweep's points."""
+    return _WRITES[0]
 
 
 def _fault_plan() -> dict[str, int]:
@@ -151,7 +157,7 @@ def _fault_plan() -> dict[str, int]:
 def fault(point: str) -> None:
     """A test hook at each file write (``write``) and each rename of a commit (``commit``): with ``KGC_FAULT=
     write:N`` the N-th write of the process fails as a full disk does (ENOSPC), with ``eio:N`` as a failing disk
-    does (EIO); with ``commit:N`` the process is
+    does (EIO), with ``kill:N`` it is killed (SIGKILL) there; with ``commit:N`` the process is
     killed (SIGKILL) at the N-th step of a commit (1: before its journal, then before each rename, then before
     the journal's removal); with ``slow:MS`` each step of an add in ``kgc serve`` lasts
     MS milliseconds longer. Unset (always, outside tests), it does nothing."""
@@ -160,6 +166,12 @@ def fault(point: str) -> None:
         if "slow" in plan:
             time.sleep(plan["slow"] / 1000)
         return
+    if point == "write":
+        _WRITES[0] += 1
+        if "kill" in plan:  # kill:N — the process is killed (SIGKILL) at its N-th write
+            plan["kill"] -= 1
+            if plan["kill"] <= 0:
+                os.kill(os.getpid(), 9)
     key = "eio" if point == "write" and "eio" in plan else point  # eio:N — the N-th write is an I/O error
     if key not in plan:
         return
@@ -193,6 +205,56 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
+# ---------------------------------------------------------------- what a killed writer leaves
+
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.(tmp|tx|partial|old)$")
+
+
+def _prefix(path: Path) -> str:
+    """A staged file's or folder's name starts with its target's and this process's id: ``.NAME.PID.``, so the
+    next process can tell a dead writer's leftovers from a live one's (:func:`sweep_leftovers`)."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def sweep_leftovers(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Remove what writers that are no longer alive left staged in ``folder`` (a killed process's ``.tmp``,
+    ``.tx``, ``.partial`` and ``.old``: their names carry their pid); ``name``: only those of that target. A live
+    writer's (this process's too) are never touched; a folder that cannot be read or written is left as it is.
+    Returns what was removed. Every staged write sweeps its target's siblings, and opening a run sweeps the run."""
+    folder = Path(folder)
+    gone: list[Path] = []
+    if (folder / JOURNAL).exists():  # a commit to complete first: its staged files are the new state
+        with contextlib.suppress(OSError, KGCError):
+            recover(folder)
+        if (folder / JOURNAL).exists():
+            return gone
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return gone
+    for entry in entries:
+        m = _LEFTOVER.match(entry.name)
+        if m is None or (name is not None and m.group("name") != name) or _alive(int(m.group("pid"))):
+            continue
+        path = Path(entry.path)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(path) if entry.is_dir(follow_symlinks=False) else path.unlink()
+            gone.append(path)
+    return gone
+
+
 @contextlib.contextmanager
 def staged_path(path: str | os.PathLike, *, needed: int | None = None, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path next to ``path`` to write; when the block succeeds its bytes are fsynced and it is
@@ -202,7 +264,8 @@ def staged_path(path: str | os.PathLike, *, needed: int | None = None, suffix: s
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         ensure_space(path, needed)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+        sweep_leftovers(path.parent, path.name)
+        fd, tmp = tempfile.mkstemp(prefix=_prefix(path), suffix=suffix, dir=path.parent)
     except OSError as exc:
         raise (write_error(path, exc, needed) or exc) from None
     os.close(fd)
@@ -247,15 +310,26 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
     with ``replace`` a non-empty one is moved aside first and removed after the rename. The folder gets the
     permissions of a plain ``mkdir`` (``mkdtemp`` makes it private)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_leftovers(path.parent, path.name)
+        tmp = Path(tempfile.mkdtemp(prefix=_prefix(path), suffix=".partial", dir=path.parent))
+    except OSError as exc:
+        raise (write_error(path, exc) or exc) from None
     old = None
     try:
         os.chmod(tmp, 0o777 & ~_umask())
-        yield tmp
+        try:
+            fault("write")
+            yield tmp
+        except OSError as exc:  # a full or read-only disk under the block's writes: one message
+            error = write_error(path, exc) if exc.errno is not None else None
+            if error is None:
+                raise
+            raise error from None
         if path.exists():
             if replace and (not path.is_dir() or any(path.iterdir())):
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+                old = Path(tempfile.mkdtemp(prefix=_prefix(path), suffix=".old", dir=path.parent))
                 path.rename(old / path.name)
             else:
                 path.rmdir()  # an empty folder; anything else is the caller's error, raised here
@@ -562,6 +636,8 @@ def run_lock(run_dir: str | os.PathLike, what: str, *, timeout: float = 0) -> It
                        "can write, and run this again.") from None
     try:
         if first:
+            for folder in (run_dir, run_dir / "checkpoints", run_dir / "index"):  # a killed writer's leftovers
+                sweep_leftovers(folder)
             write_json(run_dir / HOLDER_FILE, {"pid": os.getpid(), "host": socket.gethostname(),
                                                "command": _command_line(), "what": what,
                                                "since": time.strftime("%Y-%m-%d %H:%M:%S")})

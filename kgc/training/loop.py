@@ -34,7 +34,7 @@ from kgc.training.common import (MetricsLog, end_schedule_at, fit_schedule, line
 from kgc.training import distributed as dist
 from kgc.training import estimate
 from kgc.training.prefetch import Prefetcher
-from kgc.training.run import RunDir, load_checkpoint, load_weights, saved_recipe_text, weights_to_save
+from kgc.training.run import CHECKPOINTS, RunDir, load_checkpoint, load_weights, saved_recipe_text, weights_to_save
 from kgc.training.task import Task, make_task
 from kgc.training.setup import count_parameters, freezes_weights, pooling_parameters, save_backbone_files
 
@@ -147,13 +147,11 @@ class _Setup:
                     raise KGCError(f"{run.path}: training finished, and it kept best.pt only (train.keep: best), so "
                                    "there is nothing to resume. To train further, start a new run (train.keep: all "
                                    "keeps checkpoints/last.pt with the optimiser state).")
-                if not RunDir.died_young(run.path):  # best.pt without last.pt: train.keep: best, stopped early
-                    raise KGCError(f"{run.path}: no checkpoints/last.pt to resume from (train.keep: best keeps "
-                                   f"best.pt only); start a new run from its recipe: `kgc train {run.recipe_file} "
-                                   "--out NEW_DIR`.")
                 if RunDir.training_now(run.path) is not None:
                     raise KGCError(RunDir.no_weights_message(run.path))
-                restart, out, resume = True, run.path, None  # died before its first checkpoint: again, in place
+                # died before its first checkpoint, or before it finished with no checkpoint to go on from
+                # (train.keep: best, best.pt written by a validation or at the end): again from step 0, in place
+                restart, out, resume = True, run.path, None
         assert recipe is not None
         task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
         tc = recipe.train
@@ -181,9 +179,11 @@ class _Setup:
             return
         target = Path(out) if out else RunDir.default_path(recipe.name)
         existed = target.exists()
+        had_best = restart and (target / CHECKPOINTS[0]).is_file()
         run_dir = _on_main(lambda: RunDir.create(target, hold, restart=restart))  # the one maker of run folders
         if restart:
-            self.say(f"{run_dir} stopped before its first checkpoint: starting it again from step 0 (its recipe.yaml)")
+            self.say(f"{run_dir} stopped before its first checkpoint" + (" it could resume from" if had_best else "")
+                     + ": starting it again from step 0 (its recipe.yaml)")
         self.say(f"run directory: {run_dir}" + (f" ({self.world} processes, global batch {tc.batch_size})"
                                                if self.world > 1 else ""))
         # what this command may make; what is there already (a young run's backbone/, started again) is not its own

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from kgc.errors import KGCError, ResultsNotSaved
-from kgc.fileio import recover, sha256_cached
+from kgc.fileio import recover, sha256_cached, sweep_leftovers
 from kgc.recipe import Recipe, load_recipe
 
 Echo = Callable[[str], None]
@@ -127,6 +127,8 @@ class RunDir:
             raise KGCError(self.not_a_run(self.path))
         with contextlib.suppress(KGCError):  # an evaluation's files killed mid-commit: completed (read-only: as is)
             recover(self.path)
+        for folder in (self.path, self.path / "checkpoints"):  # what killed writers left staged (never a live one's)
+            sweep_leftovers(folder)
         check_saved_recipe(self.recipe_file)
         self.recipe: Recipe = load_recipe(self.recipe_file, saved=True)
 
@@ -217,7 +219,8 @@ class RunDir:
 
     # ------------------------------------------------------------ a new run directory
 
-    LEFTOVERS = ("metrics.jsonl", "curves.png")  # files of a run that died before its first checkpoint
+    # files of a run that died before a checkpoint it could resume from (best.pt: a validation's, train.keep: best)
+    LEFTOVERS = ("metrics.jsonl", "curves.png", "best.pt")
 
     @staticmethod
     def default_path(name: str) -> Path:

@@ -1,0 +1,234 @@
+"""The fault matrix: every command that writes a run, failed at each of its writes in turn.
+
+Rows: the commands — ``kgc train`` (a new run), ``kgc train --resume`` of a run that died young, ``kgc index``
+(a first build), ``kgc index --add``, ``kgc evaluate``. Columns: a full disk (ENOSPC) at its N-th write, for each
+N (:func:`kgc.fileio.fault`, ``KGC_FAULT=write:N``), and a kill (SIGKILL, ``KGC_FAULT=kill:N``) at its N-th write
+in a real process. Each cell asserts: exit status 2 and one message, no traceback (ENOSPC); the run as it was
+before the command, or a state the command's own message names the way out of; then the next command — the same
+one again, without the fault — succeeds and leaves no temporary file anywhere (a killed process's leftovers are
+swept by the next process that opens the same place). Damage to each file a command wrote is the sweep of
+``tests/test_run_errors.py`` (truncated, flipped, emptied: a clear error or the undamaged answer), and of
+``tests/test_durability.py`` for the index and the recipe; ``kgc tune``'s study and ``kgc serve``'s add are in
+``tests/test_tune.py`` and ``tests/test_serve_limits.py``.
+
+The suite runs a reduced sweep (the middle write of each command; a kill in the middle of an add); ``make
+test-faults`` runs every write of every command and a kill at each (``KGC_FAULT_SWEEP=full``, about 10 minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+import kgc
+from kgc import fileio
+from tests.conftest import ROOT, cli
+from tests.test_api import _cache, tiny_linkpred  # noqa: F401 — _cache: every test's own layer cache (autouse)
+
+FULL = os.environ.get("KGC_FAULT_SWEEP") == "full"
+STAGED = (".tmp", ".tx", ".partial", ".old")
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Temporary files or folders (a staged write's) and journals anywhere under ``folder``."""
+    return sorted(str(f) for f in folder.rglob("*") if f.name.endswith(STAGED) or f.name == fileio.JOURNAL)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """The published files under ``folder`` (staged ones and the lock's aside: a kill leaves the former, the next
+    writer sweeps them; they are checked by :func:`leftovers`)."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*"))
+            if f.is_file() and f.name not in (".lock", ".lock.json") and not f.name.endswith(STAGED)
+            and f.name != fileio.JOURNAL and not any(p.name.endswith(STAGED) for p in f.relative_to(folder).parents)}
+
+
+@dataclass
+class Command:
+    name: str
+    prepare: Callable[[Path], list]  # a fresh place in tmp -> the command's arguments
+    before: Callable[[Path], object]  # the state the command must leave when it fails
+    after_failure: Callable[[Path, object], None]  # asserts what a failed command left
+    done: Callable[[Path], None]  # asserts the state after the next command (the same, no fault)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert, tmp_path_factory, data_home) -> Path:
+    out = tmp_path_factory.mktemp("matrix") / "run"
+    kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=2, echo=None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def commands(trained) -> dict[str, Command]:
+    recipe = yaml.safe_load((trained / "recipe.yaml").read_text())
+    recipe["train"].update(max_steps=2, keep="all", checkpoint_every=1)
+
+    def new_run(tmp: Path) -> list:
+        f = tmp / "recipe.yaml.in"
+        f.write_text(yaml.safe_dump(recipe))
+        return ["train", f, "--out", tmp / "run", "--no-progress"]
+
+    def young(tmp: Path) -> list:
+        run = tmp / "run"
+        run.mkdir()
+        shutil.copy(trained / "recipe.yaml", run / "recipe.yaml")
+        shutil.copytree(trained / "backbone", run / "backbone")
+        return ["train", "--resume", run, "--no-progress"]
+
+    def copy(tmp: Path, index: bool) -> Path:
+        run = tmp / "run"
+        shutil.copytree(trained, run)
+        if index:
+            cli("index", run, "--no-progress")
+        return run
+
+    def added(tmp: Path) -> list:
+        run = copy(tmp, True)
+        (tmp / "new.tsv").write_text("".join(f"m{i}\tmatrix thing {i}\ta thing of the matrix\n" for i in range(3)))
+        return ["index", run, "--add", tmp / "new.tsv", "--no-progress"]
+
+    def no_run_or_young(tmp: Path, _before) -> None:
+        """No run; a run that died young (a recipe, no weights); or one with a whole last checkpoint to resume."""
+        from kgc.training.run import RunDir, load_checkpoint
+
+        run = tmp / "run"
+        if run.exists() and (run / "recipe.yaml").exists() and not RunDir.died_young(run):
+            assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1
+
+    def same(folder: str):
+        return lambda tmp, before: _same(tmp / "run" / folder, before)
+
+    def trained_whole(tmp: Path) -> None:
+        run = tmp / "run"
+        assert (run / "train_summary.json").is_file()
+        assert (run / "best.pt").is_file() or (run / "checkpoints" / "last.pt").is_file()
+
+    return {c.name: c for c in [
+        Command("train", new_run, lambda tmp: None, no_run_or_young, trained_whole),
+        Command("resume-young", young, lambda tmp: snapshot(tmp / "run" / "backbone"), same("backbone"),
+                trained_whole),
+        Command("index", lambda tmp: ["index", copy(tmp, False), "--no-progress"], lambda tmp: None,
+                lambda tmp, _: _no_index(tmp / "run"), lambda tmp: _index_rows(tmp / "run", 135)),
+        Command("add", added, lambda tmp: snapshot(tmp / "run" / "index"), same("index"),
+                lambda tmp: _index_rows(tmp / "run", 138)),
+        Command("evaluate", lambda tmp: ["evaluate", copy(tmp, True), "--no-progress"],
+                lambda tmp: snapshot(tmp / "run"), same(""),
+                lambda tmp: (tmp / "run" / "results.json").is_file() or pytest.fail("no results.json")),
+    ]}
+
+
+def _same(folder: Path, before) -> None:
+    assert snapshot(folder) == before
+
+
+def _no_index(run: Path) -> None:
+    assert not (run / "index" / "meta.json").exists()
+
+
+def _index_rows(run: Path, n: int) -> None:
+    import json
+
+    meta = json.loads((run / "index" / "meta.json").read_text())
+    assert meta["entities"] == n, meta["entities"]
+
+
+def writes_of(command: Command, tmp: Path) -> int:
+    """How many writes the command makes (a clean run of it, here): the sweep's points."""
+    tmp.mkdir()
+    args = command.prepare(tmp)
+    start = fileio.writes_so_far()
+    cli(*args)
+    return fileio.writes_so_far() - start
+
+
+def points(n: int) -> list[int]:
+    return list(range(1, n + 1)) if FULL else [(n + 1) // 2]
+
+
+NAMES = ["train", "resume-young", "index", "add", "evaluate"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_full_disk_at_each_write(commands, name, tmp_path):
+    command = commands[name]
+    total = writes_of(command, tmp_path / "count")
+    assert total >= 1
+    for n in points(total):
+        place = tmp_path / f"at{n}"
+        place.mkdir()
+        args = command.prepare(place)
+        before = command.before(place)
+        fileio._FAULTS.clear()
+        fileio._FAULTS["write"] = n
+        try:
+            out = cli(*args, check=False)
+        finally:
+            fileio._FAULTS.clear()
+        where = f"{name}, ENOSPC at write {n} of {total}"
+        assert out.exit_code == 2, (where, out)
+        assert out.stderr.count("error:") == 1 and "No space left" in out.stderr, (where, out.stderr)
+        assert "Traceback" not in out.stderr + out.stdout, where
+        command.after_failure(place, before)
+        assert not leftovers(place), (where, leftovers(place))
+        again = cli(*_again(args, place), check=False)
+        assert again.exit_code == 0, (where, again)
+        command.done(place)
+        assert not leftovers(place), (where, leftovers(place))
+
+
+def _again(args: list, place: Path) -> list:
+    """The next command after a failure: the same one — or, for a new run that died young (a recipe, no
+    weights), what every message names: `kgc train --resume RUN`."""
+    if args[0] == "train" and args[1] != "--resume" and (place / "run" / "recipe.yaml").exists():
+        return ["train", "--resume", place / "run", "--no-progress"]
+    return args
+
+
+@pytest.mark.parametrize("name", NAMES if FULL else ["add"])
+def test_a_kill_at_each_write(commands, name, tmp_path):
+    command = commands[name]
+    total = writes_of(command, tmp_path / "count")
+    for n in (points(total) if FULL else [(total + 1) // 2]):
+        place = tmp_path / f"at{n}"
+        place.mkdir()
+        args = command.prepare(place)
+        before = command.before(place)
+        env = {**os.environ, "KGC_FAULT": f"kill:{n}", "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "kgc", *map(str, args)], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        where = f"{name}, SIGKILL at write {n} of {total}"
+        assert proc.returncode == -9, (where, proc.returncode, proc.stderr[-2000:])
+        if name != "train" or not (place / "run" / "recipe.yaml").exists():
+            command.after_failure(place, before)
+        again = subprocess.run([sys.executable, "-m", "kgc", *map(str, _again(args, place))], cwd=ROOT,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+        assert again.returncode == 0, (where, again.stderr[-2000:])
+        command.done(place)
+        assert not leftovers(place), (where, leftovers(place))
+
+
+def test_a_dead_writers_leftovers_are_swept_and_a_live_ones_kept(tmp_path):
+    """The names of staged files carry their writer's pid: the next writer of the same place removes a dead
+    one's, never a live one's, and never the staged files a pending journal still needs."""
+    dead, live = 999_999_999, os.getpid()
+    names = [f".best.pt.{dead}.ab_1.tmp", f".backbone.{dead}.x9.partial", f".index.{dead}.q.old",
+             f".best.pt.{live}.cd.tmp", ".best.pt.nopid.tmp", "best.pt"]
+    for n in names:
+        (tmp_path / n).mkdir() if n.endswith((".partial", ".old")) else (tmp_path / n).write_text("x")
+    gone = fileio.sweep_leftovers(tmp_path)
+    assert sorted(p.name for p in gone) == sorted(names[:3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[3:])
+    journal = tmp_path / "j"
+    journal.mkdir()
+    (journal / f".meta.json.{dead}.zz.tx").write_text("new")
+    (journal / fileio.JOURNAL).write_text('{"replace": [[".meta.json.999999999.zz.tx", "meta.json"]]}')
+    fileio.sweep_leftovers(journal)  # the commit is completed first, then nothing is left to sweep
+    assert (journal / "meta.json").read_text() == "new" and sorted(p.name for p in journal.iterdir()) == ["meta.json"]
