@@ -1,15 +1,16 @@
 """The fault matrix: every command that writes a run, failed at each of its writes in turn.
 
 Rows: the commands — ``kgc train`` (a new run), ``kgc train --resume`` of a run that died young, ``kgc index``
-(a first build), ``kgc index --add``, ``kgc evaluate``. Columns: a full disk (ENOSPC) at its N-th write, for each
+(a first build), ``kgc index --add``, ``kgc evaluate``, ``kgc tune`` and the service's ``POST /entities`` (507, the
+index as it was, the server ready). Columns: a full disk (ENOSPC) at its N-th write, for each
 N (:func:`kgc.fileio.fault`, ``KGC_FAULT=write:N``), and a kill (SIGKILL, ``KGC_FAULT=kill:N``) at its N-th write
 in a real process. Each cell asserts: exit status 2 and one message, no traceback (ENOSPC); the run as it was
 before the command, or a state the command's own message names the way out of; then the next command — the same
 one again, without the fault — succeeds and leaves no temporary file anywhere (a killed process's leftovers are
 swept by the next process that opens the same place). Damage to each file a command wrote is the sweep of
 ``tests/test_run_errors.py`` (truncated, flipped, emptied: a clear error or the undamaged answer), and of
-``tests/test_durability.py`` for the index and the recipe; ``kgc tune``'s study and ``kgc serve``'s add are in
-``tests/test_tune.py`` and ``tests/test_serve_limits.py``.
+``tests/test_durability.py`` for the index and the recipe; a study database SQLite cannot write is in
+``tests/test_tune.py``.
 
 The suite runs a reduced sweep (the middle write of each command; a kill in the middle of an add); ``make
 test-faults`` runs every write of every command and a kill at each (``KGC_FAULT_SWEEP=full``, about 10 minutes).
@@ -67,7 +68,7 @@ def trained(tiny_bert, tmp_path_factory, data_home) -> Path:
 
 
 @pytest.fixture(scope="module")
-def commands(trained) -> dict[str, Command]:
+def commands(trained, tiny_bert) -> dict[str, Command]:
     recipe = yaml.safe_load((trained / "recipe.yaml").read_text())
     recipe["train"].update(max_steps=2, keep="all", checkpoint_every=1)
 
@@ -106,6 +107,19 @@ def commands(trained) -> dict[str, Command]:
     def same(folder: str):
         return lambda tmp, before: _same(tmp / "run" / folder, before)
 
+    def study(tmp: Path) -> list:
+        from tests.test_tune import write_tune_recipe
+
+        f = write_tune_recipe(tmp / "umls_matrix.yaml", tiny_bert, pruner="none",
+                              space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}}, budget="4 steps")
+        return ["tune", f, "--out", tmp / "study", "--trials", "1"]
+
+    def study_kept(tmp: Path, _before) -> None:  # whatever the study recorded, it still opens
+        if (tmp / "study" / "study.db").exists():
+            import optuna
+
+            optuna.load_study(study_name="umls_matrix", storage=f"sqlite:///{tmp / 'study' / 'study.db'}")
+
     def trained_whole(tmp: Path) -> None:
         run = tmp / "run"
         assert (run / "train_summary.json").is_file()
@@ -119,6 +133,8 @@ def commands(trained) -> dict[str, Command]:
                 lambda tmp, _: _no_index(tmp / "run"), lambda tmp: _index_rows(tmp / "run", 135)),
         Command("add", added, lambda tmp: snapshot(tmp / "run" / "index"), same("index"),
                 lambda tmp: _index_rows(tmp / "run", 138)),
+        Command("tune", study, lambda tmp: None, study_kept,
+                lambda tmp: (tmp / "study" / "best.yaml").is_file() or pytest.fail("no best.yaml")),
         Command("evaluate", lambda tmp: ["evaluate", copy(tmp, True), "--no-progress"],
                 lambda tmp: snapshot(tmp / "run"), same(""),
                 lambda tmp: (tmp / "run" / "results.json").is_file() or pytest.fail("no results.json")),
@@ -153,7 +169,7 @@ def points(n: int) -> list[int]:
     return list(range(1, n + 1)) if FULL else [(n + 1) // 2]
 
 
-NAMES = ["train", "resume-young", "index", "add", "evaluate"]
+NAMES = ["train", "resume-young", "index", "add", "evaluate", "tune"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -192,7 +208,7 @@ def _again(args: list, place: Path) -> list:
     return args
 
 
-@pytest.mark.parametrize("name", NAMES if FULL else ["add"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "tune"] if FULL else ["add"])
 def test_a_kill_at_each_write(commands, name, tmp_path):
     command = commands[name]
     total = writes_of(command, tmp_path / "count")
@@ -232,3 +248,38 @@ def test_a_dead_writers_leftovers_are_swept_and_a_live_ones_kept(tmp_path):
     (journal / fileio.JOURNAL).write_text('{"replace": [[".meta.json.999999999.zz.tx", "meta.json"]]}')
     fileio.sweep_leftovers(journal)  # the commit is completed first, then nothing is left to sweep
     assert (journal / "meta.json").read_text() == "new" and sorted(p.name for p in journal.iterdir()) == ["meta.json"]
+
+
+def test_a_full_disk_at_each_write_of_a_served_add(trained, tmp_path):
+    """`POST /entities` (the service's add) failed at each of its writes: 507 and one message, the index as it
+    was, the server ready; the same request again is applied."""
+    from fastapi.testclient import TestClient
+
+    from tests.test_serve import ready
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    cli("index", run_dir, "--no-progress")
+    body = {"entities": [{"id": f"s{i}", "name": f"served thing {i}"} for i in range(3)]}
+    with TestClient(kgc.api.app(kgc.load(run_dir, echo=None), max_wait_ms=1, watch_seconds=0)) as client:
+        ready(client)
+        probe = tmp_path / "probe"
+        shutil.copytree(run_dir, probe)
+        with TestClient(kgc.api.app(kgc.load(probe, echo=None), max_wait_ms=1, watch_seconds=0)) as counter:
+            ready(counter)
+            start = fileio.writes_so_far()
+            assert counter.post("/entities", json=body).status_code == 200
+            total = fileio.writes_so_far() - start
+        before = snapshot(run_dir / "index")
+        for n in points(total):
+            fileio._FAULTS["write"] = n
+            try:
+                r = client.post("/entities", json=body)
+            finally:
+                fileio._FAULTS.clear()
+            assert r.status_code == 507 and "Nothing was changed" in r.json()["detail"], (n, total, r.text)
+            assert snapshot(run_dir / "index") == before and not leftovers(run_dir), n
+            assert client.get("/health").json()["status"] == "ready"
+        r = client.post("/entities", json=body)
+        assert r.status_code == 200 and r.json()["added"] == 3
+    assert not leftovers(run_dir)
