@@ -216,7 +216,8 @@ def _prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}."
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (this one: yes; another user's: yes)."""
     if pid == os.getpid():
         return True
     try:
@@ -246,7 +247,7 @@ def sweep_leftovers(folder: str | os.PathLike, name: str | None = None) -> list[
         return gone
     for entry in entries:
         m = _LEFTOVER.match(entry.name)
-        if m is None or (name is not None and m.group("name") != name) or _alive(int(m.group("pid"))):
+        if m is None or (name is not None and m.group("name") != name) or pid_alive(int(m.group("pid"))):
             continue
         path = Path(entry.path)
         with contextlib.suppress(OSError):

@@ -188,7 +188,7 @@ class Study:
     def optimize(self, trials: int, timeout: float | None) -> None:
         import logging
 
-        import optuna
+        import optuna  # noqa: F401 — its "optuna" logger has its handler once it is imported
 
         quiet = _QuietFailures(self)  # on Optuna's handlers: its records come from child loggers
         handlers = logging.getLogger("optuna").handlers

@@ -156,6 +156,16 @@ class KnowledgeGraph:
         return AnswerIndex.from_arrays(graph_cache.derived(self, "answers", arrays), self.num_entities)
 
     @cached_property
+    def held_out_keys(self) -> dict[str, np.ndarray]:
+        """Sorted int64 keys ``(h * 2R + r) * E + t`` of the dev and test triples in both directions, by split
+        (held-out splits are small; a known answer in neither is a train triple)."""
+        out = {}
+        for split in ("dev", "test"):
+            q = self.both_directions(split)
+            out[split] = np.unique(self.hr_keys(q[:, 0], q[:, 1]) * self.num_entities + q[:, 2])
+        return out
+
+    @cached_property
     def train_keys(self) -> np.ndarray:
         """Sorted int64 keys ``(h * 2R + r) * E + t`` of every train triple in both directions."""
         q = self.both_directions("train")

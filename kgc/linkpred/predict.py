@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -189,6 +189,42 @@ def answer_rows(q: QueryLine, a: Answers) -> list[dict]:
     """``kgc predict --input … --format tsv``: one row per answer."""
     return [{"line": q.line, "head": a.head, "relation": a.relation, "rank": p.rank, "entity": p.entity,
              "name": p.name, "score": round(p.score, 6), "known": int(p.known)} for p in a.predictions]
+
+
+def answer_records(run, queries: Sequence[Query], answers: Sequence[Answers]) -> list[dict]:
+    """Each answer of ``run`` (a :class:`~kgc.linkpred.service.LinkPredRun`) as ``kgc predict --json`` prints it
+    and ``POST /predict`` answers it — one record, the same fields: the run, :meth:`Answers.to_json`, each
+    prediction's ``known_split`` (the split of the graph that holds the triple, "train", "dev" or "test"; None for
+    an answer not known) and, for a free-text head, its ``nearest`` entities by embedding (found for all of them in
+    one pass)."""
+    texts = list(dict.fromkeys(q.head for q in queries if q.h is None))
+    nearest = dict(zip(texts, run.nearest_entities(texts))) if texts else {}
+    out = []
+    for q, a in zip(queries, answers):
+        rec = {"run": str(run.path), **a.to_json()}
+        splits = run.known_splits(q, [p["entity"] for p in rec["predictions"]])
+        for p, split in zip(rec["predictions"], splits):
+            p["known_split"] = split if p["known"] else None
+        if q.h is None:
+            rec["nearest"] = nearest.get(q.head, [])
+        out.append(rec)
+    return out
+
+
+def known_splits(graph: KnowledgeGraph, full: KnowledgeGraph, q: Query, entities: list[str]) -> list[str]:
+    """For each answer entity (id, of ``full``: the graph with added entities) of ``q``, the split of ``graph``
+    that holds (head, relation, entity): "dev" or "test" when a held-out split does, else "train"."""
+    out = ["train"] * len(entities)
+    if q.h is None or q.h >= graph.num_entities:
+        return out
+    rows = np.array([full.entity_index.get(e, graph.num_entities) for e in entities], dtype=np.int64)
+    keys = graph.hr_keys(np.array([q.h]), np.array([q.r]))[0] * graph.num_entities + rows
+    for split, held in graph.held_out_keys.items():
+        if len(held):
+            at = np.searchsorted(held, keys).clip(max=len(held) - 1)
+            for i in np.flatnonzero((rows < graph.num_entities) & (held[at] == keys)):
+                out[i] = split
+    return out
 
 
 def predict_file(run, path: str | Path, out: str | Path | None = None, *, format: str | None = None,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kgc.errors import KGCError
 from kgc.linkpred.entity_index import EntityIndex
-from kgc.linkpred.predict import Answers, Query
+from kgc.linkpred.predict import Answers, Query, answer_records, known_splits
 from kgc.linkpred.predictor import Predictor
 from kgc.linkpred.query import QueryOptions
 from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir
@@ -117,53 +117,13 @@ class LinkPredRun(Run):
 
     def answer_records(self, queries: Sequence[Query], answers: Sequence[Answers]) -> list[dict]:
         """Each answer as ``kgc predict --json`` prints it and ``POST /predict`` answers it — one record, the same
-        fields: the run, :meth:`Answers.to_json`, each prediction's ``known_split`` (the split of the graph that
-        holds the triple, "train", "dev" or "test"; None for an answer not known) and, for a free-text head, its
-        ``nearest`` entities by embedding (found for all of them in one pass)."""
-        texts = list(dict.fromkeys(q.head for q in queries if q.h is None))
-        nearest = dict(zip(texts, self.nearest_entities(texts))) if texts else {}
-        out = []
-        for q, a in zip(queries, answers):
-            rec = {"run": str(self.path), **a.to_json()}
-            splits = self.known_splits(q, [p["entity"] for p in rec["predictions"]])
-            for p, split in zip(rec["predictions"], splits):
-                p["known_split"] = split if p["known"] else None
-            if q.h is None:
-                rec["nearest"] = nearest.get(q.head, [])
-            out.append(rec)
-        return out
-
-    def split_keys(self) -> dict[str, "np.ndarray"]:
-        """Sorted int64 keys ``(h * 2R + r) * E + t`` of the dev and test triples in both directions, built once
-        (held-out splits are small; a known answer in neither is a train triple)."""
-        if getattr(self, "_split_keys", None) is None:
-            import numpy as np
-
-            graph = self.graph()
-            keys = {}
-            for split in ("dev", "test"):
-                q = graph.both_directions(split)
-                keys[split] = np.unique(graph.hr_keys(q[:, 0], q[:, 1]) * graph.num_entities + q[:, 2])
-            self._split_keys = keys
-        return self._split_keys
+        fields (:func:`kgc.linkpred.predict.answer_records`)."""
+        return answer_records(self, queries, answers)
 
     def known_splits(self, q: Query, entities: list[str]) -> list[str]:
         """For each answer entity (id) of ``q``, the split that holds (head, relation, entity) if the graph has
         it: "dev" or "test" when a held-out split does, else "train" (meaningful for known answers only)."""
-        import numpy as np
-
-        graph, full = self.graph(), self.searcher()[1]
-        out = ["train"] * len(entities)
-        if q.h is None or q.h >= graph.num_entities:
-            return out
-        rows = np.array([full.entity_index.get(e, graph.num_entities) for e in entities], dtype=np.int64)
-        keys = graph.hr_keys(np.array([q.h]), np.array([q.r]))[0] * graph.num_entities + rows
-        for split, held in self.split_keys().items():
-            if len(held):
-                at = np.searchsorted(held, keys).clip(max=len(held) - 1)
-                for i in np.flatnonzero((rows < graph.num_entities) & (held[at] == keys)):
-                    out[i] = split
-        return out
+        return known_splits(self.graph(), self.searcher()[1], q, entities)
 
     def resolve_head(self, head: str, graph: "KnowledgeGraph", *, free_text: bool = False) -> int | None:
         return self.predictor.resolve_head(head, graph, free_text=free_text)

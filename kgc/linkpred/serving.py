@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, List, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kgc.errors import KGCError, ServiceStopping
-from kgc.fileio import write_text
+from kgc.fileio import pid_alive, write_text
 from kgc.linkpred.added import MAX_DESCRIPTION, MAX_ID, MAX_NAME
 from kgc.linkpred.query import QueryOptions
 from kgc.training.serving import BatcherFactory, Serving
@@ -130,21 +130,11 @@ def sweep_service_folders(run_dir: str | os.PathLike) -> list[Path]:
     gone = []
     for folder in Path(run_dir).glob(SERVICE_PREFIX + "*"):
         pid = folder.name[len(SERVICE_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         gone.append(folder)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LinkPredServing(Serving):
@@ -160,7 +150,7 @@ class LinkPredServing(Serving):
         sweep_service_folders(self.run.path)
         with self.lock:
             self._warm()
-            self.split_keys()
+            self.run.graph().held_out_keys  # noqa: B018 — built before ready (known_split)
             cache = self.run.model().layer_cache
             if cache is not None:  # the frozen layers' cache answers the texts it holds; new ones are not kept
                 cache.store = False
@@ -227,9 +217,6 @@ class LinkPredServing(Serving):
     def _encode(record: dict) -> bytes:
         """A reply (:meth:`LinkPredRun.answer_records`: the fields of ``kgc predict --json``) as UTF-8 JSON."""
         return json.dumps(record, ensure_ascii=False).encode("utf-8", "backslashreplace")
-
-    def split_keys(self) -> dict[str, Any]:
-        return self.run.split_keys()
 
     def resolve_one(self, q: PredictQuery) -> "Query":
         return self.run.resolve(q.head, q.relation, note=False, **q.options())
