@@ -411,13 +411,16 @@ def tune(recipe: Path = typer.Argument(..., help="a recipe with a tune: section 
          storage: Optional[str] = typer.Option(None, "--storage", help="an Optuna storage URL (default "
                                                "sqlite:///STUDY/study.db); workers on other machines join with it"),
          set_: List[str] = typer.Option([], "--set", help="a recipe key for every trial"),
+         study_name: Optional[str] = typer.Option(None, "--study-name", help="the study's name in its storage "
+                                                  "(default: the recipe's name and a hash of its space, budget, "
+                                                  "pruner and --set values)"),
          worker: bool = typer.Option(False, "--worker", hidden=True)) -> None:
     """Search a recipe's hyperparameters with Optuna (TPE, pruning on the dev curve); write best.yaml, the trials
     table and plots."""
     import kgc
 
     kgc.api.tune(recipe, out=out, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
-                 overrides=set_, echo=_echo, worker=worker)
+                 overrides=set_, echo=_echo, worker=worker, study_name=study_name)
 
 
 @app.command()

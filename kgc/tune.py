@@ -21,6 +21,7 @@ writes them. Without one, the task's and the conditioner's shipped spaces are se
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -39,6 +40,29 @@ from kgc.fileio import write_text, write_with
 from kgc.recipe import ParamRange, Recipe, load_recipe, parse_overrides, resolve_recipe
 
 STUDY_DB = "study.db"
+STUDY_JSON = "study.json"  # the study this folder holds: its name and what makes its trials comparable
+
+
+def study_identity(recipe: Recipe, space: dict, fixed: dict, metric: str) -> dict[str, Any]:
+    """What makes a study's trials comparable — the space, the budget and reports, the pruner, the sampler, the
+    metric, the --set values — with a short digest of it (the default study name's suffix)."""
+    import hashlib
+    import json
+
+    tc = recipe.tune
+    identity = {"space": {k: {f: v for f, v in space[k].model_dump().items() if v is not None and v is not False}
+                          for k in sorted(space)},
+                "budget": tc.budget, "reports": tc.reports, "pruner": tc.pruner, "sampler": "tpe",
+                "metric": f"dev {metric}", "fixed": {k: fixed[k] for k in sorted(fixed)}}
+    identity["digest"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return identity
+
+
+def _identity_text(a: dict, other: dict | None = None) -> str:
+    """What ``a`` says (only where it differs from ``other``, when given): 'budget "4 steps", space {...}'."""
+    keys = [k for k in ("budget", "reports", "pruner", "sampler", "metric", "space", "fixed")
+            if other is None or a.get(k) != other.get(k)] or ["space"]
+    return ", ".join(f"{k} {a.get(k)!r}" for k in keys)
 def default_space(recipe: Recipe) -> dict[str, dict]:
     """A recipe's space when its tune.space is empty: its task's (``Task.tune_space_for``) and its conditioner's
     (``Conditioner.tune_space``: the lr of the parameters it adds)."""
@@ -94,7 +118,8 @@ class Study:
     """A study folder: the Optuna study in ``study.db`` (or ``storage``), one run per trial under ``trials/``."""
 
     def __init__(self, recipe_path: Path, folder: Path, *, overrides: list[str] | None = None,
-                 storage: str | None = None, echo: Callable[[str], None] = print) -> None:
+                 storage: str | None = None, echo: Callable[[str], None] = print, trials: int | None = None,
+                 study_name: str | None = None) -> None:
         import optuna
 
         self.recipe_path, self.folder, self.overrides, self.echo = Path(recipe_path), Path(folder), overrides or [], echo
@@ -119,10 +144,54 @@ class Study:
                   "halving": optuna.pruners.SuccessiveHalvingPruner(),
                   "none": optuna.pruners.NopPruner()}[tc.pruner]
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = optuna.create_study(study_name=self.recipe.name, storage=self.storage, direction="maximize",
-                                         sampler=optuna.samplers.TPESampler(seed=self.recipe.train.seed,
-                                                                            n_startup_trials=max(2, tc.trials // 4)),
+        self.identity = study_identity(self.recipe, self.space, self.fixed, self.task.metric)
+        self.name = study_name or self._default_name(url)
+        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
                                          pruner=pruner, load_if_exists=True)
+        self._check_identity()
+        asked = trials or tc.trials
+        self.seed = sampler_seed(self.recipe.train.seed, self.study)
+        self.study.sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=max(2, asked // 4))
+        self.duplicates = 0  # draws that repeated a trial's values (failed, drawn anew)
+
+    def _default_name(self, url: str) -> str:
+        """The recipe's name and a short hash of what makes its trials comparable (space, budget, reports, pruner,
+        sampler, metric, the --set values): a study with another budget or space is another study. A study this
+        folder made before names were hashed (the recipe's name alone) is continued under that name."""
+        import optuna
+
+        hashed = f"{self.recipe.name}-{self.identity['digest']}"
+        if not (self.folder / STUDY_JSON).is_file() and (self.folder / STUDY_DB).is_file():
+            names = {s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)}
+            if self.recipe.name in names and hashed not in names:
+                return self.recipe.name
+        return hashed
+
+    def _check_identity(self) -> None:
+        """Refuse to join a study whose trials were drawn from another space or budget (named both ways); record
+        this study's identity in the study (for other machines on one --storage) and in STUDY/study.json (one
+        study per folder: its trials' folders and outputs are the study's)."""
+        import json
+
+        recorded = self.study.user_attrs.get("kgc")
+        here = self.folder / STUDY_JSON
+        if recorded is None and here.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                folder_record = json.loads(here.read_text(encoding="utf-8"))
+                if folder_record.get("name") != self.name:
+                    raise KGCError(f"{self.folder} holds the study {folder_record.get('name')!r} "
+                                   f"({_identity_text(folder_record)}); this command asks for {self.name!r} "
+                                   f"({_identity_text(self.identity)}). A study compares trials of one space and "
+                                   "budget: give another --out for a new study (or --study-name to join that one "
+                                   "as it is).")
+        if recorded is not None and recorded.get("digest") != self.identity["digest"]:
+            raise KGCError(f"the study {self.name!r} was drawn with {_identity_text(recorded, self.identity)}; this "
+                           f"command asks for {_identity_text(self.identity, recorded)}. A study compares trials of "
+                           "one space and budget: give another --out or --study-name for a new study, or set the "
+                           "recipe back to join this one.")
+        if recorded is None:
+            self.study.set_user_attr("kgc", self.identity)
+        write_text(here, json.dumps({"name": self.name, **self.identity}, indent=2, default=str) + "\n")
 
     def _check_space(self) -> None:
         """Every key of the space must be a key of the recipe (its lowest and highest values both valid)."""
@@ -156,6 +225,12 @@ class Study:
         from kgc.training.loop import train
 
         values = suggest(trial, self.space)
+        same = self.same_values(trial, values)
+        if same is not None:  # never a point twice: this draw fails (it trains nothing) and the next is drawn anew
+            self.duplicates += 1
+            trial.set_user_attr("duplicate_of", same)
+            self.echo(f"trial {trial.number}: the values of trial {same} again; drawing anew")
+            raise DuplicatePoint(f"the values of trial {same}")
         with_values = resolve_recipe(self.recipe_path, {**self.fixed, **values})
         extra = budget_overrides(with_values, self.budget, self.recipe.tune.reports)
         recipe = resolve_recipe(self.recipe_path, {**self.fixed, **values, **extra})
@@ -185,6 +260,21 @@ class Study:
 
     stopped: KGCError | None = None  # what ended the study: said once, by the caller (not by Optuna's log too)
 
+    def same_values(self, trial, values: dict) -> int | None:
+        """The number of another trial of the study — finished, or running now in another process — that has
+        exactly ``values``; None when none has. A killed trial's retry has its values by design: it is compared
+        with the others, not with the trial it retries."""
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False)
+        me = next((t for t in trials if t.number == trial.number), None)
+        retried = me.system_attrs.get("failed_trial") if me is not None else None
+        for other in trials:
+            if other.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING) and \
+                    other.number not in (trial.number, retried) and other.params == values:
+                return other.number
+        return None
+
     def optimize(self, trials: int, timeout: float | None) -> None:
         import logging
 
@@ -209,9 +299,13 @@ class Study:
         left = trials - self.finished()
         if left <= 0:
             return
-        self.study.optimize(self.objective, n_trials=left + _retries(self.study), timeout=timeout,
-                            catch=(), callbacks=[optuna.study.MaxTrialsCallback(
+        self.study.optimize(self.objective, n_trials=left + _retries(self.study) + MAX_REDRAWS, timeout=timeout,
+                            catch=(DuplicatePoint,), callbacks=[optuna.study.MaxTrialsCallback(
                                 trials, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))])
+        if self.finished() < trials and self.duplicates and timeout is None:
+            self.echo(f"the search space gave {self.finished()} distinct points of the {trials} trials asked: "
+                      f"{self.duplicates} draws repeated a trial's values (a space of few choices is exhausted; "
+                      "widen it or ask fewer trials)")
 
     # ------------------------------------------------------------------ what a study leaves
 
@@ -231,7 +325,8 @@ class Study:
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         out = {"study": str(self.folder), "trials": len(trials), "complete": len(complete),
                "pruned": sum(t.state == TrialState.PRUNED for t in trials),
-               "failed": sum(t.state == TrialState.FAIL for t in trials), "best": None, "plots": []}
+               "failed": sum(t.state == TrialState.FAIL and "duplicate_of" not in t.user_attrs for t in trials),
+               "redrawn": sum("duplicate_of" in t.user_attrs for t in trials), "best": None, "plots": []}
         if complete:
             best = self.study.best_trial
             path = self.folder / "best.yaml"
@@ -281,6 +376,32 @@ class Study:
         return drawn
 
 
+MAX_REDRAWS = 20  # draws a call may spend on values a trial had already, beyond the trials asked
+
+
+class DuplicatePoint(Exception):
+    """A draw that repeated another trial's values: that trial fails without training (Optuna records it), and
+    the sampler draws again."""
+
+
+def sampler_seed(seed: int, study) -> int:
+    """The seed of this process's sampler: the recipe's ``train.seed`` for a new study run by one process (a
+    study is reproducible); moved on by the number of trials the study holds when it is continued, so a
+    continuation draws new points instead of the first ones again; and by this process's id and host when other
+    processes work on the study (``--jobs``, several machines on one ``--storage``), so workers draw apart."""
+    import socket
+    import zlib
+
+    from optuna.trial import TrialState
+
+    held = len(study.get_trials(deepcopy=False))
+    others = os.environ.get("KGC_TUNE_WORKER") is not None or bool(
+        study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    salt = zlib.crc32(f"{socket.gethostname()}:{os.getpid()}:{os.environ.get('KGC_TUNE_WORKER', '')}".encode()) \
+        if others else 0
+    return (seed + 1_000_003 * held + salt) % (2 ** 32)
+
+
 class _QuietFailures:
     """A logging filter on Optuna: its "Trial N failed …" records (with a traceback) are dropped once a trial
     stopped the study with a KGCError, which the caller says once."""
@@ -289,7 +410,10 @@ class _QuietFailures:
         self.study = study
 
     def filter(self, record) -> bool:
-        return self.study.stopped is None or "failed" not in record.getMessage()
+        text = record.getMessage()
+        if "DuplicatePoint" in text or (record.exc_info and isinstance(record.exc_info[1], DuplicatePoint)):
+            return False  # said by the study's own line
+        return self.study.stopped is None or "failed" not in text
 
 
 def _best_of(run: Path, metric: str) -> float:
@@ -344,14 +468,15 @@ def _markdown(rows: list[dict], metric: str) -> str:
 
 def tune(recipe: str | Path, *, out: str | Path | None = None, trials: int | None = None,
          timeout_minutes: float | None = None, jobs: int = 1, storage: str | None = None,
-         overrides: list[str] | None = None, echo: Callable[[str], None] = print, worker: bool = False) -> dict:
+         overrides: list[str] | None = None, echo: Callable[[str], None] = print, worker: bool = False,
+         study_name: str | None = None) -> dict:
     """Run (or continue) the study of ``recipe`` in ``out`` (default ``runs/tune-<name>``) until it holds
     ``trials`` finished trials (default ``tune.trials``); ``jobs`` worker processes here; return the summary."""
     base = load_recipe(Path(recipe), overrides or [])
     folder = Path(out) if out is not None else Path("runs") / f"tune-{base.name}"
     try:
         return _tune(recipe, base, folder, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
-                     overrides=overrides, echo=echo, worker=worker)
+                     overrides=overrides, echo=echo, worker=worker, study_name=study_name)
     except Exception as exc:
         error = storage_error(exc, folder, storage)
         if error is None:
@@ -392,19 +517,21 @@ def storage_error(exc: BaseException, folder: Path, storage: str | None) -> KGCE
 
 def _tune(recipe: str | Path, base: Recipe, folder: Path, *, trials: int | None, timeout_minutes: float | None,
           jobs: int, storage: str | None, overrides: list[str] | None, echo: Callable[[str], None],
-          worker: bool) -> dict:
-    study = Study(Path(recipe), folder, overrides=overrides, storage=storage, echo=echo)
+          worker: bool, study_name: str | None) -> dict:
     n = trials or base.tune.trials
+    study = Study(Path(recipe), folder, overrides=overrides, storage=storage, echo=echo, trials=n,
+                  study_name=study_name)
     timeout = 60 * (timeout_minutes or base.tune.timeout_minutes or 0) or None
     start = time.time()
     if jobs > 1 and not worker:
         argv = [sys.executable, "-m", "kgc", "tune", str(recipe), "--out", str(folder), "--trials", str(n), "--worker",
-                "--storage", storage or f"sqlite:///{(folder / STUDY_DB).resolve()}",
+                "--storage", storage or f"sqlite:///{(folder / STUDY_DB).resolve()}", "--study-name", study.name,
                 *(a for o in overrides or [] for a in ("--set", o))]
         if timeout:
             argv += ["--timeout-minutes", f"{timeout / 60:g}"]
-        procs = [subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-                 for _ in range(jobs)]
+        procs = [subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                                             "KGC_TUNE_WORKER": str(i)})  # each worker its own sampler seed
+                 for i in range(jobs)]
         codes = [p.wait() for p in procs]
         if any(codes):
             raise KGCError(f"kgc tune: a worker exited with {max(codes)}; the study in {folder} keeps what finished "

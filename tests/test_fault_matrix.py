@@ -118,7 +118,7 @@ def commands(trained, tiny_bert) -> dict[str, Command]:
         if (tmp / "study" / "study.db").exists():
             import optuna
 
-            optuna.load_study(study_name="umls_matrix", storage=f"sqlite:///{tmp / 'study' / 'study.db'}")
+            optuna.load_study(study_name=None, storage=f"sqlite:///{tmp / 'study' / 'study.db'}")
 
     def trained_whole(tmp: Path) -> None:
         run = tmp / "run"

@@ -47,7 +47,7 @@ def test_a_study_of_eight_trials_writes_the_best_recipe_the_table_and_the_plots(
                                       "loss.margin": {"choices": [0.0, 0.02]}}, pruner="none")
     summary = tune(recipe, out=tmp_path / "study", trials=8, echo=lambda m: None)
     assert summary["complete"] == 8 and summary["failed"] == 0
-    study = optuna.load_study(study_name="umls_tune", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     values = [t.value for t in study.trials]
     assert summary["best"]["value"] == max(values) == study.best_value
     for t in study.trials:  # each trial: its own run, trained 6 steps, validated at steps 3 and 6
@@ -92,7 +92,7 @@ def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home,
         monkeypatch.setenv(key, env[key])
     summary = tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
     assert summary["complete"] == 3 and summary["failed"] == 1
-    study = optuna.load_study(study_name="umls_resume", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     states = [t.state.name for t in study.trials]
     assert states.count("COMPLETE") == 3 and states[1] == "FAIL", states
     assert first.stat().st_mtime_ns == stamp  # trial 0 kept, not redone
@@ -113,7 +113,7 @@ def test_two_worker_processes_share_one_study(tiny_bert, tmp_path, data_home, mo
     recipe = write_tune_recipe(tmp_path / "umls_jobs.yaml", tiny_bert, budget="4 steps", pruner="none",
                                space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
     summary = tune(recipe, out=tmp_path / "study", trials=3, jobs=2, echo=lambda m: None)
-    study = optuna.load_study(study_name="umls_jobs", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert 3 <= len(done) <= 4 and summary["complete"] == len(done) and len(study.trials) == len(done)
     spans = sorted((t.datetime_start, t.datetime_complete) for t in done)
@@ -121,6 +121,8 @@ def test_two_worker_processes_share_one_study(tiny_bert, tmp_path, data_home, mo
     folders = sorted(p.name for p in (tmp_path / "study" / "trials").iterdir())
     assert folders == [f"{t.number:04d}" for t in sorted(done, key=lambda t: t.number)]
     assert all((tmp_path / "study" / "trials" / f / "train_summary.json").is_file() for f in folders)
+    params = [t.params["train.lr"] for t in done]
+    assert len(set(params)) == len(params), params  # the two workers drew apart (they drew alike before)
 
 
 def test_a_trial_below_the_median_is_pruned(tiny_bert, tmp_path, data_home, monkeypatch):
@@ -245,3 +247,77 @@ def test_a_study_database_that_fails_mid_study_is_one_message_and_keeps_its_tria
     monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", real)
     summary = tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
     assert summary["complete"] == 3
+
+
+def test_a_continued_study_never_draws_a_point_again(tiny_bert, tmp_path, data_home, monkeypatch):
+    """`--trials 3` then `--trials 5` on the same study: the continuation draws new points (each process used to
+    restart TPE's seeded random start: trials 3 and 4 repeated trials 0 and 1); a categorical space of two values
+    asked for three trials says it is exhausted instead of training a point twice."""
+    import optuna
+
+    from kgc.tune import tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_more.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
+    tune(recipe, out=tmp_path / "study", trials=5, echo=lambda m: None)
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    lrs = [t.params["train.lr"] for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(lrs) == 5 and len(set(lrs)) == 5, lrs
+
+    lines: list[str] = []
+    two = write_tune_recipe(tmp_path / "umls_two.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none",
+                            space={"loss.margin": {"choices": [0.0, 0.02]}})
+    summary = tune(two, out=tmp_path / "two", trials=3, echo=lines.append)
+    assert summary["complete"] == 2 and summary["redrawn"] >= 1 and summary["failed"] == 0
+    assert any("the search space gave 2 distinct points of the 3 trials asked" in line for line in lines), lines
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'two' / 'study.db'}")
+    margins = [t.params["loss.margin"] for t in study.trials if t.state.name == "COMPLETE"]
+    assert sorted(margins) == [0.0, 0.02]
+
+
+def test_each_process_on_a_study_seeds_its_own_sampler(tmp_path, monkeypatch):
+    """The sampler's seed: the recipe's for a new study in one process (reproducible), moved on by the trials a
+    continued study holds, and apart for each worker (--jobs) or process beside others (one --storage)."""
+    import optuna
+
+    from kgc.tune import sampler_seed
+
+    monkeypatch.delenv("KGC_TUNE_WORKER", raising=False)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    assert sampler_seed(7, study) == 7
+    study.add_trial(optuna.create_trial(params={"x": 1.0}, distributions={
+        "x": optuna.distributions.FloatDistribution(0, 2)}, value=0.5))
+    assert sampler_seed(7, study) == 7 + 1_000_003
+    seeds = set()
+    for worker in ("0", "1"):
+        monkeypatch.setenv("KGC_TUNE_WORKER", worker)
+        seeds.add(sampler_seed(7, study))
+    assert len(seeds) == 2 and 7 + 1_000_003 not in seeds
+
+
+def test_a_study_with_another_budget_or_space_is_another_study(tiny_bert, tmp_path, data_home, monkeypatch):
+    """The study is named by the recipe and a hash of its space, budget, pruner and --set values (study.json
+    records them): continuing it into the same folder with another budget is refused naming both budgets, as is
+    joining a named study drawn with another space; the same settings continue it."""
+    from kgc.tune import STUDY_JSON, tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    space = {"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}}
+    recipe = write_tune_recipe(tmp_path / "umls_same.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none",
+                               space=space)
+    tune(recipe, out=tmp_path / "study", trials=1, echo=lambda m: None)
+    record = json.loads((tmp_path / "study" / STUDY_JSON).read_text())
+    assert record["name"] == f"umls_same-{record['digest']}" and record["budget"] == "2 steps"
+    longer = write_tune_recipe(tmp_path / "umls_same.yaml", tiny_bert, budget="4 steps", reports=1, pruner="none",
+                               space=space)
+    with pytest.raises(KGCError, match=r"holds the study 'umls_same-\w+' \(.*budget '2 steps'.*\); this command "
+                                       r"asks for 'umls_same-\w+' \(.*budget '4 steps'"):
+        tune(longer, out=tmp_path / "study", trials=2, echo=lambda m: None)
+    with pytest.raises(KGCError, match=r"the study 'umls_same-\w+' was drawn with budget '2 steps'; this command "
+                                       r"asks for budget '4 steps'"):
+        tune(longer, out=tmp_path / "elsewhere", trials=2, echo=lambda m: None, study_name=record["name"],
+             storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    write_tune_recipe(tmp_path / "umls_same.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none", space=space)
+    assert tune(recipe, out=tmp_path / "study", trials=2, echo=lambda m: None)["complete"] == 2
