@@ -151,6 +151,14 @@ class TrainConfig(Section):
                                "exceeds what the machine has free (kgc/training/estimate.py); false: warn and go on "
                                "(kgc train --no-memory-check)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_tracker(cls, data: Any) -> Any:
+        """``train.trackers: tensorboard`` (or ``--set train.trackers=tensorboard``) is the list of that one."""
+        if isinstance(data, dict) and isinstance(data.get("trackers"), str):
+            data = {**data, "trackers": [t.strip() for t in data["trackers"].split(",") if t.strip()]}
+        return data
+
     @model_validator(mode="after")
     def _threads_positive(self) -> "TrainConfig":
         if isinstance(self.length_bucket, int) and self.length_bucket < 0:

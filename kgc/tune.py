@@ -53,7 +53,7 @@ def study_identity(recipe: Recipe, space: dict, fixed: dict, metric: str) -> dic
     identity = {"space": {k: {f: v for f, v in space[k].model_dump().items() if v is not None and v is not False}
                           for k in sorted(space)},
                 "budget": tc.budget, "reports": tc.reports, "pruner": tc.pruner, "sampler": "tpe",
-                "metric": f"dev {metric}", "fixed": {k: fixed[k] for k in sorted(fixed)}}
+                "metric": metric, "fixed": {k: fixed[k] for k in sorted(fixed)}}
     identity["digest"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return identity
 
@@ -149,7 +149,13 @@ class Study:
         self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
                                          pruner=pruner, load_if_exists=True)
         self._check_identity()
-        asked = trials or tc.trials
+        asked = self.asked = trials or tc.trials
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental in some Optuna versions
+            self.study.set_metric_names([self.task.metric])  # the objective's name in optuna-dashboard (dev_mrr)
+        if self.budget is None:
+            echo("warning: tune.budget is not set, so every trial trains the recipe's whole budget; set it (e.g. "
+                 f"--set 'tune.budget=20000 {self.task.unit}') to compare trials at a fraction of it")
         self.seed = sampler_seed(self.recipe.train.seed, self.study)
         self.study.sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=max(2, asked // 4))
         self.duplicates = 0  # draws that repeated a trial's values (failed, drawn anew)
@@ -242,23 +248,102 @@ class Study:
 
             shutil.rmtree(out)
         self.echo(f"trial {trial.number}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+        last = recipe.train.max_steps  # the budget's last step (None: a budget in minutes)
+        start = time.perf_counter()
 
         def report(step: int, figures: dict) -> None:
-            trial.report(float(figures[metric]), step)
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"dev {figures[metric]:.4f} at step {step}")
+            value = float(figures[metric])
+            trial.report(value, step)
+            seconds = time.perf_counter() - start
+            self.echo(f"trial {trial.number}: step {step}{f'/{last}' if last else ''}, {metric} {value:.4f} "
+                      f"({seconds:.0f}s, {step / max(seconds, 1e-9):.2f} steps/s)")
+            if (last is None or step < last) and trial.should_prune():  # never at its last report: it is done
+                self.echo(f"trial {trial.number}: pruned at step {step} ({metric} {value:.4f}, behind the "
+                          f"earlier trials at that step)")
+                raise optuna.TrialPruned(f"dev {value:.4f} at step {step}")
 
         try:
-            train(recipe, out=out, progress=False, echo=lambda m: None, on_validation=report)
+            with self.tracked(trial.number):
+                train(recipe, out=out, progress=False, echo=lambda m: None, on_validation=report)
         except KGCError as exc:  # a full disk, a bad value: the study stops with this one message
             self.stopped = exc
+            self.tag_trial(out, "failed")
             raise KGCError(f"trial {trial.number} ({out}): {exc}") from None
+        except optuna.TrialPruned:
+            self.tag_trial(out, "pruned")
+            raise
+        self.tag_trial(out, "complete")
         best = _best_of(out, metric)
         trial.set_user_attr("run", str(out))
-        self.echo(f"trial {trial.number}: best {metric} {best:.4f}")
+        self.echo(f"trial {trial.number}: complete, best {metric} {best:.4f} "
+                  f"({time.perf_counter() - start:.0f}s)")
         return best
 
+    def progress(self, study, trial) -> None:
+        """After each trial (an Optuna callback): the study's progress and an end time from the trials' pace."""
+        from optuna.trial import TrialState
+
+        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))]
+        if trial.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not self.asked:
+            return
+        left = max(0, self.asked - len(done))
+        spans = [(t.datetime_complete - t.datetime_start).total_seconds() for t in done
+                 if t.datetime_complete and t.datetime_start]
+        eta = f", about {sum(spans) / len(spans) * left / 60:.0f} min left" if spans and left else ""
+        self.echo(f"study: {len(done)} of {self.asked} trials finished{eta}")
+
     stopped: KGCError | None = None  # what ended the study: said once, by the caller (not by Optuna's log too)
+
+    # ------------------------------------------------------------------ MLflow: one parent run, a child per trial
+
+    def mlflow_parent(self) -> "tuple[str, str] | None":
+        """(store URI, parent run id) of the study's MLflow run when the recipe tracks with MLflow: in the study's
+        experiment (named as the study), in ``$MLFLOW_TRACKING_URI`` or ``STUDY/mlflow/mlflow.db``, made once
+        (``STUDY/mlflow/parent_run_id``) and tagged with the study's identity."""
+        if "mlflow" not in self.recipe.train.trackers:
+            return None
+        if getattr(self, "_parent", None) is None:
+            from mlflow.tracking import MlflowClient
+
+            folder = self.folder / "mlflow"
+            folder.mkdir(parents=True, exist_ok=True)
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(folder / 'mlflow.db').resolve()}"
+            client = MlflowClient(uri)
+            id_file = folder / "parent_run_id"
+            run_id = id_file.read_text().strip() if id_file.is_file() else ""
+            if not run_id:
+                experiment = client.get_experiment_by_name(self.name)
+                experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(
+                    self.name, artifact_location=(folder / "artifacts").resolve().as_uri())
+                run_id = client.create_run(experiment_id, run_name=f"study {self.name}", tags={
+                    "kgc.study": self.name, "kgc.budget": str(self.identity["budget"]),
+                    "kgc.metric": self.task.metric}).info.run_id
+                write_text(id_file, run_id + "\n")
+            self._parent = (uri, run_id)
+        return self._parent
+
+    @contextlib.contextmanager
+    def tracked(self, number: int):
+        """Trial ``number``'s MLflow run (if the recipe tracks with MLflow) as a child of the study's run."""
+        parent = self.mlflow_parent()
+        if parent is None:
+            yield
+            return
+        from kgc.training.trackers import study_trial
+
+        with study_trial(self.name, parent[1], parent[0], {"kgc.study": self.name, "kgc.trial": str(number)}):
+            yield
+
+    def tag_trial(self, run: Path, state: str) -> None:
+        """The trial's outcome (complete, pruned, failed) as a tag of its MLflow run."""
+        parent = self.mlflow_parent()
+        id_file = run / "mlflow" / "run_id"
+        if parent is None or not id_file.is_file():
+            return
+        from mlflow.tracking import MlflowClient
+
+        with contextlib.suppress(Exception):  # a tag is not worth a trial
+            MlflowClient(parent[0]).set_tag(id_file.read_text().split()[0], "kgc.state", state)
 
     def same_values(self, trial, values: dict) -> int | None:
         """The number of another trial of the study — finished, or running now in another process — that has
@@ -301,7 +386,8 @@ class Study:
             return
         self.study.optimize(self.objective, n_trials=left + _retries(self.study) + MAX_REDRAWS, timeout=timeout,
                             catch=(DuplicatePoint,), callbacks=[optuna.study.MaxTrialsCallback(
-                                trials, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))])
+                                trials, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)),
+                                self.progress])
         if self.finished() < trials and self.duplicates and timeout is None:
             self.echo(f"the search space gave {self.finished()} distinct points of the {trials} trials asked: "
                       f"{self.duplicates} draws repeated a trial's values (a space of few choices is exhausted; "
@@ -316,10 +402,15 @@ class Study:
         rows = []
         for t in trials:
             run = self.trial_dir(t.number)
+            took = (t.datetime_complete - t.datetime_start).total_seconds() \
+                if t.datetime_complete and t.datetime_start else None
             rows.append({"trial": t.number, "state": t.state.name.lower(),
                          "value": None if t.value is None else round(t.value, 4),
                          "steps": max(t.intermediate_values, default=None),
+                         "start": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
+                         "seconds": None if took is None else round(took, 1),
                          **{k: t.params.get(k) for k in self.space}, "run": str(run)})
+        rows.sort(key=lambda r: (r["value"] is None, -(r["value"] or 0), r["trial"]))  # best first
         _write_csv(self.folder / "trials.csv", rows)
         write_text(self.folder / "trials.md", _markdown(rows, self.task.metric))
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -458,7 +549,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def _markdown(rows: list[dict], metric: str) -> str:
     if not rows:
         return "no trials yet\n"
-    keys = [k for k in rows[0] if k != "run"]
+    keys = [k for k in rows[0] if k not in ("run", "start")]
     head = ["trial", "state", metric, "steps", *keys[4:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0))):

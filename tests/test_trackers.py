@@ -129,14 +129,65 @@ def test_wandb_writes_an_offline_run_with_the_recipe_rows_image_and_test_figures
     assert summary["test_mrr"] == pytest.approx(results["both"]["realistic"]["inverse_harmonic_mean_rank"])
 
 
-def test_csv_holds_each_scalar_in_the_long_layout(tracked):
+def test_csv_is_pykeens_csv_result_tracker_layout(tracked, tmp_path):
+    """metrics.csv: the header and rows PyKEEN's CSVResultTracker writes (type,step,key,value): the parameters at
+    step 0, then each step's numbers (the epoch among them) as metric rows, equal to metrics.jsonl."""
+    from pykeen.trackers import CSVResultTracker
+
     path, rows, _ = tracked
     with (path / "metrics.csv").open(newline="") as f:
         table = list(csv.DictReader(f))
-    expected = [(r["step"], k, v) for r in rows for k, v in r.items()
-                if k not in ("step", "epoch") and isinstance(v, (int, float))]
-    assert [(int(t["step"]), t["key"]) for t in table] == [(s, k) for s, k, _ in expected]
-    assert [float(t["value"]) for t in table] == pytest.approx([v for _, _, v in expected])
+    ours = (path / "metrics.csv").read_text().splitlines()
+    theirs = CSVResultTracker(path=tmp_path / "pykeen.csv")
+    theirs.start_run()
+    theirs.log_params({"train": {"lr": 0.001}})
+    theirs.log_metrics({"loss": 2.5}, step=3)
+    theirs.end_run()
+    pk = (tmp_path / "pykeen.csv").read_text().splitlines()
+    assert ours[0] == pk[0] == "type,step,key,value"
+    assert pk[1:] == ["parameter,0,train.lr,0.001", "metric,3,loss,2.5"]
+    params = [t for t in table if t["type"] == "parameter"]
+    assert params and all(t["step"] == "0" for t in params) and any(t["key"] == "train.lr" for t in params)
+    metrics = [t for t in table if t["type"] == "metric"]
+    expected = [(r["step"], k, float(v)) for r in rows for k, v in r.items()
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    got = sorted((int(t["step"]), t["key"], float(t["value"])) for t in metrics)  # a step may log two rows
+    want = sorted(expected)
+    assert [(s, k) for s, k, _ in got] == [(s, k) for s, k, _ in want]
+    assert [v for _, _, v in got] == pytest.approx([v for _, _, v in want])
+
+
+def test_tensorboard_holds_the_test_figures_after_kgc_evaluate(tracked):
+    """`kgc evaluate` writes its headline figures into the run's TensorBoard events (test/mrr …) at its last step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path, _, results = tracked
+    events = EventAccumulator(str(path / "tensorboard"), size_guidance={"scalars": 0}).Reload()
+    (mrr,) = events.Scalars("test/mrr")
+    assert mrr.value == pytest.approx(results["both"]["realistic"]["inverse_harmonic_mean_rank"])
+    assert mrr.step == json.loads((path / "train_summary.json").read_text())["steps"]
+    assert "test/hits_at_10" in events.Tags()["scalars"]
+
+
+def test_a_resumed_run_logs_each_step_into_mlflow_once(tmp_path):
+    """MLflow kept a resumed run's replayed steps twice: the reopened run skips the steps MLflow holds already."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from kgc.training.trackers import open_trackers
+
+    first = open_trackers(["mlflow"], tmp_path, {"train": {"lr": 1}}, title="t")
+    for step in (1, 2, 3):
+        first.log({"step": step, "loss": float(step)})
+    first.close()
+    second = open_trackers(["mlflow"], tmp_path, {"train": {"lr": 1}}, title="t", resume_step=2)
+    for step in (3, 4):
+        second.log({"step": step, "loss": float(step)})
+    second.finish([])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    run_id = (tmp_path / "mlflow" / "run_id").read_text().split()[0]
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss")) == [
+        (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
 
 
 def test_a_resumed_run_keeps_each_step_once(tmp_path):
@@ -154,7 +205,11 @@ def test_a_resumed_run_keeps_each_step_once(tmp_path):
         second.log({"step": step, "loss": 10.0 * step})
     second.finish([])
     with (tmp_path / "metrics.csv").open(newline="") as f:
-        assert [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f)] == [(1, 1), (2, 2), (3, 30), (4, 40)]
+        table = list(csv.DictReader(f))
+    assert [(int(r["step"]), float(r["value"])) for r in table if r["key"] == "loss"] == [(1, 1), (2, 2), (3, 30),
+                                                                                        (4, 40)]
+    assert [(r["type"], r["key"], r["value"]) for r in table if r["type"] == "parameter"] == [
+        ("parameter", "train.lr", "1")]  # once, not again on the resume
     events = EventAccumulator(str(tmp_path / "tensorboard"), purge_orphaned_data=True).Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1), (2, 2), (3, 30), (4, 40)]
 
@@ -198,3 +253,12 @@ def test_an_unknown_tracker_is_refused_by_the_recipe(tmp_path):
     path.write_text("data: {dataset: umls}\ntrain: {trackers: [tensorbord]}\n")
     with pytest.raises(KGCError, match="tensorbord"):
         load_recipe(path)
+
+
+def test_one_tracker_may_be_written_without_brackets():
+    """`--set train.trackers=tensorboard` failed without the `[a,b]` hint: one name (or a comma list) is the list."""
+    from kgc.recipe import load_recipe
+
+    assert load_recipe(None, ["train.trackers=csv"]).train.trackers == ["csv"]
+    assert load_recipe(None, ["train.trackers=tensorboard,csv"]).train.trackers == ["tensorboard", "csv"]
+    assert load_recipe(None, ["train.trackers=[csv]"]).train.trackers == ["csv"]

@@ -321,3 +321,65 @@ def test_a_study_with_another_budget_or_space_is_another_study(tiny_bert, tmp_pa
              storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     write_tune_recipe(tmp_path / "umls_same.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none", space=space)
     assert tune(recipe, out=tmp_path / "study", trials=2, echo=lambda m: None)["complete"] == 2
+
+
+def test_a_study_says_what_it_does_and_never_prunes_a_finished_trial(tiny_bert, tmp_path, data_home, monkeypatch):
+    """A line per report (step, figure, pace) and per outcome, the study's progress after each trial; trials.csv
+    best first with start and seconds; the objective named in the study (optuna-dashboard); a trial is never
+    pruned at its last report (its whole budget is spent: it is done); no tune.budget is warned about."""
+    import csv
+
+    import optuna
+
+    from kgc.tune import Study
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_said.yaml", tiny_bert, budget="4 steps", reports=1,
+                               space={"train.lr": {"low": 1e-9, "high": 3e-3, "log": True}})
+    lines: list[str] = []
+    study = Study(recipe, tmp_path / "study", echo=lines.append, trials=3)
+    for lr in (2e-3, 3e-3, 1e-9):  # the third would be pruned by the median — but its one report is its last
+        study.study.enqueue_trial({"train.lr": lr})
+    study.optimize(3, None)
+    study.write_outputs()
+    assert [t.state.name for t in study.study.trials] == ["COMPLETE"] * 3
+    assert any(line.startswith("trial 0: step 4/4, dev_mrr ") and "steps/s)" in line for line in lines), lines
+    assert any(line.startswith("trial 2: complete, best dev_mrr") for line in lines)
+    assert "study: 1 of 3 trials finished, about" in "\n".join(lines) and "study: 3 of 3 trials finished" in lines
+    assert study.study.metric_names == ["dev_mrr"]
+    with open(tmp_path / "study" / "trials.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    values = [float(r["value"]) for r in rows]
+    assert values == sorted(values, reverse=True) and all(r["start"] and float(r["seconds"]) > 0 for r in rows)
+
+    said: list[str] = []
+    no_budget = write_tune_recipe(tmp_path / "umls_nobudget.yaml", tiny_bert, budget=None)
+    Study(no_budget, tmp_path / "other", echo=said.append)
+    assert any(line.startswith("warning: tune.budget is not set") for line in said), said
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_a_studys_trials_are_child_runs_of_one_mlflow_run(tiny_bert, tmp_path, data_home, monkeypatch):
+    """With train.trackers mlflow, a study is one MLflow experiment (named as the study) holding one parent run and
+    each trial's run as its child, tagged with the trial's number, the study and its outcome."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from kgc.tune import STUDY_JSON, tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    recipe = write_tune_recipe(tmp_path / "umls_mlflow.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    recipe.write_text(recipe.read_text().replace("num_threads: 1}", "num_threads: 1, trackers: [mlflow]}"))
+    tune(recipe, out=tmp_path / "study", trials=2, echo=lambda m: None)
+    name = json.loads((tmp_path / "study" / STUDY_JSON).read_text())["name"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'study' / 'mlflow' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id])
+    parent = (tmp_path / "study" / "mlflow" / "parent_run_id").read_text().strip()
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
+    assert len(runs) == 3 and len(children) == 2
+    assert sorted(r.data.tags["kgc.trial"] for r in children) == ["0", "1"]
+    assert all(r.data.tags["kgc.state"] == "complete" and r.data.tags["kgc.study"] == name for r in children)
+    assert all("loss" in r.data.metrics and "train.lr" in r.data.params for r in children)

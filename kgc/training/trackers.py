@@ -9,7 +9,8 @@ curves — TensorBoard, MLflow, a CSV file.
   resolved recipe, flattened (``train.lr``); metrics per step; artefacts ``curves.png`` and ``train_summary.json``
   (and ``results.json`` after ``kgc evaluate``). A resumed run logs into the same MLflow run (its id is kept in
   ``RUN/mlflow/run_id``).
-* ``csv``: ``RUN/metrics.csv`` in the long layout PyKEEN's ``CSVResultTracker`` writes (``step,epoch,key,value``).
+* ``csv``: ``RUN/metrics.csv`` in the layout of PyKEEN's ``CSVResultTracker`` (``type,step,key,value``: the
+  recipe's parameters, then a metric row per number per step).
 * ``wandb``: one Weights & Biases run per kgc run, **offline** unless ``$WANDB_MODE`` says otherwise (nothing leaves
   the machine; ``wandb sync RUN/wandb/offline-run-*`` uploads it later), under ``RUN/wandb``; the project is
   ``$WANDB_PROJECT`` or the recipe's name, the config the resolved recipe, the rows logged against a ``step`` metric
@@ -25,6 +26,7 @@ metrics). Nothing here changes what a run computes.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import io
@@ -76,6 +78,21 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+STUDY: dict[str, Any] = {}  # a tuning study's trial being trained here: experiment, parent run, tags (kgc tune)
+
+
+@contextlib.contextmanager
+def study_trial(experiment: str, parent_run_id: str, uri: str, tags: dict[str, str]):
+    """While a ``kgc tune`` trial trains in this process: its MLflow run is a child of the study's parent run, in
+    the study's experiment and store, tagged with the trial's number and the study (so MLflow's table compares a
+    study's trials as one)."""
+    STUDY.update(experiment=experiment, parent=parent_run_id, uri=uri, tags=tags)
+    try:
+        yield
+    finally:
+        STUDY.clear()
 
 
 class Tracker:
@@ -131,6 +148,22 @@ class TensorBoardTracker(Tracker):
     def abort(self) -> None:
         self.writer.close()
 
+    @staticmethod
+    def results_into(run_dir: Path, metrics: dict[str, float]) -> None:
+        """After ``kgc evaluate``: the figures (``test_mrr`` → ``test/mrr``) at the run's last step, in the same
+        event folder as its curves."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        try:
+            step = int(json.loads((run_dir / "train_summary.json").read_text(encoding="utf-8"))["steps"])
+        except (OSError, ValueError, KeyError, TypeError):
+            step = 0
+        writer = SummaryWriter(str(run_dir / "tensorboard"))
+        for key, value in metrics.items():
+            split, _, name = key.partition("_")
+            writer.add_scalar(f"{split}/{name}", value, step)
+        writer.close()
+
 
 class MLflowTracker(Tracker):
     name = "mlflow"
@@ -146,19 +179,26 @@ class MLflowTracker(Tracker):
 
         self.folder = self.run_dir / "mlflow"
         self.folder.mkdir(exist_ok=True)
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(self.folder / 'mlflow.db').resolve()}"
-        self.client = MlflowClient(self.uri)
         id_file = self.folder / "run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        known = id_file.read_text().split() if id_file.is_file() else []  # run id [store URI]
+        self.uri = (known[1] if len(known) > 1 else None) or STUDY.get("uri") or os.environ.get(
+            "MLFLOW_TRACKING_URI") or f"sqlite:///{(self.folder / 'mlflow.db').resolve()}"
+        self.client = MlflowClient(self.uri)
+        run_id = known[0] if known else ""
+        self.logged_until = -1  # a resumed run's steps MLflow holds already (the replay logs the same values)
         if not run_id:
-            experiment = self.client.get_experiment_by_name(self.title)
+            title = STUDY.get("experiment") or self.title
+            experiment = self.client.get_experiment_by_name(title)
             experiment_id = (experiment.experiment_id if experiment is not None else self.client.create_experiment(
-                self.title, artifact_location=(self.folder / "artifacts").resolve().as_uri()))
-            run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name).info.run_id
-            write_text(id_file, run_id + "\n")
+                title, artifact_location=(self.folder / "artifacts").resolve().as_uri()))
+            tags = {**STUDY.get("tags", {}), **({"mlflow.parentRunId": STUDY["parent"]} if STUDY else {})}
+            run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name, tags=tags).info.run_id
+            write_text(id_file, run_id + (f" {self.uri}" if STUDY else "") + "\n")
             self._params(run_id)
         else:
             self.client.update_run(run_id, status="RUNNING")
+            if self.resume_step is not None:
+                self.logged_until = max((m.step for m in self.client.get_metric_history(run_id, "loss")), default=-1)
         self.run_id = run_id
 
     def _params(self, run_id: str) -> None:
@@ -172,6 +212,8 @@ class MLflowTracker(Tracker):
         from mlflow.entities import Metric
 
         step, now = int(record.get("step", 0)), int(time.time() * 1000)
+        if step <= self.logged_until:  # replayed after a resume: MLflow holds this step already, once
+            return
         metrics = [Metric(key, value, now, step) for key, value in scalars(record).items()]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
@@ -196,24 +238,30 @@ class MLflowTracker(Tracker):
 
 
 class CSVTracker(Tracker):
+    """``RUN/metrics.csv`` in PyKEEN's ``CSVResultTracker`` layout: ``type,step,key,value``, the recipe's
+    parameters first (``parameter``, step 0, flattened keys), then a ``metric`` row per number per logged step (the
+    epoch among them). A resumed run drops the metric rows past its restart, as metrics.jsonl does."""
+
     name = "csv"
-    HEADER = ["step", "epoch", "key", "value"]
+    HEADER = ["type", "step", "key", "value"]  # pykeen.trackers.CSVResultTracker.HEADER
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.path = self.run_dir / "metrics.csv"
-        if self.resume_step is not None and self.path.is_file():  # drop the rows past the restart, as metrics.jsonl
+        if self.resume_step is not None and self.path.is_file():  # drop the rows past the restart
             with self.path.open(newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= self.resume_step]
+                rows = [r for r in csv.DictReader(f) if r.get("type") != "metric" or
+                        (r.get("step") or "").isdigit() and int(r["step"]) <= self.resume_step]
             self._write(rows, mode="w")
         elif not self.path.is_file() or self.resume_step is None:
-            self._write([], mode="w")
+            self._write([{"type": "parameter", "step": 0, "key": k, "value": v}
+                         for k, v in flatten(self.params).items()], mode="w")
 
     def _write(self, rows: list[dict[str, Any]], *, mode: str) -> None:
         """``mode`` "w": the file anew, whole (atomically); "a": rows appended (a cut last row after a crash is
         dropped by the resume's rewrite)."""
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=self.HEADER, lineterminator="\n")
+        writer = csv.DictWriter(buf, fieldnames=self.HEADER, lineterminator="\n", extrasaction="ignore")
         if mode == "w":
             writer.writeheader()
         writer.writerows(rows)
@@ -223,9 +271,11 @@ class CSVTracker(Tracker):
             append_line(self.path, buf.getvalue())
 
     def log(self, record: dict[str, Any]) -> None:
-        step, epoch = record.get("step", 0), record.get("epoch", "")
-        self._write([{"step": step, "epoch": epoch, "key": k, "value": v} for k, v in scalars(record).items()],
-                    mode="a")
+        step = int(record.get("step", 0))
+        values = scalars(record)
+        if isinstance(record.get("epoch"), (int, float)):
+            values = {"epoch": float(record["epoch"]), **values}
+        self._write([{"type": "metric", "step": step, "key": k, "value": v} for k, v in values.items()], mode="a")
 
 
 class WandbTracker(Tracker):
@@ -320,6 +370,9 @@ def open_trackers(names: Iterable[str], run_dir: Path, params: dict[str, Any], *
 def log_results(names: Iterable[str], run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
     """After ``kgc evaluate RUN``: the test figures into the trackers that keep one record per run (MLflow's and
     W&B's run of this training, reopened by its id); the others hold curves only."""
+    if "tensorboard" in names and (run_dir / "tensorboard").is_dir():
+        check_available(["tensorboard"])
+        TensorBoardTracker.results_into(run_dir, metrics)
     if "mlflow" in names and (run_dir / "mlflow" / "run_id").is_file():
         check_available(["mlflow"])
         MLflowTracker(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
