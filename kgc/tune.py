@@ -289,7 +289,9 @@ class Study:
         left = max(0, self.asked - len(done))
         spans = [(t.datetime_complete - t.datetime_start).total_seconds() for t in done
                  if t.datetime_complete and t.datetime_start]
-        eta = f", about {sum(spans) / len(spans) * left / 60:.0f} min left" if spans and left else ""
+        seconds = sum(spans) / len(spans) * left if spans else 0
+        eta = "" if not left or not spans else (f", about {seconds / 60:.0f} min left" if seconds >= 90 else
+                                                  f", about {seconds:.0f} s left")
         self.echo(f"study: {len(done)} of {self.asked} trials finished{eta}")
 
     stopped: KGCError | None = None  # what ended the study: said once, by the caller (not by Optuna's log too)
@@ -638,6 +640,7 @@ def _tune(recipe: str | Path, base: Recipe, folder: Path, *, trials: int | None,
         echo(f"best: trial {b['trial']}, {study.task.metric} {b['value']:.4f}: "
              + ", ".join(f"{k}={_fmt(v)}" for k, v in b["params"].items()))
         echo(f"wrote {b['recipe']}: kgc train {b['recipe']}")
-    echo(f"{summary['complete']} complete, {summary['pruned']} pruned, {summary['failed']} failed; "
+    redrawn = f", {summary['redrawn']} draws redrawn" if summary["redrawn"] else ""
+    echo(f"{summary['complete']} complete, {summary['pruned']} pruned, {summary['failed']} failed{redrawn}; "
          f"{folder / 'trials.md'}, plots: {', '.join(summary['plots']) or 'none'}")
     return summary
