@@ -775,7 +775,8 @@ def recipes_copy(name: str = typer.Argument(..., help="a recipe: its name (wn18r
     from kgc import api
 
     written = api.copy_recipe(name, dest, force=force)
-    _echo(f"wrote {written} (recipe {name}, every key written out); train it: kgc train {written}")
+    _echo(f"wrote {written} (recipe {name} with its `extends` chain merged in: the keys that family sets, the "
+          f"others at their defaults; a relative data.path made absolute); train it: kgc train {written}")
 
 
 @data_app.command("fetch")

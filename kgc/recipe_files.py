@@ -94,6 +94,24 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def _data_path_beside(path: Path, tree: dict[str, Any]) -> None:
+    """A relative ``data.path`` in the recipe file ``path`` names a folder beside that file (as ``extends:`` does):
+    made absolute when it is there, so the recipe trains from any folder and a copy of it still finds its data; one
+    that is only under the current folder is read there, as before; one in neither place is one message naming both
+    places it looked."""
+    data = tree.get("data")
+    raw = data.get("path") if isinstance(data, dict) else None
+    if not isinstance(raw, str) or not raw.strip() or Path(raw).expanduser().is_absolute():
+        return
+    beside = (path.parent / raw).resolve()
+    if beside.exists():
+        data["path"] = str(beside)
+    elif not Path(raw).exists():
+        raise KGCError(f"{path}: data.path {raw}: no such folder beside the recipe ({beside}) or in the current folder "
+                       f"({Path(raw).resolve()}). A relative data.path is read beside the recipe file; give the "
+                       "folder's path from there, or an absolute one.")
+
+
 def _resolve(path: Path, chain: tuple[Path, ...], child: Path | None = None) -> dict[str, Any]:
     """The tree of ``path`` with its ``extends`` chain resolved (file keys removed; ``name`` as written).
     ``chain``: the resolved files on the way here, ``path``'s included; ``child``: the file that extends ``path``."""
@@ -104,6 +122,7 @@ def _resolve(path: Path, chain: tuple[Path, ...], child: Path | None = None) -> 
             raise
         raise KGCError(f"{child}: extends {_shown(path)}, which is not a recipe it can start from: {exc}") from None
     tree.pop("about", None)
+    _data_path_beside(path, tree)
     if "extends" not in tree:
         return tree
     base = _base_path(path, tree.pop("extends"))

@@ -80,6 +80,8 @@ def test_every_recipe_resolves_to_what_it_said_before(path):
     if path.name in RENAMED:  # the only name that may differ: the file's own stem
         assert before["name"] == Path(RENAMED[path.name]).stem
         before["name"] = path.stem
+    if not Path(before.get("data", {}).get("path") or "/").is_absolute():  # read from the checkout's root before,
+        before["data"] = {**before["data"], "path": str((ROOT / before["data"]["path"]).resolve())}  # beside it now
     assert tree == before
     assert tree["name"] == path.stem
     validate_recipe(load_tree(path), source=str(path))  # every resolved recipe still validates
@@ -265,3 +267,29 @@ def test_kgc_recipes_copy(tmp_path):
     cli("recipes", "copy", "umls_csr", dest, "--force")
     assert load_tree(dest)["name"] == "umls_csr"
     assert "train.lr" in cli("recipes", "keys", "train.").stdout  # `kgc recipe keys` under the plural too
+
+
+def test_a_relative_data_path_is_read_beside_the_recipe(tmp_path, monkeypatch):
+    """`kgc recipes copy capitals /tmp/x/my.yaml && cd /tmp/x && kgc train my.yaml` failed: capitals.yaml's
+    data.path was read from the current folder. It is read beside the recipe file (absolute in a copy); a path
+    only under the current folder still works; one in neither place names both."""
+    from kgc.errors import KGCError
+    from kgc.recipe import load_recipe
+    from kgc.recipe_files import copy_recipe
+    from tests.conftest import ROOT
+
+    dest = tmp_path / "x" / "my.yaml"
+    copy_recipe("capitals", dest)
+    monkeypatch.chdir(tmp_path / "x")
+    recipe = load_recipe(dest)
+    assert recipe.data.path == str((ROOT / "data" / "examples" / "capitals").resolve())
+    (tmp_path / "x" / "mine").mkdir()
+    (tmp_path / "x" / "r.yaml").write_text("data: {path: mine}\n")
+    assert load_recipe(tmp_path / "x" / "r.yaml").data.path == str(tmp_path / "x" / "mine")
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "r.yaml").write_text("data: {path: mine}\n")  # mine/ is under the current folder only
+    assert load_recipe(tmp_path / "y" / "r.yaml").data.path == "mine"
+    (tmp_path / "y" / "bad.yaml").write_text("data: {path: nowhere}\n")
+    with pytest.raises(KGCError, match=r"bad\.yaml: data\.path nowhere: no such folder beside the recipe \(.*y/nowhere\) "
+                                       r"or in the current folder \(.*x/nowhere\)"):
+        load_recipe(tmp_path / "y" / "bad.yaml")

@@ -38,6 +38,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("tune.py", "__init__", "sqlite"): "Optuna's SQLite study (SQLite's own journal; a full disk under it is one "
                                        "message: kgc.tune)",
     ("tune.py", "_tune", "sqlite"): "the same study's URL handed to the workers",
+    ("tune.py", "mlflow_parent", "sqlite"): "MLflow's own SQLite store of a study's runs (STUDY/mlflow/mlflow.db)",
 }
 
 # functions that write into a folder their caller stages: allowed if every call of them is inside the writer
