@@ -137,15 +137,18 @@ def compare(recipes: Sequence[str | Path], overrides: Sequence[str] = (), out: s
 def tune(recipe: str | Path, *, out: str | Path | None = None, trials: int | None = None,
          timeout_minutes: float | None = None, jobs: int = 1, storage: str | None = None,
          overrides: Sequence[str] = (), echo: Echo | None = print, worker: bool = False,
-         study_name: str | None = None) -> dict:
+         study_name: str | None = None, metric: str | None = None, sampler: str | None = None) -> dict:
     """Run (or continue) ``kgc tune``: Optuna over the recipe's ``tune:`` space, each trial a run under
     ``out/trials``; returns the summary (best trial and its recipe file, counts by state and of draws that
     repeated a trial's values, plots written). ``study_name``: the study's name in its storage (default: the
-    recipe's name and a hash of its space, budget, pruner and overrides; a study drawn with another is refused)."""
+    recipe's name and a hash of its space, budget, pruner, sampler, metric and overrides; a study drawn with
+    another is refused). ``metric``: the dev figure to optimise (``"dev_hits_at_10"``; default ``tune.metric``,
+    else the task's), in its direction; ``sampler``: ``"tpe"``, ``"random"``, ``"grid"`` or ``"cmaes"``."""
     from kgc.tune import tune as run_tune
 
     return run_tune(recipe, out=out, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
-                    overrides=list(overrides), echo=echo or _silent, worker=worker, study_name=study_name)
+                    overrides=list(overrides), echo=echo or _silent, worker=worker, study_name=study_name,
+                    metric=metric, sampler=sampler)
 
 
 def curves(runs: Sequence[str | Path], out: str | Path, *, echo: Echo | None = print) -> dict:

@@ -414,13 +414,18 @@ def tune(recipe: Path = typer.Argument(..., help="a recipe with a tune: section 
          study_name: Optional[str] = typer.Option(None, "--study-name", help="the study's name in its storage "
                                                   "(default: the recipe's name and a hash of its space, budget, "
                                                   "pruner and --set values)"),
+         metric: Optional[str] = typer.Option(None, "--metric", help="the dev figure to optimise, in its "
+                                              "direction (default tune.metric, else dev MRR / dev Spearman): "
+                                              "dev_hits_at_10, hits@1, dev_head_above_gold, dev_pearson, …"),
+         sampler: Optional[str] = typer.Option(None, "--sampler", help="tpe, random, grid (choices and stepped "
+                                               "ranges) or cmaes (two or more ranges); default tune.sampler (tpe)"),
          worker: bool = typer.Option(False, "--worker", hidden=True)) -> None:
-    """Search a recipe's hyperparameters with Optuna (TPE, pruning on the dev curve); write best.yaml, the trials
-    table and plots."""
+    """Search a recipe's hyperparameters with Optuna (TPE by default, pruning on the dev curve); write best.yaml,
+    the trials table and plots."""
     import kgc
 
     kgc.api.tune(recipe, out=out, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
-                 overrides=set_, echo=_echo, worker=worker, study_name=study_name)
+                 overrides=set_, echo=_echo, worker=worker, study_name=study_name, metric=metric, sampler=sampler)
 
 
 @app.command()

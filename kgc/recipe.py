@@ -216,6 +216,12 @@ class TuneConfig(Section):
         "median", description="stop a trial whose dev figure falls below the median of earlier trials at the same "
                               "step (median) or outside the top of its rung (halving: successive halving)")
     timeout_minutes: Optional[float] = Field(None, gt=0, description="kgc tune starts no trial after this many minutes")
+    metric: Optional[str] = Field(None, description="the dev figure a study optimises, in its direction (kgc tune "
+                                                    "--metric: dev_mrr, dev_hits_at_10, dev_head_above_gold, "
+                                                    "dev_pearson, …); unset: the task's (dev MRR, dev Spearman)")
+    sampler: Literal["tpe", "random", "grid", "cmaes"] = Field(
+        "tpe", description="how a study draws a trial's values: tpe (Optuna's TPE), random, grid (every point of a "
+                           "space of choices and stepped ranges, in random order) or cmaes (CMA-ES: ranges only)")
     stale_after: int = Field(20, ge=4, description="seconds: a running trial whose heartbeat (sent every quarter of "
                                                    "this) is older is taken for killed, marked failed and its values "
                                                    "tried once more")

@@ -52,7 +52,7 @@ def study_identity(recipe: Recipe, space: dict, fixed: dict, metric: str) -> dic
     tc = recipe.tune
     identity = {"space": {k: {f: v for f, v in space[k].model_dump().items() if v is not None and v is not False}
                           for k in sorted(space)},
-                "budget": tc.budget, "reports": tc.reports, "pruner": tc.pruner, "sampler": "tpe",
+                "budget": tc.budget, "reports": tc.reports, "pruner": tc.pruner, "sampler": tc.sampler,
                 "metric": metric, "fixed": {k: fixed[k] for k in sorted(fixed)}}
     identity["digest"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return identity
@@ -63,6 +63,76 @@ def _identity_text(a: dict, other: dict | None = None) -> str:
     keys = [k for k in ("budget", "reports", "pruner", "sampler", "metric", "space", "fixed")
             if other is None or a.get(k) != other.get(k)] or ["space"]
     return ", ".join(f"{k} {a.get(k)!r}" for k in keys)
+
+
+def resolve_metric(task, name: str | None) -> tuple[str, str]:
+    """(the dev figure a study optimises, "maximize" or "minimize"): ``name`` as the task's validation reports it
+    (``dev_hits_at_10``), without its ``dev_`` prefix (``hits_at_10``) or as PyKEEN writes it (``hits@10``);
+    None: the task's metric (the one that picks best.pt)."""
+    if name is None:
+        return task.metric, task.dev_metrics.get(task.metric, "maximize")
+    key = name.strip().lower().replace("@", "_at_")
+    key = key if key.startswith("dev_") else f"dev_{key}"
+    if key not in task.dev_metrics:
+        raise KGCError(f"tune.metric {name!r}: not a dev figure of {task.title}; it reports "
+                       + ", ".join(f"{k} ({'higher' if d == 'maximize' else 'lower'} is better)"
+                                   for k, d in task.dev_metrics.items()))
+    return key, task.dev_metrics[key]
+
+
+def grid_points(space: dict[str, ParamRange]) -> dict[str, list] | None:
+    """Every value of each parameter when the space is a grid (choices, int ranges, float ranges with a step);
+    None when a parameter is a continuous range."""
+    import numpy as np
+
+    grid: dict[str, list] = {}
+    for key, spec in space.items():
+        if spec.choices is not None:
+            grid[key] = list(spec.choices)
+        elif spec.is_int():
+            grid[key] = list(range(int(spec.low), int(spec.high) + 1, int(spec.step or 1)))
+        elif spec.step is not None:
+            n = int(math.floor((spec.high - spec.low) / spec.step + 1e-9)) + 1
+            grid[key] = [float(round(v, 12)) for v in spec.low + spec.step * np.arange(n)]
+        else:
+            return None
+    return grid
+
+
+def make_sampler(kind: str, space: dict[str, ParamRange], seed: int, asked: int):
+    """The Optuna sampler ``tune.sampler`` names, seeded with ``seed`` (:func:`sampler_seed`); a space the sampler
+    cannot search is refused with the reason and the samplers that can."""
+    import optuna
+
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, asked // 4))
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        grid = grid_points(space)
+        if grid is None:
+            ranges = [k for k, v in space.items() if v.choices is None and not v.is_int() and v.step is None]
+            raise KGCError(f"tune.sampler grid: {', '.join(ranges)} is a continuous range; give it a step "
+                           "({low, high, step}) or choices, or use tpe, random or cmaes")
+        size = math.prod(len(v) for v in grid.values())
+        if size > 100_000:
+            raise KGCError(f"tune.sampler grid: the space has {size:,} points; use tpe or random for a space "
+                           "this large, or fewer values")
+        return optuna.samplers.GridSampler(grid, seed=seed)
+    if kind == "cmaes":
+        choices = [k for k, v in space.items() if v.choices is not None]
+        if choices or len(space) < 2:
+            why = (f"{', '.join(choices)} {'is a choice' if len(choices) == 1 else 'are choices'}" if choices
+                   else "the space has one parameter")
+            raise KGCError(f"tune.sampler cmaes: CMA-ES searches two or more ranges, and {why}; use tpe, random "
+                           "or grid")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental options in some Optuna versions
+            return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=max(1, asked // 4),
+                                                warn_independent_sampling=False)
+    raise KGCError(f"tune.sampler {kind!r}: use tpe, random, grid or cmaes")
+
+
 def default_space(recipe: Recipe) -> dict[str, dict]:
     """A recipe's space when its tune.space is empty: its task's (``Task.tune_space_for``) and its conditioner's
     (``Conditioner.tune_space``: the lr of the parameters it adds)."""
@@ -119,20 +189,29 @@ class Study:
 
     def __init__(self, recipe_path: Path, folder: Path, *, overrides: list[str] | None = None,
                  storage: str | None = None, echo: Callable[[str], None] = print, trials: int | None = None,
-                 study_name: str | None = None) -> None:
+                 study_name: str | None = None, metric: str | None = None, sampler: str | None = None) -> None:
         import optuna
 
         self.recipe_path, self.folder, self.overrides, self.echo = Path(recipe_path), Path(folder), overrides or [], echo
         self.fixed = parse_overrides(self.overrides)  # --set: typed values, for every trial
         self.recipe = load_recipe(self.recipe_path, self.overrides)
         tc = self.recipe.tune
+        if metric is not None:  # --metric / --sampler: the study's, not a value set for every trial
+            tc.metric = metric
+        if sampler is not None:
+            if sampler not in ("tpe", "random", "grid", "cmaes"):
+                raise KGCError(f"--sampler {sampler!r}: use tpe, random, grid or cmaes")
+            tc.sampler = sampler
         raw = tc.space or {k: ParamRange(**v) for k, v in default_space(self.recipe).items()}
         self.space = raw
         from kgc.training.task import task_class
 
         self.task = task_class(self.recipe.task)
+        self.metric, self.direction = resolve_metric(self.task, tc.metric)
         self.budget = parse_budget(tc.budget, self.task.unit)
         self._check_space()
+        asked = self.asked = trials or tc.trials
+        make_sampler(tc.sampler, self.space, 0, asked)  # a space this sampler cannot search: said before anything
         self.folder.mkdir(parents=True, exist_ok=True)
         url = storage or f"sqlite:///{(self.folder / STUDY_DB).resolve()}"
         with warnings.catch_warnings():
@@ -144,20 +223,19 @@ class Study:
                   "halving": optuna.pruners.SuccessiveHalvingPruner(),
                   "none": optuna.pruners.NopPruner()}[tc.pruner]
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.identity = study_identity(self.recipe, self.space, self.fixed, self.task.metric)
+        self.identity = study_identity(self.recipe, self.space, self.fixed, self.metric)
         self.name = study_name or self._default_name(url)
-        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="maximize",
+        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction=self.direction,
                                          pruner=pruner, load_if_exists=True)
         self._check_identity()
-        asked = self.asked = trials or tc.trials
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # experimental in some Optuna versions
-            self.study.set_metric_names([self.task.metric])  # the objective's name in optuna-dashboard (dev_mrr)
+            self.study.set_metric_names([self.metric])  # the objective's name in optuna-dashboard (dev_mrr)
         if self.budget is None:
             echo("warning: tune.budget is not set, so every trial trains the recipe's whole budget; set it (e.g. "
                  f"--set 'tune.budget=20000 {self.task.unit}') to compare trials at a fraction of it")
         self.seed = sampler_seed(self.recipe.train.seed, self.study)
-        self.study.sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=max(2, asked // 4))
+        self.study.sampler = make_sampler(tc.sampler, self.space, self.seed, asked)
         self.duplicates = 0  # draws that repeated a trial's values (failed, drawn anew)
 
     def _default_name(self, url: str) -> str:
@@ -241,7 +319,7 @@ class Study:
         extra = budget_overrides(with_values, self.budget, self.recipe.tune.reports)
         recipe = resolve_recipe(self.recipe_path, {**self.fixed, **values, **extra})
         recipe.name = f"{self.recipe.name}-trial{trial.number:04d}"
-        metric = self.task.metric
+        metric, sign = self.metric, (1 if self.direction == "maximize" else -1)
         out = self.trial_dir(trial.number)
         if out.exists():  # a retried trial (its process was killed): start it again from nothing
             import shutil
@@ -250,9 +328,12 @@ class Study:
         self.echo(f"trial {trial.number}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
         last = recipe.train.max_steps  # the budget's last step (None: a budget in minutes)
         start = time.perf_counter()
+        best: list[float] = []  # the trial's best dev figure so far (in the study's direction)
 
         def report(step: int, figures: dict) -> None:
             value = float(figures[metric])
+            if not math.isnan(value) and (not best or sign * value > sign * best[0]):
+                best[:] = [value]
             trial.report(value, step)
             seconds = time.perf_counter() - start
             self.echo(f"trial {trial.number}: step {step}{f'/{last}' if last else ''}, {metric} {value:.4f} "
@@ -273,26 +354,25 @@ class Study:
             self.tag_trial(out, "pruned")
             raise
         self.tag_trial(out, "complete")
-        best = _best_of(out, metric)
+        if not best:
+            raise KGCError(f"{out}: the trial validated nothing, so it has no {metric}; give tune.budget room for "
+                           "at least one validation")
         trial.set_user_attr("run", str(out))
-        self.echo(f"trial {trial.number}: complete, best {metric} {best:.4f} "
+        self.echo(f"trial {trial.number}: complete, best {metric} {best[0]:.4f} "
                   f"({time.perf_counter() - start:.0f}s)")
-        return best
+        return best[0]
 
-    def progress(self, study, trial) -> None:
-        """After each trial (an Optuna callback): the study's progress and an end time from the trials' pace."""
+    def progress(self, study, trial=None) -> None:
+        """The study's progress bar, at its start and after each finished trial (an Optuna callback), with the
+        time left from the finished trials' mean duration: ``study [######------] 2/5 trials, about 3 min left``."""
         from optuna.trial import TrialState
 
         done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))]
-        if trial.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not self.asked:
+        if (trial is not None and trial.state not in (TrialState.COMPLETE, TrialState.PRUNED)) or not self.asked:
             return
-        left = max(0, self.asked - len(done))
-        spans = [(t.datetime_complete - t.datetime_start).total_seconds() for t in done
-                 if t.datetime_complete and t.datetime_start]
-        seconds = sum(spans) / len(spans) * left if spans else 0
-        eta = "" if not left or not spans else (f", about {seconds / 60:.0f} min left" if seconds >= 90 else
-                                                  f", about {seconds:.0f} s left")
-        self.echo(f"study: {len(done)} of {self.asked} trials finished{eta}")
+        self.echo(progress_line(done, self.asked, self.jobs))
+
+    jobs = 1  # worker processes on the study here (the time left is divided among them)
 
     stopped: KGCError | None = None  # what ended the study: said once, by the caller (not by Optuna's log too)
 
@@ -319,7 +399,7 @@ class Study:
                     self.name, artifact_location=(folder / "artifacts").resolve().as_uri())
                 run_id = client.create_run(experiment_id, run_name=f"study {self.name}", tags={
                     "kgc.study": self.name, "kgc.budget": str(self.identity["budget"]),
-                    "kgc.metric": self.task.metric}).info.run_id
+                    "kgc.metric": self.metric}).info.run_id
                 write_text(id_file, run_id + "\n")
             self._parent = (uri, run_id)
         return self._parent
@@ -386,11 +466,16 @@ class Study:
         left = trials - self.finished()
         if left <= 0:
             return
+        self.progress(self.study)
         self.study.optimize(self.objective, n_trials=left + _retries(self.study) + MAX_REDRAWS, timeout=timeout,
                             catch=(DuplicatePoint,), callbacks=[optuna.study.MaxTrialsCallback(
                                 trials, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)),
                                 self.progress])
-        if self.finished() < trials and self.duplicates and timeout is None:
+        grid = self.study.sampler
+        if self.finished() < trials and timeout is None and isinstance(grid, optuna.samplers.GridSampler):
+            self.echo(f"the grid has {math.prod(len(v) for v in grid_points(self.space).values())} points and "
+                      f"the study has tried them all ({self.finished()} finished of the {trials} asked)")
+        elif self.finished() < trials and self.duplicates and timeout is None:
             self.echo(f"the search space gave {self.finished()} distinct points of the {trials} trials asked: "
                       f"{self.duplicates} draws repeated a trial's values (a space of few choices is exhausted; "
                       "widen it or ask fewer trials)")
@@ -412,9 +497,10 @@ class Study:
                          "start": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
                          "seconds": None if took is None else round(took, 1),
                          **{k: t.params.get(k) for k in self.space}, "run": str(run)})
-        rows.sort(key=lambda r: (r["value"] is None, -(r["value"] or 0), r["trial"]))  # best first
+        sign = 1 if self.direction == "maximize" else -1
+        rows.sort(key=lambda r: (r["value"] is None, -sign * (r["value"] or 0), r["trial"]))  # best first
         _write_csv(self.folder / "trials.csv", rows)
-        write_text(self.folder / "trials.md", _markdown(rows, self.task.metric))
+        write_text(self.folder / "trials.md", _markdown(rows, self.metric))
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         out = {"study": str(self.folder), "trials": len(trials), "complete": len(complete),
                "pruned": sum(t.state == TrialState.PRUNED for t in trials),
@@ -435,7 +521,7 @@ class Study:
         tree = yaml.safe_load(recipe.to_yaml())
         tree.pop("tune", None)
         head = (f"# kgc tune {self.recipe_path} → trial {number} of {self.folder}: best "
-                f"{self.task.metric} {value:.4f} at {_budget_text(self.budget, self.task.unit)}\n"
+                f"{self.metric} {value:.4f} at {_budget_text(self.budget, self.task.unit)}\n"
                 f"# {', '.join(f'{k}={_fmt(v)}' for k, v in params.items())}\n")
         return head + yaml.safe_dump(tree, sort_keys=False)
 
@@ -470,6 +556,21 @@ class Study:
 
 
 MAX_REDRAWS = 20  # draws a call may spend on values a trial had already, beyond the trials asked
+BAR = 20  # characters of the study's progress bar
+
+
+def progress_line(done: list, asked: int, jobs: int = 1) -> str:
+    """``study [########------------] 2/5 trials, about 3 min left``: ``done`` the finished trials (their mean
+    duration times the trials left, over ``jobs`` workers, is the time left)."""
+    n = min(len(done), asked)
+    filled = round(BAR * n / asked) if asked else BAR
+    left = max(0, asked - len(done))
+    spans = [(t.datetime_complete - t.datetime_start).total_seconds() for t in done
+             if t.datetime_complete and t.datetime_start]
+    seconds = sum(spans) / len(spans) * math.ceil(left / max(1, jobs)) if spans else 0
+    eta = "" if not left or not spans else (f", about {seconds / 60:.0f} min left" if seconds >= 90 else
+                                              f", about {seconds:.0f} s left")
+    return f"study [{'#' * filled}{'-' * (BAR - filled)}] {n}/{asked} trials{eta}"
 
 
 class DuplicatePoint(Exception):
@@ -509,17 +610,6 @@ class _QuietFailures:
         return self.study.stopped is None or "failed" not in text
 
 
-def _best_of(run: Path, metric: str) -> float:
-    import json
-
-    summary = json.loads((run / "train_summary.json").read_text())
-    best = summary.get(f"best_{metric}")
-    if best is None:
-        raise KGCError(f"{run}: the trial validated nothing, so it has no {metric}; give tune.budget room for "
-                       "at least one validation")
-    return float(best)
-
-
 def _retries(study) -> int:
     """Trials of a killed process waiting to be tried again (RetryFailedTrialCallback enqueues them)."""
     from optuna.trial import TrialState
@@ -554,7 +644,7 @@ def _markdown(rows: list[dict], metric: str) -> str:
     keys = [k for k in rows[0] if k not in ("run", "start")]
     head = ["trial", "state", metric, "steps", *keys[4:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["value"] is None, -(r["value"] or 0))):
+    for r in rows:  # in the caller's order: best first
         lines.append("| " + " | ".join("" if r[k] is None else _fmt(r[k]) for k in keys) + " |")
     return "\n".join(lines) + "\n"
 
@@ -562,14 +652,16 @@ def _markdown(rows: list[dict], metric: str) -> str:
 def tune(recipe: str | Path, *, out: str | Path | None = None, trials: int | None = None,
          timeout_minutes: float | None = None, jobs: int = 1, storage: str | None = None,
          overrides: list[str] | None = None, echo: Callable[[str], None] = print, worker: bool = False,
-         study_name: str | None = None) -> dict:
+         study_name: str | None = None, metric: str | None = None, sampler: str | None = None) -> dict:
     """Run (or continue) the study of ``recipe`` in ``out`` (default ``runs/tune-<name>``) until it holds
-    ``trials`` finished trials (default ``tune.trials``); ``jobs`` worker processes here; return the summary."""
+    ``trials`` finished trials (default ``tune.trials``); ``jobs`` worker processes here; ``metric`` and
+    ``sampler`` the study's (default ``tune.metric``, ``tune.sampler``); return the summary."""
     base = load_recipe(Path(recipe), overrides or [])
     folder = Path(out) if out is not None else Path("runs") / f"tune-{base.name}"
     try:
         return _tune(recipe, base, folder, trials=trials, timeout_minutes=timeout_minutes, jobs=jobs, storage=storage,
-                     overrides=overrides, echo=echo, worker=worker, study_name=study_name)
+                     overrides=overrides, echo=echo, worker=worker, study_name=study_name, metric=metric,
+                     sampler=sampler)
     except Exception as exc:
         error = storage_error(exc, folder, storage)
         if error is None:
@@ -610,15 +702,17 @@ def storage_error(exc: BaseException, folder: Path, storage: str | None) -> KGCE
 
 def _tune(recipe: str | Path, base: Recipe, folder: Path, *, trials: int | None, timeout_minutes: float | None,
           jobs: int, storage: str | None, overrides: list[str] | None, echo: Callable[[str], None],
-          worker: bool, study_name: str | None) -> dict:
+          worker: bool, study_name: str | None, metric: str | None, sampler: str | None) -> dict:
     n = trials or base.tune.trials
     study = Study(Path(recipe), folder, overrides=overrides, storage=storage, echo=echo, trials=n,
-                  study_name=study_name)
+                  study_name=study_name, metric=metric, sampler=sampler)
+    study.jobs = jobs
     timeout = 60 * (timeout_minutes or base.tune.timeout_minutes or 0) or None
     start = time.time()
     if jobs > 1 and not worker:
         argv = [sys.executable, "-m", "kgc", "tune", str(recipe), "--out", str(folder), "--trials", str(n), "--worker",
                 "--storage", storage or f"sqlite:///{(folder / STUDY_DB).resolve()}", "--study-name", study.name,
+                "--jobs", str(jobs), "--metric", study.metric, "--sampler", study.recipe.tune.sampler,
                 *(a for o in overrides or [] for a in ("--set", o))]
         if timeout:
             argv += ["--timeout-minutes", f"{timeout / 60:g}"]
@@ -637,7 +731,7 @@ def _tune(recipe: str | Path, base: Recipe, folder: Path, *, trials: int | None,
     summary["seconds"] = round(time.time() - start, 1)
     if summary["best"]:
         b = summary["best"]
-        echo(f"best: trial {b['trial']}, {study.task.metric} {b['value']:.4f}: "
+        echo(f"best: trial {b['trial']}, {study.metric} {b['value']:.4f}: "
              + ", ".join(f"{k}={_fmt(v)}" for k, v in b["params"].items()))
         echo(f"wrote {b['recipe']}: kgc train {b['recipe']}")
     redrawn = f", {summary['redrawn']} draws redrawn" if summary["redrawn"] else ""

@@ -345,7 +345,10 @@ def test_a_study_says_what_it_does_and_never_prunes_a_finished_trial(tiny_bert, 
     assert [t.state.name for t in study.study.trials] == ["COMPLETE"] * 3
     assert any(line.startswith("trial 0: step 4/4, dev_mrr ") and "steps/s)" in line for line in lines), lines
     assert any(line.startswith("trial 2: complete, best dev_mrr") for line in lines)
-    assert "study: 1 of 3 trials finished, about" in "\n".join(lines) and "study: 3 of 3 trials finished" in lines
+    assert lines[0] == "study [--------------------] 0/3 trials"  # the bar at the start, then after each trial
+    assert any(line.startswith("study [#######-------------] 1/3 trials, about ") and line.endswith(" s left")
+               for line in lines), lines
+    assert "study [####################] 3/3 trials" in lines
     assert study.study.metric_names == ["dev_mrr"]
     with open(tmp_path / "study" / "trials.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -357,6 +360,111 @@ def test_a_study_says_what_it_does_and_never_prunes_a_finished_trial(tiny_bert, 
     Study(no_budget, tmp_path / "other", echo=said.append)
     assert any(line.startswith("warning: tune.budget is not set") for line in said), said
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_metric_names_are_read_as_the_task_reports_them():
+    from kgc.training.task import task_class
+    from kgc.tune import resolve_metric
+
+    assert resolve_metric(task_class("linkpred"), None) == ("dev_mrr", "maximize")
+    assert resolve_metric(task_class("linkpred"), "hits@10") == ("dev_hits_at_10", "maximize")
+    assert resolve_metric(task_class("linkpred"), "dev_hits_at_1") == ("dev_hits_at_1", "maximize")
+    assert resolve_metric(task_class("linkpred"), "head_above_gold") == ("dev_head_above_gold", "minimize")
+    with pytest.raises(KGCError, match=r"tune.metric 'spearman': not a dev figure of link prediction; it reports "
+                                       r"dev_mrr \(higher is better\), .*dev_head_above_gold \(lower is better\)"):
+        resolve_metric(task_class("linkpred"), "spearman")
+
+
+def test_each_sampler_draws_inside_the_space_and_grid_visits_every_point_once():
+    """random and CMA-ES draw within the ranges (CMA-ES only over two or more ranges: a choice is refused, naming
+    it); grid needs steps or choices and visits each point of the space once, in a seeded order."""
+    import optuna
+
+    from kgc.recipe import ParamRange
+    from kgc.tune import grid_points, make_sampler, suggest
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ranges = {"train.lr": ParamRange(low=1e-4, high=1e-2, log=True), "loss.margin": ParamRange(low=0.0, high=0.1)}
+    for kind in ("random", "cmaes", "tpe"):
+        study = optuna.create_study(sampler=make_sampler(kind, ranges, 3, 12))
+        study.optimize(lambda t: -abs(suggest(t, ranges)["loss.margin"] - 0.05), n_trials=12)
+        assert type(study.sampler).__name__ == {"random": "RandomSampler", "cmaes": "CmaEsSampler",
+                                                "tpe": "TPESampler"}[kind]
+        for t in study.trials:
+            assert 1e-4 <= t.params["train.lr"] <= 1e-2 and 0.0 <= t.params["loss.margin"] <= 0.1
+        assert len({tuple(t.params.values()) for t in study.trials}) == 12
+    with pytest.raises(KGCError, match=r"tune.sampler cmaes: CMA-ES searches two or more ranges, and loss.margin is "
+                                       r"a choice; use tpe, random or grid"):
+        make_sampler("cmaes", {"train.lr": ranges["train.lr"], "loss.margin": ParamRange(choices=[0.0, 0.02])}, 0, 4)
+    with pytest.raises(KGCError, match=r"tune.sampler grid: train.lr, loss.margin is a continuous range; give it a "
+                                       r"step"):
+        make_sampler("grid", ranges, 0, 4)
+
+    stepped = {"train.batch_size": ParamRange(low=16, high=64, step=16),
+               "loss.margin": ParamRange(low=0.0, high=0.04, step=0.02),
+               "model.pooling": ParamRange(choices=["mean", "cls"])}
+    grid = grid_points(stepped)
+    assert grid == {"train.batch_size": [16, 32, 48, 64], "loss.margin": [0.0, 0.02, 0.04],
+                    "model.pooling": ["mean", "cls"]}
+    orders = []
+    for seed in (0, 0, 1):
+        study = optuna.create_study(sampler=make_sampler("grid", stepped, seed, 100))
+        study.optimize(lambda t: float(suggest(t, stepped)["train.batch_size"]), n_trials=100)
+        points = [tuple(t.params[k] for k in stepped) for t in study.trials]
+        assert len(points) == 24 and len(set(points)) == 24  # every point once, then the study stops
+        orders.append(points)
+    assert orders[0] == orders[1] != orders[2]
+
+
+def test_a_study_optimises_the_metric_asked_in_its_direction(tiny_bert, tmp_path, data_home, monkeypatch):
+    """--metric dev_head_above_gold (lower is better) with the random sampler: the study minimises, each trial's
+    value is the lowest of its reports, trials.csv and best.yaml put the lowest first; the metric and sampler are
+    part of the study's identity (the same recipe with the default metric is another study)."""
+    import csv
+
+    import optuna
+
+    from kgc.tune import STUDY_JSON, tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_metric.yaml", tiny_bert, budget="4 steps", reports=2, pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    lines: list[str] = []
+    summary = tune(recipe, out=tmp_path / "study", trials=3, echo=lines.append, metric="head_above_gold",
+                   sampler="random")
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE and study.metric_names == ["dev_head_above_gold"]
+    assert type(study.sampler).__name__ in ("TPESampler", "RandomSampler")  # a loaded study has a default sampler
+    for t in study.trials:
+        assert sorted(t.intermediate_values) == [2, 4] and t.value == min(t.intermediate_values.values())
+    assert summary["best"]["value"] == min(t.value for t in study.trials)
+    with open(tmp_path / "study" / "trials.csv") as fh:
+        values = [float(r["value"]) for r in csv.DictReader(fh)]
+    assert values == sorted(values)
+    assert (tmp_path / "study" / "best.yaml").read_text().startswith(f"# kgc tune {recipe} → trial ")
+    assert "best dev_head_above_gold" in (tmp_path / "study" / "best.yaml").read_text().splitlines()[0]
+    record = json.loads((tmp_path / "study" / STUDY_JSON).read_text())
+    assert record["metric"] == "dev_head_above_gold" and record["sampler"] == "random"
+    with pytest.raises(KGCError, match=r"sampler 'random', metric 'dev_head_above_gold'.*; this command asks "
+                                       r"for .*sampler 'tpe', metric 'dev_mrr'"):
+        tune(recipe, out=tmp_path / "study", trials=4, echo=lambda m: None)
+
+
+def test_a_grid_study_tries_each_point_once_and_says_when_it_has(tiny_bert, tmp_path, data_home, monkeypatch):
+    import optuna
+
+    from kgc.tune import tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_grid.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none",
+                               space={"loss.margin": {"choices": [0.0, 0.02]}}, sampler="grid")
+    lines: list[str] = []
+    summary = tune(recipe, out=tmp_path / "study", trials=4, echo=lines.append)
+    assert summary["complete"] == 2 and summary["redrawn"] == 0 and summary["failed"] == 0
+    assert any("the grid has 2 points and the study has tried them all (2 finished of the 4 asked)" in line
+               for line in lines), lines
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    assert sorted(t.params["loss.margin"] for t in study.trials) == [0.0, 0.02]
 
 
 def test_a_studys_trials_are_child_runs_of_one_mlflow_run(tiny_bert, tmp_path, data_home, monkeypatch):

@@ -61,6 +61,7 @@ class CSTSTask(Task):
     title = "C-STS"
     unit = "pairs"
     metric = "dev_spearman"
+    dev_metrics = {"dev_spearman": "maximize", "dev_pearson": "maximize", "dev_pair_accuracy": "maximize"}
     recipe_class = CSTSRecipe
     distributed = False  # a batch is whole sentence-pair groups (c_high with c_low): one rank must see it whole
     splits = ("test", "validation", "train")

@@ -127,6 +127,8 @@ class LinkPredTask(Task):
     title = "link prediction"
     unit = "triples"
     metric = "dev_mrr"
+    dev_metrics = {"dev_mrr": "maximize", "dev_hits_at_1": "maximize", "dev_hits_at_3": "maximize",
+                   "dev_hits_at_10": "maximize", "dev_head_above_gold": "minimize"}
     recipe_class = LinkPredRecipe
     splits = ("test", "dev")
     compare_columns = ["recipe", "conditioner", "pooling", "MRR", "H@1", "H@3", "H@10", "head above gold", "dev MRR",
@@ -336,7 +338,8 @@ class LinkPredTask(Task):
                       entity_table=None if self.fixed_table is None else model.map_table(self.fixed_table),
                       max_score_bytes=self.recipe.eval.max_score_bytes)
         mrr, h10 = ev.metric(), ev.metric(key="hits_at_10")
-        return ({"dev_mrr": mrr, "dev_hits_at_10": h10, "dev_head_above_gold": ev.results["kgc"]["head_above_gold"],
+        return ({"dev_mrr": mrr, "dev_hits_at_1": ev.metric(key="hits_at_1"), "dev_hits_at_3": ev.metric(key="hits_at_3"),
+                 "dev_hits_at_10": h10, "dev_head_above_gold": ev.results["kgc"]["head_above_gold"],
                  "dev_seconds": round(ev.seconds, 2)},
                 f"dev MRR {mrr:.4f}  H@10 {h10:.4f}")
 

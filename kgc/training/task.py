@@ -53,6 +53,8 @@ class Task(ABC):
     title: ClassVar[str]  # "link prediction", "C-STS"
     unit: ClassVar[str]  # what a training example is: "triples", "pairs"
     metric: ClassVar[str]  # the validation metric that selects best.pt, e.g. "dev_mrr"
+    # every figure validate() reports that a study may optimise (kgc tune --metric), with its direction
+    dev_metrics: ClassVar[dict[str, str]] = {}
     recipe_class: ClassVar[type[Recipe]]  # its recipe: the common sections and its own (kgc.recipe.recipe_type)
     distributed: ClassVar[bool] = True  # whether a global batch may be split over torchrun processes
     splits: ClassVar[tuple[str, ...]] = ("test",)  # what `kgc evaluate --split` takes; the first is the default
