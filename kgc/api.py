@@ -374,12 +374,13 @@ def recipe_families(folder: str | Path | None = None) -> list[dict[str, Any]]:
     return [family.to_dict() for family in families(folder)]
 
 
-def copy_recipe(name: str | Path, dest: str | Path, *, force: bool = False) -> Path:
-    """Write the recipe ``name`` (``wn18rr_csr``, ``wn18rr_csr.yaml`` or a path) fully resolved (its ``extends``
-    merged in) to ``dest``, a file or a folder (``kgc recipes copy``); an existing file only with ``force``."""
+def copy_recipe(name: str | Path, dest: str | Path, *, force: bool = False, full: bool = False) -> Path:
+    """Write the recipe ``name`` (``wn18rr_csr``, ``wn18rr_csr.yaml`` or a path) with its ``extends`` chain merged
+    in (``full``: every key resolved, defaults included) to ``dest``, a file or a folder (``kgc recipes copy``); an
+    existing file only with ``force``."""
     from kgc.recipe_files import copy_recipe as _copy
 
-    return _copy(name, dest, force=force)
+    return _copy(name, dest, force=force, full=full)
 
 
 def fetch_dataset(name: str, dest: str | Path | None = None, **options: Any) -> Path:

@@ -775,13 +775,17 @@ def recipes_list(as_json: bool = typer.Option(False, "--json", help="print one J
 @recipes_app.command("copy")
 def recipes_copy(name: str = typer.Argument(..., help="a recipe: its name (wn18rr_csr), file name or path"),
                  dest: Path = typer.Argument(..., help="the file to write, or a folder (DEST/NAME.yaml)"),
-                 force: bool = typer.Option(False, "--force", help="replace DEST when it exists")) -> None:
+                 force: bool = typer.Option(False, "--force", help="replace DEST when it exists"),
+                 full: bool = typer.Option(False, "--full", help="every key the recipe reads, defaults included "
+                                                                "(as kgc train resolves it)")) -> None:
     """Write a recipe whole, its `extends` chain merged in, to DEST: a file to edit and `kgc train DEST`."""
     from kgc import api
 
-    written = api.copy_recipe(name, dest, force=force)
-    _echo(f"wrote {written} (recipe {name} with its `extends` chain merged in: the keys that family sets, the "
-          f"others at their defaults; a relative data.path made absolute); train it: kgc train {written}")
+    written = api.copy_recipe(name, dest, force=force, full=full)
+    what = ("every key it reads, defaults included" if full else
+            "the keys that family sets, the others at their defaults (--full writes every key)")
+    _echo(f"wrote {written} (recipe {name} with its `extends` chain merged in: {what}; a relative data.path made "
+          f"absolute); train it: kgc train {written}")
 
 
 @data_app.command("fetch")

@@ -282,13 +282,24 @@ def _dump(tree: dict[str, Any]) -> str:
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, default_flow_style=False, width=120)
 
 
-def copy_recipe(name: str | os.PathLike, dest: str | os.PathLike, *, force: bool = False) -> Path:
-    """Write the recipe ``name`` (a stem, a file name or a path) fully resolved — ``extends`` merged in, no
-    ``extends`` or ``about`` — to ``dest`` (a file, or a folder: ``DEST/<name>.yaml``), atomically; its first
+def copy_recipe(name: str | os.PathLike, dest: str | os.PathLike, *, force: bool = False,
+                full: bool = False) -> Path:
+    """Write the recipe ``name`` (a stem, a file name or a path) — ``extends`` merged in, no ``extends`` or
+    ``about``; with ``full`` every key the recipe's task and members read, with its value (defaults included, as
+    ``kgc train`` resolves it) — to ``dest`` (a file, or a folder: ``DEST/<name>.yaml``), atomically; its first
     comment line says where it came from and the ``kgc train`` command. An existing file is refused unless
     ``force``. Returns the path written."""
     source = find_recipe(name)
     tree = load_tree(source)
+    if full:
+        from kgc.recipe import validate_recipe
+
+        import copy
+
+        resolved = yaml.safe_load(validate_recipe(copy.deepcopy(tree), source=str(source)).to_yaml())
+        if resolved.get("name") == source.stem:  # the copy is named by its own file, as the source was
+            resolved.pop("name")
+        tree = resolved
     about = read_header(source)["about"]
     dest = Path(dest).expanduser()
     if dest.is_dir() or str(dest).endswith(("/", os.sep)):
@@ -302,7 +313,8 @@ def copy_recipe(name: str | os.PathLike, dest: str | os.PathLike, *, force: bool
                        "replace it")
     shipped = recipe_folder().resolve()
     shown = (f"{shipped.name}/{source.name}" if source.resolve().parent == shipped else _shown(source))
-    lines = [f"# copied from {shown} (kgc recipes copy {source.stem}); train it: kgc train {_shown(dest)}"]
+    lines = [f"# copied from {shown} (kgc recipes copy {source.stem}{' --full' if full else ''}); train it: "
+             f"kgc train {_shown(dest)}"]
     if about:
         lines.append(f"# {source.stem}: {about}")
     write_text(dest, "\n".join(lines) + "\n" + _dump(tree))

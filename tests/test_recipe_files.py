@@ -269,6 +269,31 @@ def test_kgc_recipes_copy(tmp_path):
     assert "train.lr" in cli("recipes", "keys", "train.").stdout  # `kgc recipe keys` under the plural too
 
 
+def test_kgc_recipes_copy_full_writes_every_key_and_trains_the_same_recipe(tmp_path):
+    """--full: every key the recipe reads, defaults included, and the same resolved recipe as the source (the copy
+    named by its own file); without it, the family's keys only. The message says which."""
+    from kgc.recipe import load_recipe, valid_keys
+
+    dest = tmp_path / "mine.yaml"
+    res = cli("recipes", "copy", "wn18rr_laptop_csr", dest, "--full")
+    assert "every key it reads, defaults included" in res.stdout
+    assert dest.read_text().splitlines()[0].startswith("# copied from recipes/wn18rr_laptop_csr.yaml (kgc recipes copy "
+                                                "wn18rr_laptop_csr --full)")
+    tree = load_tree(dest)
+    flat = {f"{s}.{k}" for s, section in tree.items() if isinstance(section, dict) for k in section}
+    source = load_recipe(ROOT / "recipes" / "wn18rr_laptop_csr.yaml")
+    assert flat == {f"{s}.{k}" for s, section in yaml.safe_load(source.to_yaml()).items()
+                    if isinstance(section, dict) for k in section}
+    leaves = {f"{s}.{k}" for s, section in tree.items() if isinstance(section, dict)
+              for k, v in section.items() if not isinstance(v, dict)}
+    assert len(flat) > 70 and leaves <= set(valid_keys())
+    copy = load_recipe(dest)
+    assert copy.name == "mine" and copy.model_dump(exclude={"name"}) == source.model_dump(exclude={"name"})
+    short = tmp_path / "short.yaml"
+    assert "(--full writes every key)" in cli("recipes", "copy", "wn18rr_laptop_csr", short).stdout
+    assert len(short.read_text()) < len(dest.read_text())
+
+
 def test_a_relative_data_path_is_read_beside_the_recipe(tmp_path, monkeypatch):
     """`kgc recipes copy capitals /tmp/x/my.yaml && cd /tmp/x && kgc train my.yaml` failed: capitals.yaml's
     data.path was read from the current folder. It is read beside the recipe file (absolute in a copy); a path
