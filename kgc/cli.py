@@ -818,7 +818,11 @@ def data_inductive_split(source: str = typer.Argument(..., help="catalog name or
     _echo(f"held out {summary['held_out_entities']} entities: train {t['train']}, dev {t['dev']}, test {t['test']} "
           f"triples ({summary['dropped_triples']} dropped: one end held out, or a test triple of seen "
           f"entities) → {out}")
-    _echo(f"train on it (data.path: {out}), then `kgc evaluate RUN --entities-from {out}`")
+    from kgc.data.catalog import data_homes
+
+    named = any(Path(out).resolve().parent == home.resolve() for _, home in data_homes())
+    _echo(f"train on it ({f'data.dataset: {Path(out).name}' if named else f'data.path: {out}'}), then "
+          f"`kgc evaluate RUN --entities-from {out}`")
 
 
 @data_app.command("synth-csts")

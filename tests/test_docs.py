@@ -502,6 +502,50 @@ def test_every_figure_of_the_choosing_page_is_on_the_page_it_cites():
     assert not problems, "\n".join(problems)
 
 
+GPU_CONTEXT = re.compile(r"\b(H200|H100|GPU|one card|lent card|the card)\b")
+
+
+def gpu_figure_problems(path: Path, text: str, measured: str) -> list[str]:
+    """Each figure with four decimals (an MRR, a Hits@k) or a pace in triples/s that ``text`` gives in a sentence,
+    list item or table row about a GPU must be one of the figures of ``measured`` (docs/results/gpu.md, where every
+    GPU measurement is recorded with its command): a page cannot give a GPU figure another way."""
+    known = set(re.findall(r"\b\d\.\d{4}\b", measured)) | set(re.findall(r"\b\d{1,3}(?:,\d{3})+\b", measured))
+    units: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        if block.lstrip().startswith("|"):
+            units += block.splitlines()
+            continue
+        for item in re.split(r"\n\s*(?=[-*] )", block):
+            units += re.split(r"(?<=[.;:])\s+(?=[A-Z(*])", item)
+    problems = []
+    for unit in units:
+        if not GPU_CONTEXT.search(unit):
+            continue
+        figures = re.findall(r"\b\d\.\d{4}\b", unit) + re.findall(r"\b(\d{1,3}(?:,\d{3})+) triple[-a-z]*/s", unit)
+        for figure in figures:
+            if figure not in known:
+                problems.append(f"{path.relative_to(ROOT)}: {figure} in {' '.join(unit.split())[:90]!r} is no figure "
+                                "of docs/results/gpu.md")
+    return problems
+
+
+def test_no_page_gives_a_gpu_figure_another_way():
+    """The GPU figures are measured once (docs/results/gpu.md); the README, the chooser, getting started, the
+    roadmap and every other page quote them. A sentence, item or row about a GPU that gives an MRR, a Hits@k or a
+    pace not on that page — a figure rounded differently, mistyped or left from an earlier run — fails."""
+    measured = (ROOT / "docs" / "results" / "gpu.md").read_text(encoding="utf-8")
+    problems = []
+    for page in doc_files():
+        if page.name == "CHANGELOG.md" or page == ROOT / "docs" / "results" / "gpu.md":
+            continue
+        problems += gpu_figure_problems(page, page.read_text(encoding="utf-8"), measured)
+    assert not problems, "\n".join(problems)
+    # the check can fail: a page that gives the bi-encoder's H200 figure rounded another way, or a pace not measured
+    wrong = gpu_figure_problems(ROOT / "docs" / "choosing.md", "On one H200 the bi-encoder reached test MRR 0.4410.\n\n"
+                                "| GPU | 3,448 triples/s |", measured)
+    assert len(wrong) == 2 and "0.4410" in wrong[0] and "3,448" in wrong[1]
+
+
 def test_explain_heatmap_reads_at_page_width(tmp_path):
     """`kgc explain`'s heatmap (docs/figures/explain_*.png) is drawn 8 inches wide whatever the sentence's length: a
     long entity text wraps onto several rows of tokens instead of a strip too wide for a page."""

@@ -310,3 +310,27 @@ def test_no_run_found_says_how_to_train_one(tmp_path, monkeypatch):
     (tmp_path / "runs" / "half" / "recipe.yaml").write_text("name: x\n")  # a run that never saved weights
     with pytest.raises(KGCError, match="no trained link-prediction run"):
         find_latest_run()
+
+
+def test_the_shipped_inductive_recipe_is_the_measured_command_and_finds_its_split_by_name(split, tmp_path,
+                                                                                         monkeypatch):
+    """recipes/wn18rr_inductive.yaml resolves to exactly what docs/scale.md measured (`kgc train
+    recipes/wn18rr_cpu_biencoder.yaml --set data.path=data/wn18rr-ind`), and `data.dataset: NAME` finds a split
+    written under ./data (or $KGC_DATA_HOME) by its name; a missing one says how derived sets are made."""
+    from kgc.data.catalog import find_dataset
+    from kgc.errors import KGCError
+    from kgc.recipe import load_recipe
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(tmp_path)
+    shipped = load_recipe(ROOT / "recipes" / "wn18rr_inductive.yaml")
+    measured = load_recipe(ROOT / "recipes" / "wn18rr_cpu_biencoder.yaml", ["data.path=data/wn18rr-ind"])
+    assert shipped.data.dataset == measured.data.dataset == "wn18rr-ind"
+    assert shipped.model_dump(exclude={"name": True, "data": {"path"}}) == \
+        measured.model_dump(exclude={"name": True, "data": {"path"}})
+    with pytest.raises(KGCError, match=r"dataset 'wn18rr-ind': not a catalog name .* here or under .*data/wn18rr-ind"
+                                       r".*\(a derived set is written first: `kgc data inductive-split`"):
+        find_dataset("wn18rr-ind")
+    shutil.copytree(split, tmp_path / "data" / "wn18rr-ind")
+    monkeypatch.delenv("KGC_DATA_HOME", raising=False)
+    assert find_dataset("wn18rr-ind") == (Path("data") / "wn18rr-ind", "./data")

@@ -169,9 +169,15 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str | None = 
         folder = Path(name_or_path).expanduser()
         if _looks_like_dataset(folder, files):
             return folder, "path"
+        simple = not folder.is_absolute() and len(folder.parts) == 1  # a name: also a folder of a data home
+        for label, home in data_homes() if simple else []:
+            if _looks_like_dataset(home / folder, files):
+                return home / folder, label
         names = [n for n, e in entries().items() if e.task == task]
+        where = f" here or under {', '.join(str(h / folder) for _, h in data_homes())}" if simple else ""
         raise KGCError(f"dataset {name_or_path!r}: not a catalog name for task {task} ({', '.join(names)}) "
-                       f"and not a folder holding {' or '.join(files)}")
+                       f"and not a folder holding {' or '.join(files)}{where} (a derived set is written first: `kgc "
+                       "data inductive-split`, `synth-graph`, `synth-routing`, `synth-csts`)")
     if entry.task != task:
         raise KGCError(f"dataset {entry.name!r} is a {entry.task} dataset, and the recipe has task {task}; "
                        f"set task: {entry.task} or pick a {task} dataset")
