@@ -233,7 +233,8 @@ def sweep_leftovers(folder: str | os.PathLike, name: str | None = None) -> list[
     """Remove what writers that are no longer alive left staged in ``folder`` (a killed process's ``.tmp``,
     ``.tx``, ``.partial`` and ``.old``: their names carry their pid); ``name``: only those of that target. A live
     writer's (this process's too) are never touched; a folder that cannot be read or written is left as it is.
-    Returns what was removed. Every staged write sweeps its target's siblings, and opening a run sweeps the run."""
+    Returns what was removed. The first staged write of a process into a folder sweeps it
+    (:func:`sweep_before_writing`), and opening a run sweeps the run."""
     folder = Path(folder)
     gone: list[Path] = []
     if (folder / JOURNAL).exists():  # a commit to complete first: its staged files are the new state
@@ -256,6 +257,21 @@ def sweep_leftovers(folder: str | os.PathLike, name: str | None = None) -> list[
     return gone
 
 
+_SWEPT: set[tuple[int, str]] = set()  # (pid, folder) of the folders this process has swept already
+
+
+def sweep_before_writing(folder: Path) -> None:
+    """What a staged write into ``folder`` does first: complete a commit left pending there (every time: a cheap
+    check), and sweep the leftovers of dead writers once per folder and process — not before every write, which
+    would scan a folder of many files once per file written."""
+    key = (os.getpid(), os.path.abspath(folder))
+    if key in _SWEPT and not (folder / JOURNAL).exists():
+        return
+    sweep_leftovers(folder)
+    if not (folder / JOURNAL).exists():
+        _SWEPT.add(key)
+
+
 @contextlib.contextmanager
 def staged_path(path: str | os.PathLike, *, needed: int | None = None, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path next to ``path`` to write; when the block succeeds its bytes are fsynced and it is
@@ -265,7 +281,7 @@ def staged_path(path: str | os.PathLike, *, needed: int | None = None, suffix: s
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         ensure_space(path, needed)
-        sweep_leftovers(path.parent, path.name)
+        sweep_before_writing(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=_prefix(path), suffix=suffix, dir=path.parent)
     except OSError as exc:
         raise (write_error(path, exc, needed) or exc) from None
@@ -313,7 +329,7 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        sweep_leftovers(path.parent, path.name)
+        sweep_before_writing(path.parent)
         tmp = Path(tempfile.mkdtemp(prefix=_prefix(path), suffix=".partial", dir=path.parent))
     except OSError as exc:
         raise (write_error(path, exc) or exc) from None

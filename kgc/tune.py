@@ -394,10 +394,9 @@ class Study:
             id_file = folder / "parent_run_id"
             run_id = id_file.read_text().strip() if id_file.is_file() else ""
             if not run_id:
-                experiment = client.get_experiment_by_name(self.name)
-                experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(
-                    self.name, artifact_location=(folder / "artifacts").resolve().as_uri())
-                run_id = client.create_run(experiment_id, run_name=f"study {self.name}", tags={
+                from kgc.training.trackers import mlflow_experiment
+
+                run_id = client.create_run(mlflow_experiment(client, self.name, folder / "artifacts"), run_name=f"study {self.name}", tags={
                     "kgc.study": self.name, "kgc.budget": str(self.identity["budget"]),
                     "kgc.metric": self.metric}).info.run_id
                 write_text(id_file, run_id + "\n")

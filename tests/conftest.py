@@ -68,6 +68,19 @@ def tiny_bert(tmp_path_factory, tokenizer) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), tokenizer, 2)
 
 
+@pytest.fixture(scope="session")
+def indexed_tiny_run(tiny_bert, tmp_path_factory, data_home) -> Path:
+    """A tiny link-prediction run (2 steps on UMLS) with its index: the run the serving tests serve (a test that
+    changes it copies it first)."""
+    import kgc
+    from tests.test_api import tiny_linkpred
+
+    out = tmp_path_factory.mktemp("indexed") / "run"
+    kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=2, echo=None)
+    cli("index", out, "--no-progress")
+    return out
+
+
 TOY_ENTITIES = {
     "e_dog": "dog, a domesticated carnivorous mammal",
     "e_cat": "cat, feline mammal usually having thick soft fur",

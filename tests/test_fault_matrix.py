@@ -250,6 +250,25 @@ def test_a_dead_writers_leftovers_are_swept_and_a_live_ones_kept(tmp_path):
     assert (journal / "meta.json").read_text() == "new" and sorted(p.name for p in journal.iterdir()) == ["meta.json"]
 
 
+def test_a_folder_is_swept_at_a_process_first_write_into_it_not_at_every_write(tmp_path, monkeypatch):
+    """A staged write sweeps its folder the first time this process writes there (a dead writer's leftover goes),
+    then only checks for a pending journal: a thousand files written into one cache folder scan it once, not a
+    thousand times (quadratic)."""
+    dead = 999_999_999
+    (tmp_path / f".a.{dead}.ab.tmp").write_text("x")
+    scans: list[str] = []
+    real = os.scandir
+    monkeypatch.setattr(fileio.os, "scandir", lambda p=".": scans.append(str(p)) or real(p))
+    for i in range(50):
+        fileio.write_text(tmp_path / f"f{i}.txt", str(i))
+    assert scans.count(str(tmp_path)) == 1 and not (tmp_path / f".a.{dead}.ab.tmp").exists()
+    (tmp_path / f".b.{dead}.cd.tmp").write_text("x")  # left by a writer that died since: the next process sweeps
+    (tmp_path / f".c.{dead}.ef.tx").write_text("new")
+    (tmp_path / fileio.JOURNAL).write_text(f'{{"replace": [[".c.{dead}.ef.tx", "c"]]}}')
+    fileio.write_text(tmp_path / "g.txt", "g")  # a pending journal is completed before any write, every time
+    assert (tmp_path / "c").read_text() == "new" and not (tmp_path / fileio.JOURNAL).exists()
+
+
 def test_a_full_disk_at_each_write_of_a_served_add(trained, tmp_path):
     """`POST /entities` (the service's add) failed at each of its writes: 507 and one message, the index as it
     was, the server ready; the same request again is applied."""

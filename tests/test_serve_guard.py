@@ -81,18 +81,6 @@ def closed_by_server(sock: socket.socket, within: float) -> bytes | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def guarded_run(tiny_bert, tmp_path_factory, data_home) -> Path:
-    import kgc
-    from tests.conftest import cli
-    from tests.test_api import tiny_linkpred
-
-    out = tmp_path_factory.mktemp("guard") / "run"
-    kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=2, echo=None)
-    cli("index", out, "--no-progress")
-    return out
-
-
 def start_kgc_serve(run_dir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
     port, log = free_port(), tmp_path / "server.log"
     with open(log, "w") as fh:
@@ -103,8 +91,8 @@ def start_kgc_serve(run_dir: Path, tmp_path: Path, *args: str) -> tuple[subproce
     return proc, url, log
 
 
-def test_idle_half_sent_and_trickling_connections_starve_nobody(guarded_run, tmp_path):
-    proc, url, log = start_kgc_serve(guarded_run, tmp_path, "--keep-alive", "2", "--head-timeout", "3",
+def test_idle_half_sent_and_trickling_connections_starve_nobody(indexed_tiny_run, tmp_path):
+    proc, url, log = start_kgc_serve(indexed_tiny_run, tmp_path, "--keep-alive", "2", "--head-timeout", "3",
                                      "--body-timeout", "4", "--per-client", "64")
     port = int(url.rsplit(":", 1)[1])
     idle, half, trickle = [], [], []
@@ -227,8 +215,8 @@ def test_clients_that_never_read_are_bounded_by_the_reply_budget(tmp_path):
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
-def test_sigterm_under_load_answers_every_request_and_resets_none(guarded_run, tmp_path):
-    proc, url, log = start_kgc_serve(guarded_run, tmp_path)
+def test_sigterm_under_load_answers_every_request_and_resets_none(indexed_tiny_run, tmp_path):
+    proc, url, log = start_kgc_serve(indexed_tiny_run, tmp_path)
     outcomes: list[str] = []
     go = threading.Event()
 

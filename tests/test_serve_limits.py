@@ -10,7 +10,6 @@ import json
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,19 +26,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 from kgc.serve import Limits  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_bert, tmp_path_factory, data_home) -> Path:
-    out = tmp_path_factory.mktemp("limits") / "run"
-    kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=2, echo=None)
-    cli("index", out, "--no-progress")
-    return out
-
-
 @pytest.fixture()
-def served(trained, tmp_path):
+def served(indexed_tiny_run, tmp_path):
     """A copy of the run, served (its own, since tests add entities to it)."""
     run_dir = tmp_path / "run"
-    shutil.copytree(trained, run_dir)
+    shutil.copytree(indexed_tiny_run, run_dir)
     run = kgc.load(run_dir, echo=None)
     with TestClient(kgc.api.app(run, max_wait_ms=5, limits=Limits(max_body=64 << 10)),
                     raise_server_exceptions=False) as c:
@@ -141,9 +132,9 @@ FIELDS = st.fixed_dictionaries({}, optional={
 
 
 @pytest.fixture(scope="module")
-def shared_client(trained, tmp_path_factory):
+def shared_client(indexed_tiny_run, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fuzz") / "run"
-    shutil.copytree(trained, run_dir)
+    shutil.copytree(indexed_tiny_run, run_dir)
     with TestClient(kgc.api.app(kgc.load(run_dir, echo=None), max_wait_ms=1), raise_server_exceptions=False) as c:
         ready(c)
         yield c
@@ -181,7 +172,7 @@ def test_values_that_cannot_be_encoded_or_compared_are_4xx(shared_client, path, 
     r.json()  # valid JSON, whatever the input held
 
 
-def test_a_real_server_bounds_non_reading_clients_and_stops_an_add_on_sigterm(trained, tmp_path):
+def test_a_real_server_bounds_non_reading_clients_and_stops_an_add_on_sigterm(indexed_tiny_run, tmp_path):
     """A real server: clients that pipeline requests and never read the replies do not grow its memory; then
     SIGTERM while an add embeds: the add is abandoned between two steps (503, the run as it was), the server
     exits 0 well within its grace period."""
@@ -197,7 +188,7 @@ def test_a_real_server_bounds_non_reading_clients_and_stops_an_add_on_sigterm(tr
     from tests.test_serve_process import free_port
 
     run_dir = tmp_path / "run"
-    shutil.copytree(trained, run_dir)
+    shutil.copytree(indexed_tiny_run, run_dir)
     before = sorted(f.name for f in (run_dir / "index").iterdir())
     port, log = free_port(), tmp_path / "server.log"
     with open(log, "w") as fh:
@@ -290,12 +281,12 @@ def test_the_host_check_follows_the_bound_address_and_answers_json():
 
 # ---------------------------------------------------------------- one truth between processes
 
-def test_two_servers_on_one_run_see_each_others_adds(trained, tmp_path):
+def test_two_servers_on_one_run_see_each_others_adds(indexed_tiny_run, tmp_path):
     """A second server on the run used to answer the first one's new entity as free text while /health said
     ready: each now notices a commit another process made (index/meta.json replaced) and loads it off the query
     path — an add through server A, then `kgc index --add` from the CLI, both reach server B."""
     run_dir = tmp_path / "run"
-    shutil.copytree(trained, run_dir)
+    shutil.copytree(indexed_tiny_run, run_dir)
 
     def serving(run):
         return TestClient(kgc.api.app(run, max_wait_ms=5, watch_seconds=0.1), raise_server_exceptions=False)
@@ -332,12 +323,12 @@ def test_two_servers_on_one_run_see_each_others_adds(trained, tmp_path):
             raise AssertionError("server A never saw the CLI's add")
 
 
-def test_cli_json_and_post_predict_give_the_same_record(trained, tmp_path):
+def test_cli_json_and_post_predict_give_the_same_record(indexed_tiny_run, tmp_path):
     """`kgc predict --json`, `kgc predict --input … (jsonl)` and POST /predict give one record, field for field,
     for the same query (random entity, name and free-text heads, relations, directions and options)."""
     import random
 
-    run = kgc.load(trained, echo=None)
+    run = kgc.load(indexed_tiny_run, echo=None)
     graph = run.graph()
     rng = random.Random(5)
     heads = [*rng.sample(graph.entities, 4), *rng.sample(graph.names, 2), "a thing nobody named"]
@@ -345,7 +336,7 @@ def test_cli_json_and_post_predict_give_the_same_record(trained, tmp_path):
                 "inverse": rng.random() < 0.5, "filter_known": rng.random() < 0.5} for h in heads]
     lines = tmp_path / "questions.jsonl"
     lines.write_text("".join(json.dumps(q) + "\n" for q in queries))
-    from_file = [json.loads(x) for x in cli("predict", trained, "--input", lines, "--no-progress").stdout.splitlines()]
+    from_file = [json.loads(x) for x in cli("predict", indexed_tiny_run, "--input", lines, "--no-progress").stdout.splitlines()]
 
     def same(x: dict, y: dict) -> None:
         x, y = {k: v for k, v in x.items() if k != "seconds"}, {k: v for k, v in y.items() if k != "seconds"}
@@ -358,7 +349,7 @@ def test_cli_json_and_post_predict_give_the_same_record(trained, tmp_path):
     with TestClient(kgc.api.app(run, max_wait_ms=1)) as client:
         ready(client)
         for q, filed in zip(queries, from_file):
-            args = ["predict", trained, "--head", q["head"], "--relation", q["relation"], "--top-k", q["top_k"],
+            args = ["predict", indexed_tiny_run, "--head", q["head"], "--relation", q["relation"], "--top-k", q["top_k"],
                     "--json", "--no-progress"]
             args += [f"--{k.replace('_', '-')}" for k in ("inverse", "filter_known") if q[k]]  # flags, off by default
             printed = json.loads(cli(*args).stdout)

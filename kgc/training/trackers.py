@@ -83,6 +83,15 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 STUDY: dict[str, Any] = {}  # a tuning study's trial being trained here: experiment, parent run, tags (kgc tune)
 
 
+def mlflow_experiment(client, name: str, artifacts: Path) -> str:
+    """The id of the MLflow experiment ``name`` in ``client``'s store, made (its artefacts under ``artifacts``) when
+    the store has none of that name: a kgc run's experiment and a ``kgc tune`` study's."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    return client.create_experiment(name, artifact_location=artifacts.resolve().as_uri())
+
+
 @contextlib.contextmanager
 def study_trial(experiment: str, parent_run_id: str, uri: str, tags: dict[str, str]):
     """While a ``kgc tune`` trial trains in this process: its MLflow run is a child of the study's parent run, in
@@ -187,10 +196,8 @@ class MLflowTracker(Tracker):
         run_id = known[0] if known else ""
         self.logged_until = -1  # a resumed run's steps MLflow holds already (the replay logs the same values)
         if not run_id:
-            title = STUDY.get("experiment") or self.title
-            experiment = self.client.get_experiment_by_name(title)
-            experiment_id = (experiment.experiment_id if experiment is not None else self.client.create_experiment(
-                title, artifact_location=(self.folder / "artifacts").resolve().as_uri()))
+            experiment_id = mlflow_experiment(self.client, STUDY.get("experiment") or self.title,
+                                              self.folder / "artifacts")
             tags = {**STUDY.get("tags", {}), **({"mlflow.parentRunId": STUDY["parent"]} if STUDY else {})}
             run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name, tags=tags).info.run_id
             write_text(id_file, run_id + (f" {self.uri}" if STUDY else "") + "\n")
