@@ -358,7 +358,7 @@ def check_data(dataset: str | Path | None = None, recipe: RecipeLike | None = No
 
 
 def recipe_keys(task: str | None = None) -> list[dict[str, str]]:
-    """Every recipe key with its type, default and description (``kgc recipe keys``); ``task``: only the keys that
+    """Every recipe key with its type, default and description (``kgc recipes keys``); ``task``: only the keys that
     task reads."""
     from kgc.recipe import key_reference
 
@@ -378,9 +378,27 @@ def copy_recipe(name: str | Path, dest: str | Path, *, force: bool = False, full
     """Write the recipe ``name`` (``wn18rr_csr``, ``wn18rr_csr.yaml`` or a path) with its ``extends`` chain merged
     in (``full``: every key resolved, defaults included) to ``dest``, a file or a folder (``kgc recipes copy``); an
     existing file only with ``force``."""
+    from kgc.recipe import full_tree
     from kgc.recipe_files import copy_recipe as _copy
 
-    return _copy(name, dest, force=force, full=full)
+    return _copy(name, dest, force=force, full=full_tree if full else None)
+
+
+def recipe_text(name: str | Path, *, full: bool = False) -> str:
+    """The text ``kgc recipes copy NAME -`` prints: the recipe with its ``extends`` chain merged in (``full``: every
+    key resolved, defaults included)."""
+    from kgc.recipe import full_tree
+    from kgc.recipe_files import recipe_text as text
+
+    return text(name, full=full_tree if full else None)[1]
+
+
+def check_recipe(name: str | Path, overrides: Sequence[str] = (), *, data: bool = True) -> dict[str, Any]:
+    """``kgc recipes check``: the recipe validated (a wrong one raises its KGCError), its resolved text, and a line
+    each for the recipe, its dataset (``data``: read as training reads it) and a step's memory here (:mod:`kgc.training.check`)."""
+    from kgc.training.check import check_recipe as check
+
+    return check(name, list(overrides), data=data)
 
 
 def fetch_dataset(name: str, dest: str | Path | None = None, **options: Any) -> Path:

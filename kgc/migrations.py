@@ -122,7 +122,7 @@ def version_of(tree: dict, source: str) -> int:
     if version > CURRENT:
         raise KGCError(f"{source}: a version {version} recipe, newer than this kgc reads ({CURRENT}): upgrade kgc "
                        "(pip install -U kgc), or write the recipe for version "
-                       f"{CURRENT} (`kgc recipe keys` lists the keys)")
+                       f"{CURRENT} (`kgc recipes keys` lists the keys)")
     return version
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from kgc.errors import KGCError
 from kgc.migrations import CURRENT, upgrade
-from kgc.recipe_files import load_tree
+from kgc.recipe_files import find_recipe, load_tree  # noqa: F401 — find_recipe: for the layers above
 from kgc.registry import CONDITIONERS, TASKS
 
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
@@ -56,7 +56,7 @@ class ModelConfig(Section):
     the conditioner that reads it (``rank`` under ``hypernet``)."""
     backbone: str = Field(DEFAULT_BACKBONE, description="Hugging Face id or local folder")
     conditioner: str = Field(description="how the relation conditions the head (a registered conditioner: "
-                                         "`kgc recipe keys model.` lists each one's keys)")
+                                         "`kgc recipes keys model.` lists each one's keys)")
     shared_towers: bool = Field(False, description="link prediction: one encoder for query and tail towers "
                                                    "(SimKGC: separate)")
     tail_map_rank: Optional[int] = Field(
@@ -236,7 +236,7 @@ class Recipe(Section):
     version: int = Field(CURRENT, description="the schema this recipe is written for; an older one (no version: 1) "
                                               "is upgraded step by step on loading (kgc/migrations.py)")
     name: str = Field("run", description="the run's name: runs/<name>-<time> by default (a recipe file: its stem)")
-    task: str = Field(description="a registered task (`kgc recipe keys --task NAME` lists the keys it reads)")
+    task: str = Field(description="a registered task (`kgc recipes keys --task NAME` lists the keys it reads)")
     data: DataConfig = DataConfig()
     model: ModelConfig = Field(description="the encoder, pooling and conditioner: a union on model.conditioner")
     encoder: EncoderConfig = EncoderConfig()
@@ -513,6 +513,19 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
 
 
 _SAVED = "__saved_run__"  # a marker read_recipe_tree leaves for validate_recipe (removed there)
+
+
+def full_tree(path: str | Path) -> dict[str, Any]:
+    """The recipe file ``path`` as a tree of every key its task and members read, with the value ``kgc train``
+    resolves (defaults included): what ``kgc recipes copy --full`` writes. Its ``name`` is left out where it is
+    the file's stem (a copy is named by its own file)."""
+    import copy
+
+    path = Path(path)
+    tree = yaml.safe_load(validate_recipe(copy.deepcopy(load_tree(path)), source=str(path)).to_yaml())
+    if tree.get("name") == path.stem:
+        tree.pop("name")
+    return tree
 
 
 def validate_recipe(tree: dict[str, Any], overrides: dict[str, Any] | None = None, *, source: str = "recipe",

@@ -21,7 +21,7 @@ import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -30,7 +30,7 @@ from kgc.fileio import write_text
 
 FILE_KEYS = ("extends", "about")  # file-level keys of a recipe file: not recipe keys, removed by load_tree
 _FIX = ("Recipes start from one of recipes/*.yaml: copy one (e.g. recipes/umls_biencoder.yaml) and change its "
-        "keys; `kgc recipe keys` lists them all")
+        "keys; `kgc recipes keys` lists them all")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -282,25 +282,29 @@ def _dump(tree: dict[str, Any]) -> str:
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, default_flow_style=False, width=120)
 
 
-def copy_recipe(name: str | os.PathLike, dest: str | os.PathLike, *, force: bool = False,
-                full: bool = False) -> Path:
-    """Write the recipe ``name`` (a stem, a file name or a path) — ``extends`` merged in, no ``extends`` or
-    ``about``; with ``full`` every key the recipe's task and members read, with its value (defaults included, as
-    ``kgc train`` resolves it) — to ``dest`` (a file, or a folder: ``DEST/<name>.yaml``), atomically; its first
-    comment line says where it came from and the ``kgc train`` command. An existing file is refused unless
-    ``force``. Returns the path written."""
+def recipe_text(name: str | os.PathLike, *, full: Callable[[Path], dict] | None = None,
+                dest: Path | None = None) -> tuple[Path, str]:
+    """(the recipe file ``name`` names — a stem, a file name or a path —, its text as a copy): ``extends`` merged
+    in, no ``extends`` or ``about``; with ``full`` (:func:`kgc.recipe.full_tree`, which validates: a layer above
+    this one) every key the recipe reads, with its value. Its first comment lines say where it came from and the
+    ``kgc train`` command (of ``dest``, where it is written)."""
     source = find_recipe(name)
-    tree = load_tree(source)
-    if full:
-        from kgc.recipe import validate_recipe
-
-        import copy
-
-        resolved = yaml.safe_load(validate_recipe(copy.deepcopy(tree), source=str(source)).to_yaml())
-        if resolved.get("name") == source.stem:  # the copy is named by its own file, as the source was
-            resolved.pop("name")
-        tree = resolved
+    tree = full(source) if full is not None else load_tree(source)
     about = read_header(source)["about"]
+    shipped = recipe_folder().resolve()
+    shown = (f"{shipped.name}/{source.name}" if source.resolve().parent == shipped else _shown(source))
+    lines = [f"# copied from {shown} (kgc recipes copy {source.stem}{' --full' if full else ''}); train it: "
+             f"kgc train {_shown(dest) if dest is not None else 'FILE'}"]
+    if about:
+        lines.append(f"# {source.stem}: {about}")
+    return source, "\n".join(lines) + "\n" + _dump(tree)
+
+
+def copy_recipe(name: str | os.PathLike, dest: str | os.PathLike, *, force: bool = False,
+                full: Callable[[Path], dict] | None = None) -> Path:
+    """Write :func:`recipe_text` of ``name`` to ``dest`` (a file, or a folder: ``DEST/<name>.yaml``), atomically.
+    An existing file is refused unless ``force``. Returns the path written."""
+    source = find_recipe(name)
     dest = Path(dest).expanduser()
     if dest.is_dir() or str(dest).endswith(("/", os.sep)):
         dest = dest / f"{source.stem}.yaml"
@@ -311,11 +315,5 @@ def copy_recipe(name: str | os.PathLike, dest: str | os.PathLike, *, force: bool
     if dest.exists() and not force:
         raise KGCError(f"{dest}: already exists; not overwritten. Give another name, or --force (force=True) to "
                        "replace it")
-    shipped = recipe_folder().resolve()
-    shown = (f"{shipped.name}/{source.name}" if source.resolve().parent == shipped else _shown(source))
-    lines = [f"# copied from {shown} (kgc recipes copy {source.stem}{' --full' if full else ''}); train it: "
-             f"kgc train {_shown(dest)}"]
-    if about:
-        lines.append(f"# {source.stem}: {about}")
-    write_text(dest, "\n".join(lines) + "\n" + _dump(tree))
+    write_text(dest, recipe_text(source, full=full, dest=dest)[1])
     return dest

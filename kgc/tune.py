@@ -288,7 +288,7 @@ class Study:
             if key not in known:
                 near = get_close_matches(key, known, n=1)
                 raise KGCError(f"tune.space {key}: not a recipe key{f' (did you mean {near[0]}?)' if near else ''}; "
-                               "`kgc recipe keys` lists them")
+                               "`kgc recipes keys` lists them")
             for value in (spec.choices if spec.choices is not None else (spec.low, spec.high)):
                 try:
                     resolve_recipe(self.recipe_path, {**self.fixed, key: value})

@@ -366,6 +366,9 @@ def test_cli_reference_is_generated_from_the_app(reference):
     text = reference.expand(page, "cli.md")
     root = typer.main.get_command(app)
     for name, cmd in root.commands.items():
+        if cmd.hidden:  # `kgc recipe`: `kgc recipes` under its earlier name
+            assert f"\n## kgc {name}\n" not in text, name
+            continue
         assert f"\n## kgc {name}\n" in text, name
         for sub in getattr(cmd, "commands", {}):
             assert f"\n## kgc {name} {sub}\n" in text, f"{name} {sub}"

@@ -266,7 +266,37 @@ def test_kgc_recipes_copy(tmp_path):
     assert again.exit_code == 2 and "already exists; not overwritten" in again.stderr
     cli("recipes", "copy", "umls_csr", dest, "--force")
     assert load_tree(dest)["name"] == "umls_csr"
-    assert "train.lr" in cli("recipes", "keys", "train.").stdout  # `kgc recipe keys` under the plural too
+    assert "train.lr" in cli("recipes", "keys", "train.").stdout
+    assert cli("recipe", "keys", "train.").stdout == cli("recipes", "keys", "train.").stdout  # the earlier name
+    printed = cli("recipes", "copy", "wn18rr_csr", "-").stdout  # to stdout: what the file would hold
+    assert yaml.safe_load(printed) == load_tree(ROOT / "recipes" / "wn18rr_csr.yaml") | {"name": "wn18rr_csr"}
+    assert printed.startswith("# copied from recipes/wn18rr_csr.yaml (kgc recipes copy wn18rr_csr); train it: ")
+
+
+def test_kgc_recipes_check_reads_a_recipe_as_training_would_without_training(tmp_path):
+    """A valid recipe: printed resolved, then a line for the recipe, its data (read, with its counts) and a step's
+    memory here; a GPU recipe that would not fit here is a warning, not a failure; a wrong key is exit 2 with the
+    recipe's message; nothing is written. Every shipped recipe checks (without reading data: quick)."""
+    res = cli("recipes", "check", "umls_biencoder")
+    lines = res.stdout.splitlines()
+    assert lines[0].endswith("umls_biencoder.yaml, resolved") and "conditioner: biencoder" in res.stdout
+    found = cli("recipes", "check", "umls_biencoder", "-q").stdout.splitlines()  # the findings alone
+    assert lines[-len(found):] == found
+    assert found[0].endswith("a valid recipe (version 2, task linkpred, conditioner biencoder, backbone "
+                             "sentence-transformers/all-MiniLM-L6-v2)")
+    assert found[1].startswith("data: umls read as training reads it: ") and " triples an epoch" in found[1]
+    assert found[2].startswith("memory: ~") and len(found) == 3
+    big = cli("recipes", "check", "wn18rr_csr_k1", "--no-data", "-q")
+    assert "train:" not in big.stdout and any(line.startswith("warning: ") for line in big.stdout.splitlines())
+    assert big.exit_code == 0
+    (tmp_path / "bad.yaml").write_text("extends: " + str(ROOT / "recipes" / "umls_biencoder.yaml") +
+                                       "\ntrain: {lr: fast}\n")
+    bad = cli("recipes", "check", tmp_path / "bad.yaml", check=False)
+    assert bad.exit_code == 2 and "train.lr" in bad.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+    for path in RECIPES:
+        out = cli("recipes", "check", path, "--no-data", "-q")
+        assert out.exit_code == 0 and ": a valid recipe (version" in out.stdout.splitlines()[0], path
 
 
 def test_kgc_recipes_copy_full_writes_every_key_and_trains_the_same_recipe(tmp_path):

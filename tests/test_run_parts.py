@@ -75,7 +75,7 @@ def test_fork_shares_the_predictor_not_the_index(lp_run):
 
 
 def test_query_options_are_stated_once():
-    from kgc.cli import predict
+    from kgc.cli.answer import predict
     from kgc.linkpred.query import QueryOptions
     from kgc.linkpred.serving import PredictQuery
 

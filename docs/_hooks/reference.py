@@ -3,9 +3,9 @@
 A page asks for one with a line that holds only ``<!-- generated: NAME -->``:
 
 - ``recipe-keys``: every recipe key with its type, default and description, from ``kgc.recipe.key_reference()``
-  (what ``kgc recipe keys`` prints), one table per recipe section; a key only one task reads says which.
+  (what ``kgc recipes keys`` prints), one table per recipe section; a key only one task reads says which.
 - ``cli``: every ``kgc`` command with its usage line, its help and each argument and option as ``--help`` shows
-  them, from the Typer app in ``kgc/cli.py`` (``typer.main.get_command``).
+  them, from the Typer app of ``kgc/cli/`` (``typer.main.get_command``).
 
 An unknown name is an error, so a typo cannot leave a page silently empty. ``tests/test_docs.py`` calls
 :func:`recipe_keys_markdown` and :func:`cli_markdown` directly.

@@ -80,7 +80,11 @@ def inductive_split(source: str | Path, out: str | Path, *, held_out: int, seed:
                                                                        axis=0))),
                    "protocol": "test triples have both ends held out; train/dev never touch a held-out entity"}
         write_json(tmp / "split.json", summary)
-    return summary
+    from kgc.data.catalog import data_homes
+
+    named = any(out.resolve().parent == home.resolve() for _, home in data_homes())
+    # how a recipe names it: by its name where a data home holds it, else by its path
+    return {**summary, "recipe_key": f"data.dataset: {out.name}" if named else f"data.path: {out}"}
 
 
 def read_inductive_folder(folder: str | Path, known: KnowledgeGraph, *, split: str = "test",

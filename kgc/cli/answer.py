@@ -1,0 +1,192 @@
+"""``kgc index``, ``kgc predict``, ``kgc serve``: a trained run answering questions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kgc.api import QueryOptions
+from kgc.cli.common import _echo, _quick_exit, app
+from kgc.errors import KGCError
+
+
+@app.command()
+def index(run_dir: Path = typer.Argument(..., help="a run directory"),
+          device: str = typer.Option("auto", "--device"),
+          add: Optional[Path] = typer.Option(None, "--add", help="append new entities (TSV: id<TAB>name<TAB>"
+                                                                   "description) to the index, no retraining"),
+          type_: Optional[str] = typer.Option(None, "--type", help="flat (exact), ivf, hnsw or ivfpq; default: "
+                                                                   "the existing index's type, else the recipe's "
+                                                                   "index.type"),
+          nlist: Optional[int] = typer.Option(None, "--nlist", help="ivf, ivfpq: cells (default 4·√entities)"),
+          nprobe: Optional[int] = typer.Option(None, "--nprobe", help="ivf, ivfpq: cells visited per query"),
+          hnsw_m: Optional[int] = typer.Option(None, "--hnsw-m", help="hnsw: links per node"),
+          ef_search: Optional[int] = typer.Option(None, "--ef-search", help="hnsw: search beam width"),
+          ef_construction: Optional[int] = typer.Option(None, "--ef-construction", help="hnsw: build beam width"),
+          pq_bytes: Optional[int] = typer.Option(None, "--pq-bytes", help="ivfpq: bytes per vector (divides dim)"),
+          rescore: Optional[int] = typer.Option(None, "--rescore", help="ivfpq: re-score the top k × rescore "
+                                                                        "exactly (1: off; no rebuild)"),
+          train_size: Optional[int] = typer.Option(None, "--train-size", help="ivf, ivfpq: k-means sample"),
+          force: bool = typer.Option(False, "--force", help="rebuild (and re-embed) even when up to date"),
+          nproc: Optional[int] = typer.Option(None, "--nproc",
+                                              help="encode the entities in N shards, one process each (GPUs: one "
+                                                   "each), every finished chunk kept: a killed run resumes; "
+                                                   "assembled into one index. Under torchrun: its processes"),
+          progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+    """Embed every entity once and store a FAISS index in RUN_DIR/index (entities added before are kept);
+    or, with --add, embed new entities with the trained tail tower and append them.
+
+    The index type and its parameters are those of the existing index (a first build: the recipe's `index:`
+    section; --type starts again from the recipe's), overridden by the options here. An index that is already
+    fresh and of that type is kept (only nprobe / ef_search / rescore are updated, no rebuild); a different type or
+    build parameter rebuilds it, reusing the stored entity embeddings.
+
+    Several processes: `kgc index RUN --nproc 4`, or across machines `torchrun --nnodes 2 --nproc-per-node 4 … -m
+    kgc index RUN` (the run folder on a filesystem every node sees); run the same command again after a kill."""
+    import kgc
+
+    params = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search,
+              "ef_construction": ef_construction, "pq_bytes": pq_bytes, "train_size": train_size, "rescore": rescore}
+    if add is not None and (type_ is not None or any(v is not None for v in params.values())):
+        raise KGCError("--add appends to the index as it is built; change its type or parameters in a separate "
+                       f"`kgc index {run_dir} --type …` first")
+    if add is not None and (nproc not in (None, 1) or kgc.api.launched()):
+        raise KGCError("--add embeds its new entities in one process; run it without --nproc, outside torchrun")
+    run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
+    if add is not None:
+        meta = run.add_entities(add, progress=progress)
+        _echo(f"added {meta['added_entities']['sources'][-1]['count']} entities from {add}: the index holds "
+              f"{meta['entities']} ({meta['entities'] - meta['added_entities']['count']} + "
+              f"{meta['added_entities']['count']} added) → {run.path / 'index'}")
+        return
+    done = run.index(type=type_, force=force, progress=progress, nproc=nproc, **params)
+    meta = done["meta"]
+    if done["action"] == "follow":  # a torchrun rank > 0: rank 0 says what was done
+        return
+    for shard in done.get("shards", []):
+        _echo(shard["line"])
+    if done["action"] == "none":
+        _echo(f"{run.path / 'index'}: {done['why']}; nothing to do (--force rebuilds it)")
+    elif done["action"] == "search":
+        _echo(f"{run.path / 'index'}: search parameters {done['why']}, stored in meta.json (no rebuild)")
+    else:
+        if done.get("note"):  # the added entities restored from their copy of record, or an edited list taken
+            _echo(done["note"])
+        added = meta.get("added_entities", {}).get("count", 0)
+        shown = ", ".join(f"{k}={v}" for k, v in meta["index"].items() if k != "type")
+        _echo(f"indexed {meta['entities']} entities{f' ({added} of them added, kept)' if added else ''} "
+              f"(dim {meta['dim']}) as {meta['index']['type']}{f' ({shown})' if shown else ''} in "
+              f"{meta['seconds']}s, embeddings {meta['embeddings']} → {run.path / 'index'}")
+
+def _question_option(name: str):
+    """``kgc predict``'s option for a field of :class:`QueryOptions`: its default and help are the field's."""
+    field = QueryOptions.model_fields[name]
+    return typer.Option(field.default, "--" + name.replace("_", "-"), help=field.description)
+
+@app.command()
+def predict(run_dir: Optional[Path] = typer.Argument(None, help="a run directory (default: the newest run "
+                                                                  "under ./runs); its index is built if missing"),
+            head: Optional[str] = typer.Option(None, "--head", help="entity id, name or text (an added entity too), "
+                                                                    "or any free text, embedded on the fly"),
+            relation: Optional[str] = typer.Option(None, "--relation", help="relation name or text"),
+            input_: Optional[Path] = typer.Option(None, "--input", help="a file of questions, head<TAB>relation per "
+                                                                        "line (or .jsonl objects): one load, batched"),
+            output: Optional[Path] = typer.Option(None, "--output", help="with --input: write the answers here "
+                                                                         "(default: stdout)"),
+            format_: Optional[str] = typer.Option(None, "--format", help="with --input: jsonl (one object per "
+                                                                         "question; default) or tsv (a row per "
+                                                                         "answer; default for a .tsv --output)"),
+            batch_size: int = typer.Option(64, "--batch-size", min=1, help="with --input: questions per forward "
+                                                                           "pass"),
+            top_k: int = _question_option("top_k"),
+            inverse: bool = _question_option("inverse"),
+            filter_known: bool = _question_option("filter_known"),
+            include_head: bool = _question_option("include_head"),
+            free_text: bool = _question_option("free_text"),
+            server: Optional[str] = typer.Option(None, "--server",
+                                                 help="ask a running `kgc serve` (e.g. http://127.0.0.1:8000) "
+                                                      "instead of loading the model here: ~0.3 s instead of ~5"),
+            as_json: bool = typer.Option(False, "--json"),
+            progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar if the index is "
+                                                                                  "built first")) -> None:
+    """Top-k answers to (head, relation, ?), over the run's entities and those added with `kgc index --add`."""
+    import kgc
+
+    if input_ is None and (head is None or relation is None):
+        raise KGCError("give --head and --relation, or --input FILE (head<TAB>relation per line)")
+    if input_ is not None and (head is not None or relation is not None):
+        raise KGCError("--input answers a file of questions; drop --head/--relation (or drop --input)")
+    if input_ is None and (output is not None or format_ is not None):
+        raise KGCError("--output and --format go with --input")
+    options = QueryOptions.of(top_k=top_k, inverse=inverse, filter_known=filter_known, include_head=include_head,
+                              free_text=free_text).model_dump()  # a bad one: the message Python and the server give
+    if server is not None:
+        if input_ is not None or run_dir is not None:
+            raise KGCError("--server asks the run that server serves: drop RUN_DIR and --input (POST a list of "
+                           "queries to the server's /predict for a batch)")
+        _print_answer(kgc.api.ask_server(server, "/predict", {"head": head, "relation": relation, **options}),
+                      as_json)
+        _quick_exit()
+        return
+    run = kgc.load(run_dir, echo=lambda m: typer.echo(m, err=True))
+    if input_ is not None:
+        done = run.predict_file(input_, output, format=format_, batch_size=batch_size, progress=progress,
+                                echo=_echo, **options)
+        typer.echo(f"{done['questions']} questions answered in {done['seconds']}s ({done['per_second']}/s)"
+                   f"{f' → {output}' if output is not None else ''}", err=True)
+        _quick_exit()
+        return
+    q = run.resolve(head, relation, progress=progress, **options)
+    _print_answer(run.answer_records([q], run.answer_many([q]))[0], as_json)  # the fields POST /predict answers
+    _quick_exit()
+
+def _print_answer(a: dict, as_json: bool) -> None:
+    """One answer as `kgc predict` prints it (``a``: :meth:`Answers.to_json`, from this process or a server)."""
+    if as_json:
+        _echo(json.dumps(a, indent=2))
+        return
+    _echo(f"({a['head_text'][:70]}, {a['relation_text']}, ?)   [{a['seconds'] * 1000:.0f} ms]")
+    for p in a["predictions"]:
+        _echo(f"{p['rank']:>4}  {p['entity']:<24} {p['score']:7.4f}  {p['text'][:80]}")
+
+@app.command()
+def serve(run_dir: Path = typer.Argument(..., help="a run directory (link prediction or C-STS)"),
+          host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (127.0.0.1: this machine "
+                                                                "only)"),
+          port: int = typer.Option(8000, "--port", min=0, max=65535),
+          device: str = typer.Option("auto", "--device"),
+          max_batch: int = typer.Option(64, "--max-batch", min=1, help="queries answered in one forward pass"),
+          max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0,
+                                            help="how long a query waits for others to share its batch"),
+          threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                                help="torch threads for the model (default: torch's, every core)"),
+          max_body_mb: float = typer.Option(8.0, "--max-body-mb", min=0.001,
+                                            help="largest request body taken (MiB; larger: 413)"),
+          body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1,
+                                             help="seconds a whole request body may take to arrive (then 408)"),
+          head_timeout: float = typer.Option(10.0, "--head-timeout", min=0.1,
+                                             help="seconds for a request's line and headers, from the connection "
+                                                  "or the previous reply (then 408, closed)"),
+          max_connections: int = typer.Option(1024, "--max-connections", min=1,
+                                              help="connections open at once (more: 503, closed)"),
+          per_client: int = typer.Option(64, "--per-client", min=1,
+                                         help="connections open at once from one address (more: 503, closed)"),
+          max_requests: int = typer.Option(256, "--max-requests", min=1,
+                                           help="requests answered at once (more: 503)"),
+          keep_alive: float = typer.Option(5.0, "--keep-alive", min=0.1,
+                                           help="seconds a connection that sends nothing is kept open"),
+          send_timeout: float = typer.Option(30.0, "--send-timeout", min=0.1,
+                                             help="seconds a client may take nothing of its reply (then dropped)"),
+          log_level: str = typer.Option("info", "--log-level")) -> None:
+    """Serve a trained run over HTTP: POST /predict (batched), a page at /, the OpenAPI page at /docs."""
+    import kgc
+
+    limits = dict(max_body=int(max_body_mb * (1 << 20)), body_timeout=body_timeout, head_timeout=head_timeout,
+                  max_connections=max_connections, per_client=per_client, max_requests=max_requests,
+                  keep_alive=keep_alive, send_timeout=send_timeout)
+    raise typer.Exit(kgc.api.serve(run_dir, host=host, port=port, device=device, max_batch=max_batch,
+                                   max_wait_ms=max_wait_ms, log_level=log_level, threads=threads, limits=limits,
+                                   echo=_echo))
