@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model, field_validator, model_validator
 
 from kgc.errors import KGCError
 from kgc.migrations import CURRENT, upgrade
 from kgc.recipe_files import find_recipe, load_tree  # noqa: F401 — find_recipe: for the layers above
-from kgc.registry import CONDITIONERS, TASKS
+from kgc.registry import CONDITIONERS, TASKS, TRACKERS
 
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -125,11 +125,11 @@ class TrainConfig(Section):
                             "checkpoints/last.pt with the optimiser state, to train further (all)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     log_every: int = Field(10, ge=1, description="steps between rows of metrics.jsonl")
-    trackers: list[Literal["tensorboard", "mlflow", "csv", "wandb"]] = Field(
-        [], description="where the metrics.jsonl rows also go (kgc/training/trackers.py): tensorboard (RUN/tensorboard), "
-                        "mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv (RUN/metrics.csv), wandb (offline unless "
-                        "$WANDB_MODE says otherwise, RUN/wandb); all but csv optional extras: pip install "
-                        "'kgc[tensorboard]' / 'kgc[mlflow]' / 'kgc[wandb]'")
+    trackers: list[str] = Field(
+        [], description="where the metrics.jsonl rows also go, each a registered tracker (kgc/training/trackers.py; a "
+                        "plugin's too): tensorboard (RUN/tensorboard), mlflow ($MLFLOW_TRACKING_URI or RUN/mlflow), csv "
+                        "(RUN/metrics.csv), wandb (offline unless $WANDB_MODE says otherwise, RUN/wandb); all but csv "
+                        "optional extras: pip install 'kgc[tensorboard]' / 'kgc[mlflow]' / 'kgc[wandb]'")
     prefetch: Union[bool, Literal["auto"]] = Field(
         "auto", description="build step n+1's inputs (token ids, distinct rows, length groups, pinned memory) in a "
                             "background thread while step n runs (kgc/training/prefetch.py); auto: on a GPU (on 2 CPU "
@@ -158,6 +158,15 @@ class TrainConfig(Section):
         if isinstance(data, dict) and isinstance(data.get("trackers"), str):
             data = {**data, "trackers": [t.strip() for t in data["trackers"].split(",") if t.strip()]}
         return data
+
+    @field_validator("trackers")
+    @classmethod
+    def _registered_trackers(cls, names: list[str]) -> list[str]:
+        """Each a registered tracker (kgc.registry.TRACKERS: the built-in ones and plugins')."""
+        unknown = [n for n in names if n not in TRACKERS]
+        if unknown:
+            raise ValueError(f"unknown tracker {unknown[0]!r}; registered: {', '.join(TRACKERS)}")
+        return names
 
     @model_validator(mode="after")
     def _threads_positive(self) -> "TrainConfig":
@@ -233,6 +242,12 @@ class Recipe(Section):
     conditioners' options (:func:`recipe_type` joins them); :func:`validate_recipe` and :func:`load_recipe` pick
     the class a tree's ``task`` names."""
     ignored_model_keys: ClassVar[frozenset[str]] = frozenset()  # ModelConfig keys this task does not read
+
+    @classmethod
+    def member_unions(cls) -> dict[str, tuple[Any, Any]]:
+        """Sections of this task's recipe that are unions over a registry, built when the recipe class is
+        (:func:`recipe_type`), so a plugin's member is a choice: ``{field: (annotation, FieldInfo)}``."""
+        return {}
     version: int = Field(CURRENT, description="the schema this recipe is written for; an older one (no version: 1) "
                                               "is upgraded step by step on loading (kgc/migrations.py)")
     name: str = Field("run", description="the run's name: runs/<name>-<time> by default (a recipe file: its stem)")
@@ -283,16 +298,17 @@ def recipe_type(task: str | None = None) -> type[Recipe]:
     """The concrete recipe class of ``task`` (default: the registry's): the task's registered class with ``model``
     the discriminated union (on ``conditioner``) of every registered conditioner's options."""
     task_class = TASKS.lookup(task or TASKS.default)
+    base = task_class.recipe_class
+    extra = base.member_unions()  # the task's own unions over registries (link prediction's index types)
     names = tuple(CONDITIONERS)
-    key = (task_class.name, names)
+    key = (task_class.name, names, tuple((f, tuple((_union(a) or ("", {}))[1])) for f, (a, _) in sorted(extra.items())))
     if key not in _TYPES:
         members = tuple(CONDITIONERS[n].Options for n in names)
         union = Annotated[Union[members], Field(discriminator="conditioner")]  # type: ignore[valid-type]
-        base = task_class.recipe_class
         default = CONDITIONERS[CONDITIONERS.default].Options
         _TYPES[key] = create_model(base.__name__, __base__=base, __module__=base.__module__,
                                    model=(union, Field(default_factory=default, description=Recipe.model_fields[
-                                       "model"].description)))
+                                       "model"].description)), **extra)
     return _TYPES[key]
 
 

@@ -1,16 +1,27 @@
-"""Registries: name → member, one per family (conditioners, tasks), kept in the bottom layer.
+"""Registries: name → member, one per pluggable family — tasks, conditioners, index types, trackers — kept in the
+bottom layer: the one resolver every family is looked up through.
 
 A registry sits below everything that registers into it, so a lower layer can look a member up without
-importing the layer that defines it: the recipe checks ``model.conditioner`` options and ``task`` keys here,
-the data catalog asks a task to check a fetched folder. Members register themselves when their module is
-imported (``@CONDITIONERS.register``); the built-in members are imported on the first lookup, from the
-module names given here — the one place that lists them, as a plugin list would (no import statement, so
-the layer contract in pyproject.toml sees no upward import).
+importing the layer that defines it: the recipe builds its unions (``model`` on ``conditioner``, a task's own,
+such as link prediction's ``index`` on ``type``) and checks ``train.trackers`` here, the data catalog asks a task to
+check a fetched folder. Members register themselves when their module is imported (``@CONDITIONERS.register``);
+on the first lookup a registry imports its built-in modules, named here — the one place that lists them (no
+import statement, so the layer contract in pyproject.toml sees no upward import) — and then every entry point of
+its group (``kgc.conditioners``, ``kgc.index_types``, ``kgc.trackers``, ``kgc.tasks``): another package adds a
+member by naming, in its own ``pyproject.toml``, a module that registers it or the member itself::
+
+    [project.entry-points."kgc.conditioners"]
+    scaled = "my_package.conditioners"        # a module whose import registers it
+    [project.entry-points."kgc.trackers"]
+    jsonl = "my_package.trackers:JsonlTracker"   # or the member (a class with a ``name``)
+
+(docs/architecture.md, "Write a plugin").
 """
 
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Iterator, Mapping
 from typing import Callable, Generic, TypeVar
 
@@ -25,8 +36,9 @@ class Registry(Mapping, Generic[T]):
     ``registry[name]`` raises ``KeyError`` like a dict; :meth:`lookup` raises a :class:`KGCError` that names
     the recipe key and lists what is registered."""
 
-    def __init__(self, kind: str, key: str, builtins: tuple[str, ...], default: str | None = None) -> None:
-        self.kind, self.key, self._builtins = kind, key, builtins
+    def __init__(self, kind: str, key: str, builtins: tuple[str, ...], default: str | None = None,
+                 group: str | None = None) -> None:
+        self.kind, self.key, self._builtins, self.group = kind, key, builtins, group
         self.default = default  # the member a recipe gets when it names none (the plugin list's one choice)
         self._members: dict[str, T] = {}
         self._loaded = False
@@ -44,6 +56,24 @@ class Registry(Mapping, Generic[T]):
             self._loaded = True  # first: a built-in module that looks itself up while importing does not recurse
             for module in self._builtins:
                 importlib.import_module(module)
+            for point in plugins(self.group):
+                self._plugin(point)
+
+    def _plugin(self, point) -> None:
+        """Load one entry point of this family: a module registers its members as it is imported; a member (a
+        class or an instance with a ``name``) is registered here, under the entry point's name when it has none.
+        A plugin that fails to load is one KGCError naming the package and the entry point."""
+        try:
+            loaded = point.load()
+        except Exception as exc:  # noqa: BLE001  (any error of another package's import)
+            dist = getattr(getattr(point, "dist", None), "name", "?")
+            raise KGCError(f"the {self.kind} plugin {point.name!r} ({point.value}, from the package {dist}, entry "
+                           f"point group {self.group}) failed to load: {type(exc).__name__}: {exc}. Fix or uninstall "
+                           "that package") from exc
+        if isinstance(loaded, types.ModuleType):
+            return
+        if loaded not in self._members.values():
+            self.register(loaded, getattr(loaded, "name", None) or point.name)
 
     def __getitem__(self, name: str) -> T:
         self._load()
@@ -69,7 +99,23 @@ class Registry(Mapping, Generic[T]):
         return [name for name in self if has(self[name])]
 
 
+def plugins(group: str | None) -> list:
+    """The entry points of ``group`` in the installed distributions (and any ``*.dist-info`` on ``sys.path``), by
+    name; none for None."""
+    if group is None:
+        return []
+    from importlib.metadata import entry_points
+
+    return sorted(entry_points(group=group), key=lambda point: point.name)
+
+
 # conditioners: kgc.conditioning.base.Conditioner subclasses (kgc/conditioning/<name>.py)
-CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", ("kgc.conditioning",), default="biencoder")
+CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", ("kgc.conditioning",), default="biencoder",
+                                  group="kgc.conditioners")
 # tasks: kgc.training.task.Task subclasses, one package each (kgc/linkpred, kgc/csts)
-TASKS: Registry = Registry("task", "task", ("kgc.linkpred", "kgc.csts"), default="linkpred")
+TASKS: Registry = Registry("task", "task", ("kgc.linkpred", "kgc.csts"), default="linkpred", group="kgc.tasks")
+# index types: kgc.linkpred.index_types.IndexType instances (flat, ivf, hnsw, ivfpq), each with its Options
+INDEX_TYPES: Registry = Registry("index type", "index.type", ("kgc.linkpred.index_types",), default="flat",
+                                 group="kgc.index_types")
+# trackers: kgc.training.trackers.Tracker subclasses (tensorboard, mlflow, csv, wandb)
+TRACKERS: Registry = Registry("tracker", "train.trackers", ("kgc.training.trackers",), group="kgc.trackers")

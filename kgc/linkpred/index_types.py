@@ -1,5 +1,6 @@
-"""The structures an entity index can be — ``flat``, ``ivf``, ``hnsw``, ``ivfpq`` — one class each, in one
-registry (:data:`TYPES`); adding a type is one class here.
+"""The structures an entity index can be — ``flat``, ``ivf``, ``hnsw``, ``ivfpq`` — one class each, registered in
+:data:`kgc.registry.INDEX_TYPES` (:data:`TYPES` here); adding a type is one class with its ``Options``, here or in
+another package that names it under the ``kgc.index_types`` entry points (a FAISS factory string is enough).
 
 ``flat`` (exact, the default) needs no FAISS: it is :class:`ExactIndex`, the unit rows as one torch tensor searched
 by one matrix product and a top k, on the GPU when there is one; its only file is the index's ``entities.npy``.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Annotated, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from kgc.errors import KGCError
 from kgc.recipe import Section
+from kgc.registry import INDEX_TYPES
 
 
 class IndexOptions(Section):
@@ -77,14 +79,21 @@ class HnswOptions(IndexOptions):
     ef_construction: int = Field(40, ge=1, description="candidate list while inserting (build quality/time)")
 
 
-# the recipe's ``index:`` section: one member per type, chosen by ``type`` (default flat)
-IndexConfig = Annotated[Union[FlatOptions, IvfOptions, HnswOptions, IvfPqOptions], Field(discriminator="type")]
-_INDEX_ADAPTER: TypeAdapter = TypeAdapter(IndexConfig)
+_ADAPTERS: dict[tuple[str, ...], TypeAdapter] = {}
+
+
+def index_union() -> Any:
+    """The recipe's ``index:`` section: one member per registered type (its ``Options``), chosen by ``type``."""
+    members = tuple(INDEX_TYPES[name].Options for name in INDEX_TYPES)
+    return Annotated[Union[members], Field(discriminator="type")]  # type: ignore[valid-type]
 
 
 def index_options(tree: dict | None = None) -> IndexOptions:
     """The options of the type ``tree`` names (``{"type": "hnsw", "ef_search": 128}``; default flat), validated."""
-    return _INDEX_ADAPTER.validate_python({"type": "flat", **(tree or {})})
+    key = tuple(INDEX_TYPES)
+    if key not in _ADAPTERS:
+        _ADAPTERS[key] = TypeAdapter(index_union())
+    return _ADAPTERS[key].validate_python({"type": "flat", **(tree or {})})
 
 
 def faiss_module():
@@ -338,11 +347,16 @@ class HNSW(IndexType):
         index.hnsw.efConstruction = params["ef_construction"]
 
 
-TYPES: dict[str, IndexType] = {t.name: t for t in (Flat(), IVF(), HNSW(), IVFPQ())}
+for _type in (Flat(), IVF(), HNSW(), IVFPQ()):
+    INDEX_TYPES.register(_type)
+TYPES = INDEX_TYPES  # name → IndexType: the built-in types and those of plugins
 FAISS_PARAMETER = {"nprobe": "nprobe", "ef_search": "efSearch"}
 PQ_BITS = 8  # bits per sub-quantiser code: 256 centroids each, so ivfpq needs >= 256 training vectors
-_FAISS_CLASS = {cls: t.name for t in TYPES.values() for cls in t.faiss_classes}
-_MEMBERS: dict[str, type[IndexOptions]] = {t.name: t.Options for t in TYPES.values()}
+
+
+def _faiss_class(name: str) -> str | None:
+    """The type whose FAISS index class is ``name`` (``IndexHNSWFlat`` → hnsw)."""
+    return next((t.name for t in TYPES.values() if name in t.faiss_classes), None)
 
 
 def index_config(base: IndexOptions | None = None, **changes) -> IndexOptions:
@@ -352,7 +366,7 @@ def index_config(base: IndexOptions | None = None, **changes) -> IndexOptions:
     keys the new type does not read are left behind when ``type`` changes."""
     changes = {k: v for k, v in changes.items() if v is not None}
     kind = changes.get("type", base.type if base is not None else "flat")
-    member = _MEMBERS.get(kind)
+    member = TYPES[kind].Options if kind in TYPES else None
     if member is None:
         raise KGCError(f"index.type {kind!r}: unknown. Choose one of {', '.join(TYPES)}")
     unread = sorted(k for k in changes if k not in member.model_fields)
@@ -471,7 +485,7 @@ def type_of(index) -> str | None:
     """The registry name of an index object (None for a structure this module does not build)."""
     if isinstance(index, RescoredIndex):
         return type_of(index.index)
-    return "flat" if isinstance(index, ExactIndex) else _FAISS_CLASS.get(type(index).__name__)
+    return "flat" if isinstance(index, ExactIndex) else _faiss_class(type(index).__name__)
 
 
 # ---------------------------------------------------------------- build, search

@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from kgc.linkpred.index_types import IndexConfig, index_options
+from kgc.linkpred.index_types import IndexOptions, index_options, index_union
 from kgc.linkpred.rules import RulesOptions
 from kgc.linkpred.structure import PykeenOptions
 from kgc.recipe import DataConfig, EvalConfig, Recipe, Section
@@ -101,9 +101,16 @@ class LinkPredRecipe(Recipe):
     data: LinkPredData = LinkPredData()
     loss: LinkPredLoss = LinkPredLoss()
     eval: LinkPredEval = LinkPredEval()
-    index: IndexConfig = Field(default_factory=index_options, description="the entity index (a union on type)")
+    # the entity index: a union on type over the registered index types (member_unions; IndexOptions: any of them)
+    index: IndexOptions = Field(default_factory=index_options, description="the entity index (a union on type)")
     structure: Optional[StructureConfig] = Field(None, description="a PyKEEN model (or mined rules) beside the "
                                                                    "text model (absent: off)")
+
+    @classmethod
+    def member_unions(cls) -> dict[str, tuple[Any, Any]]:
+        """``index``: the union of every registered index type's options (plugins' too), on ``type``."""
+        return {"index": (index_union(), Field(default_factory=index_options,
+                                               description=cls.model_fields["index"].description))}
 
     @model_validator(mode="before")
     @classmethod

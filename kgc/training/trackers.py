@@ -37,24 +37,22 @@ from typing import Any, Iterable
 
 from kgc.errors import KGCError
 from kgc.fileio import append_line, write_text
+from kgc.registry import TRACKERS
 
-KNOWN = ("tensorboard", "mlflow", "csv", "wandb")
-NEEDS = {"tensorboard": ("tensorboard", "tensorboard"),
-         "mlflow": ("mlflow", "mlflow"),
-         "wandb": ("wandb", "wandb")}  # tracker: (module it imports, the kgc extra that installs it)
 NOT_SCALARS = ("step", "epoch")
 
 
 def check_available(names: Iterable[str]) -> None:
     """One message for the first tracker whose package is missing, naming the extra to install."""
     for name in names:
-        if name not in KNOWN:
-            raise KGCError(f"train.trackers: unknown tracker {name!r}; known: {', '.join(KNOWN)}")
-        if name in NEEDS and importlib.util.find_spec(NEEDS[name][0]) is None:
-            module, extra = NEEDS[name]
+        if name not in TRACKERS:
+            raise KGCError(f"train.trackers: unknown tracker {name!r}; registered: {', '.join(TRACKERS)}")
+        needs = TRACKERS[name].needs
+        if needs is not None and importlib.util.find_spec(needs[0]) is None:
+            module, extra = needs
+            install = f"pip install 'kgc[{extra}]' (or pip install {module})" if extra else f"pip install {module}"
             raise KGCError(f"train.trackers: {name} needs the {module} package, which is not installed: "
-                           f"pip install 'kgc[{extra}]' (or pip install {module}), or leave {name} out of "
-                           "train.trackers")
+                           f"{install}, or leave {name} out of train.trackers")
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -105,9 +103,13 @@ def study_trial(experiment: str, parent_run_id: str, uri: str, tags: dict[str, s
 
 
 class Tracker:
-    """One destination. ``resume_step``: the step a resumed run restarts from (None: a new run)."""
+    """One destination, registered in :data:`kgc.registry.TRACKERS` under its ``name`` (``@TRACKERS.register``; a
+    plugin's through the ``kgc.trackers`` entry points). ``resume_step``: the step a resumed run restarts from
+    (None: a new run). ``log`` takes each metrics.jsonl row; ``finish`` the files kept at the end; ``abort`` an
+    error's end; :meth:`after_evaluate` the test figures of a later ``kgc evaluate``."""
 
     name = ""
+    needs: tuple[str, str | None] | None = None  # (the module it imports, the kgc extra that installs it)
 
     def __init__(self, run_dir: Path, params: dict[str, Any], *, title: str, resume_step: int | None) -> None:
         self.run_dir, self.params, self.title, self.resume_step = run_dir, params, title, resume_step
@@ -124,9 +126,22 @@ class Tracker:
     def results(self, results_file: Path, metrics: dict[str, float]) -> None:
         """After ``kgc evaluate``: the test figures (where the tracker keeps one record per run)."""
 
+    @classmethod
+    def after_evaluate(cls, run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
+        """After ``kgc evaluate RUN`` of a run this tracker followed: its figures, where the tracker keeps them
+        (nothing by default: a tracker of curves only)."""
 
+
+@TRACKERS.register
 class TensorBoardTracker(Tracker):
     name = "tensorboard"
+    needs = ("tensorboard", "tensorboard")
+
+    @classmethod
+    def after_evaluate(cls, run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
+        if (run_dir / "tensorboard").is_dir():
+            check_available([cls.name])
+            cls.results_into(run_dir, metrics)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -174,8 +189,16 @@ class TensorBoardTracker(Tracker):
         writer.close()
 
 
+@TRACKERS.register
 class MLflowTracker(Tracker):
     name = "mlflow"
+    needs = ("mlflow", "mlflow")
+
+    @classmethod
+    def after_evaluate(cls, run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
+        if (run_dir / "mlflow" / "run_id").is_file():
+            check_available([cls.name])
+            cls(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -244,6 +267,7 @@ class MLflowTracker(Tracker):
         self.client.set_terminated(self.run_id, "FINISHED")
 
 
+@TRACKERS.register
 class CSVTracker(Tracker):
     """``RUN/metrics.csv`` in PyKEEN's ``CSVResultTracker`` layout: ``type,step,key,value``, the recipe's
     parameters first (``parameter``, step 0, flattened keys), then a ``metric`` row per number per logged step (the
@@ -285,8 +309,16 @@ class CSVTracker(Tracker):
         self._write([{"type": "metric", "step": step, "key": k, "value": v} for k, v in values.items()], mode="a")
 
 
+@TRACKERS.register
 class WandbTracker(Tracker):
     name = "wandb"
+    needs = ("wandb", "wandb")
+
+    @classmethod
+    def after_evaluate(cls, run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
+        if (run_dir / "wandb" / "run.json").is_file():
+            check_available([cls.name])
+            cls(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -336,7 +368,6 @@ class WandbTracker(Tracker):
         self.run.finish()
 
 
-CLASSES = {c.name: c for c in (TensorBoardTracker, MLflowTracker, CSVTracker, WandbTracker)}
 
 
 class Trackers:
@@ -371,18 +402,12 @@ def open_trackers(names: Iterable[str], run_dir: Path, params: dict[str, Any], *
                   resume_step: int | None = None) -> Trackers:
     names = list(dict.fromkeys(names))
     check_available(names)
-    return Trackers([CLASSES[n](run_dir, params, title=title, resume_step=resume_step) for n in names])
+    return Trackers([TRACKERS[n](run_dir, params, title=title, resume_step=resume_step) for n in names])
 
 
 def log_results(names: Iterable[str], run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
-    """After ``kgc evaluate RUN``: the test figures into the trackers that keep one record per run (MLflow's and
-    W&B's run of this training, reopened by its id); the others hold curves only."""
-    if "tensorboard" in names and (run_dir / "tensorboard").is_dir():
-        check_available(["tensorboard"])
-        TensorBoardTracker.results_into(run_dir, metrics)
-    if "mlflow" in names and (run_dir / "mlflow" / "run_id").is_file():
-        check_available(["mlflow"])
-        MLflowTracker(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
-    if "wandb" in names and (run_dir / "wandb" / "run.json").is_file():
-        check_available(["wandb"])
-        WandbTracker(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
+    """After ``kgc evaluate RUN``: the test figures to each tracker the run followed (:meth:`Tracker.after_evaluate`:
+    TensorBoard's events, MLflow's and W&B's run of this training reopened by its id; csv keeps curves only)."""
+    for name in dict.fromkeys(names):
+        if name in TRACKERS:
+            TRACKERS[name].after_evaluate(run_dir, results_file, metrics)

@@ -1,0 +1,84 @@
+"""A package outside kgc adds a conditioner, an index type and a tracker through entry points, and a recipe uses
+all three: tests/plugin_demo/ is installed into a temporary folder (the package and a ``.dist-info`` with its
+``entry_points.txt``, as pip would leave it) and put on ``PYTHONPATH`` of real ``kgc`` processes. Without it the
+same recipe is refused, naming what is registered."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+DEMO = ROOT / "tests" / "plugin_demo"
+
+
+def install(site: Path) -> Path:
+    """The demo package and its distribution's metadata in ``site``: what `pip install --target site` leaves."""
+    shutil.copytree(DEMO / "kgc_demo_plugin", site / "kgc_demo_plugin")
+    info = site / "kgc_demo_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kgc-demo-plugin\nVersion: 0.1\n")
+    shutil.copyfile(DEMO / "entry_points.txt", info / "entry_points.txt")
+    return site
+
+
+def kgc(*args, site: Path | None, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + ([str(site)] if site is not None else []))}
+    return subprocess.run([sys.executable, "-m", "kgc", *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tiny_bert, tmp_path, data_home):
+    site = install(tmp_path / "site")
+    recipe = tmp_path / "plugged.yaml"
+    recipe.write_text(
+        "name: plugged\n"
+        "data: {dataset: umls, neighbor_text: false, max_tokens: 16}\n"
+        f"model: {{backbone: {tiny_bert}, conditioner: gated}}\n"
+        "loss: {pre_batch: 0}\n"
+        "train: {batch_size: 32, max_steps: 3, lr: 1.0e-3, warmup_steps: 1, log_every: 1, num_threads: 1, "
+        "trackers: [jsonl_copy, csv]}\n"
+        "eval: {batch_size: 128, dev_queries: 40}\n"
+        "index: {type: sq8}\n")
+    keys = kgc("recipes", "keys", "model.conditioner", site=site, cwd=tmp_path)
+    assert keys.returncode == 0 and "gated" in keys.stdout, keys.stderr
+    trained = kgc("train", recipe, "--out", "run", "--no-progress", site=site, cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "plugin_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]  # the plugin tracker got every logged row
+    assert (run / "metrics.csv").is_file()  # beside a built-in one
+    indexed = kgc("index", "run", "--no-progress", site=site, cwd=tmp_path)
+    assert indexed.returncode == 0, indexed.stderr[-3000:]
+    meta = json.loads((run / "index" / "meta.json").read_text())
+    assert meta["index"]["type"] == "sq8" and meta["faiss"]["factory"] == "SQ8" and meta["entities"] == 135
+    answer = kgc("predict", "run", "--head", "virus", "--relation", "location of", "--top-k", 3, "--json",
+                 site=site, cwd=tmp_path)
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    assert len(json.loads(answer.stdout)["predictions"]) == 3
+
+    alone = kgc("recipes", "check", recipe, "--no-data", "-q", site=None, cwd=tmp_path)  # the plugin not installed
+    assert alone.returncode == 2 and "'gated'" in alone.stderr and "hadamard" in alone.stderr, alone.stderr
+
+
+def test_a_plugin_that_fails_to_load_is_one_message_naming_it(tmp_path):
+    site = tmp_path / "site"
+    (site / "broken_plugin").mkdir(parents=True)
+    (site / "broken_plugin" / "__init__.py").write_text("raise ImportError('no module named torch_geometric')\n")
+    info = site / "broken_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kgc.conditioners]\nbroken = broken_plugin\n")
+    res = kgc("recipes", "check", "umls_biencoder", "--no-data", "-q", site=site, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "the conditioner plugin 'broken' (broken_plugin, from the package broken-plugin, entry point group " \
+           "kgc.conditioners) failed to load: ImportError: no module named torch_geometric" in res.stderr
