@@ -26,7 +26,7 @@ BEFORE = json.loads((ROOT / "tests" / "data" / "recipes_before.json").read_text(
 RENAMED = {"wn18rr_csr.yaml": "wn18rr_csr_top2.yaml", "wn18rr_csr_k1.yaml": "wn18rr_csr.yaml"}
 # recipes added after the families: no "before" to match; they validate, follow the families' rules (the tests below)
 # and are named here, so a recipe cannot appear (or vanish) unnoticed
-ADDED = {"wikidata5m_biencoder.yaml", "wikidata5m_laptop.yaml"}
+ADDED = {"wikidata5m_biencoder.yaml", "wikidata5m_laptop.yaml", "wn18rr_inductive.yaml"}
 LINES_BEFORE = 1334  # non-comment, non-blank lines of recipes/*.yaml before the families
 VARIANT_LINES = 15
 
@@ -119,7 +119,8 @@ def test_families_of_the_shipped_recipes():
     assert sorted(listed) == sorted(p.stem for p in RECIPES)  # each recipe once
     cpu = found["wn18rr_cpu_biencoder"]
     assert {v.name for v in cpu.variants} == {f"wn18rr_cpu_{c}" for c in ("hadamard", "concat", "hypernet", "case",
-                                                                           "router", "router_top", "router_top2")}
+                                                                           "router", "router_top", "router_top2")} \
+        | {"wn18rr_inductive"}  # the same training on the inductive split
     top2 = next(v for v in cpu.variants if v.name == "wn18rr_cpu_router_top2")
     assert top2.extends == "wn18rr_cpu_router_top" and top2.depth == 3 and "0.1286" in top2.about
     order = [v.name for v in cpu.variants]  # a variant comes right after the recipe it extends
