@@ -369,7 +369,7 @@ def recipe_families(folder: str | Path | None = None) -> list[dict[str, Any]]:
     """The shipped recipes as families (``kgc recipes list``): each a root recipe's ``name``, ``path``, ``about``,
     and its ``variants`` (those that extend it, directly or through another: ``name``, ``path``, ``about``,
     ``extends``, ``depth``), roots by name. ``folder``: default ``$KGC_RECIPES`` or the recipes/ beside kgc."""
-    from kgc.recipe_files import families
+    from kgc.families import families
 
     return [family.to_dict() for family in families(folder)]
 
@@ -379,7 +379,7 @@ def copy_recipe(name: str | Path, dest: str | Path, *, force: bool = False, full
     in (``full``: every key resolved, defaults included) to ``dest``, a file or a folder (``kgc recipes copy``); an
     existing file only with ``force``."""
     from kgc.recipe import full_tree
-    from kgc.recipe_files import copy_recipe as _copy
+    from kgc.families import copy_recipe as _copy
 
     return _copy(name, dest, force=force, full=full_tree if full else None)
 
@@ -388,7 +388,7 @@ def recipe_text(name: str | Path, *, full: bool = False) -> str:
     """The text ``kgc recipes copy NAME -`` prints: the recipe with its ``extends`` chain merged in (``full``: every
     key resolved, defaults included)."""
     from kgc.recipe import full_tree
-    from kgc.recipe_files import recipe_text as text
+    from kgc.families import recipe_text as text
 
     return text(name, full=full_tree if full else None)[1]
 

@@ -176,7 +176,7 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
     with open(log, "w", encoding="utf-8") as log_fh:
         server = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT)
         try:
-            from kgc.training.serving import wait_ready
+            from kgc.training.routes import wait_ready
 
             ready_seconds = round(wait_ready(url, server, startup_timeout, what=f"kgc serve {run_dir}",
                                              see=f"its output: {log}", poll=0.5), 1)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from kgc.errors import KGCError
 from kgc.migrations import CURRENT, upgrade
-from kgc.recipe_files import find_recipe, load_tree  # noqa: F401 — find_recipe: for the layers above
+from kgc.families import find_recipe, load_tree  # noqa: F401 — find_recipe: for the layers above
 from kgc.registry import CONDITIONERS, TASKS, TRACKERS
 
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
@@ -516,7 +516,7 @@ def _explain(err: ValidationError, source: str, recipe_cls: type[BaseModel]) -> 
 
 def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]:
     """The raw mapping of a YAML recipe file (``name`` defaults to the file's stem; ``extends:`` resolved by
-    :func:`kgc.recipe_files.load_tree`), not yet validated nor upgraded. ``saved``: the ``recipe.yaml`` of a run
+    :func:`kgc.families.load_tree`), not yet validated nor upgraded. ``saved``: the ``recipe.yaml`` of a run
     directory (upgraded as a saved run on validation, :mod:`kgc.migrations`); a run's own recipe.yaml given as a
     recipe (`kgc train RUN/recipe.yaml --out NEW`) is read as the run was trained."""
     path = Path(path)

@@ -114,8 +114,8 @@ CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", ("kgc.cond
                                   group="kgc.conditioners")
 # tasks: kgc.training.task.Task subclasses, one package each (kgc/linkpred, kgc/csts)
 TASKS: Registry = Registry("task", "task", ("kgc.linkpred", "kgc.csts"), default="linkpred", group="kgc.tasks")
-# index types: kgc.linkpred.index_types.IndexType instances (flat, ivf, hnsw, ivfpq), each with its Options
-INDEX_TYPES: Registry = Registry("index type", "index.type", ("kgc.linkpred.index_types",), default="flat",
+# index types: kgc.linkpred.index.types.IndexType instances (flat, ivf, hnsw, ivfpq), each with its Options
+INDEX_TYPES: Registry = Registry("index type", "index.type", ("kgc.linkpred.index.types",), default="flat",
                                  group="kgc.index_types")
 # trackers: kgc.training.trackers.Tracker subclasses (tensorboard, mlflow, csv, wandb)
 TRACKERS: Registry = Registry("tracker", "train.trackers", ("kgc.training.trackers",), group="kgc.trackers")

@@ -1,6 +1,6 @@
 """``kgc serve RUN``: a trained run as a long-lived HTTP service (FastAPI + uvicorn).
 
-The server is task-blind: the run's task hands it a :class:`kgc.training.serving.Serving` with its routes
+The server is task-blind: the run's task hands it a :class:`kgc.training.routes.Serving` with its routes
 (link prediction: ``POST /predict``, ``GET|POST /entities``, ``GET /relations``; C-STS: ``POST /similarity``) and
 its page. The server adds
 

@@ -109,7 +109,7 @@ def test_dev_sample_is_fixed_by_the_seed(lp_run):
     """eval.dev_queries validates on a sample of the dev triples drawn with train.seed: the same triples on every
     evaluation (the dev curve compares like with like), other triples under another seed; and it is the sample
     the training validated on (the logged dev MRR is that of the saved model on it)."""
-    from kgc.linkpred.evaluate import evaluate
+    from kgc.linkpred.evaluation.scoring import evaluate
 
     model, graph = linkpred_model(lp_run.path)
     n = lp_run.recipe.eval.dev_queries

@@ -19,7 +19,7 @@ ROOT = PACKAGE.parent
 
 # family -> what generic code must not name, and where its members live (the only places that may name them).
 # ``names``: exact strings; a string or module path that starts with one of them and a dot names it too
-# ("kgc.linkpred.service").
+# ("kgc.linkpred.answer.run").
 GENERIC_MUST_NOT_NAME: dict[str, dict[str, list[str]]] = {
     "task": {"names": ["linkpred", "csts", "kgc.linkpred", "kgc.csts"],
              "homes": ["kgc/linkpred/", "kgc/csts/"]},
@@ -27,7 +27,7 @@ GENERIC_MUST_NOT_NAME: dict[str, dict[str, list[str]]] = {
                               "kgc.conditioning.biencoder", "kgc.conditioning.router", "kgc.conditioning.pooled",
                               "kgc.conditioning.case"],
                     "homes": ["kgc/conditioning/"]},
-    "index type": {"names": ["flat", "ivf", "hnsw", "ivfpq", "kgc.linkpred.index_types"],
+    "index type": {"names": ["flat", "ivf", "hnsw", "ivfpq", "kgc.linkpred.index.types"],
                    "homes": ["kgc/linkpred/"]},
 }
 
@@ -99,7 +99,7 @@ def test_generic_modules_do_not_name_a_member(family):
 
 
 def test_every_registered_member_is_in_the_list():
-    from kgc.linkpred.index_types import TYPES
+    from kgc.linkpred.index.types import TYPES
     from kgc.registry import CONDITIONERS, TASKS
 
     names = GENERIC_MUST_NOT_NAME["task"]["names"]
@@ -162,3 +162,42 @@ def test_the_house_has_no_circle_and_fewer_arrows_per_room():
     circles = sorted((a, b) for a, b in arrows if a in reaches(b))
     assert not circles, f"rooms importing each other: {circles}"
     assert len(arrows) / len(rooms) < 78 / 21, f"{len(arrows)} arrows over {len(rooms)} rooms"
+
+
+def name_problems(package: Path) -> list[str]:
+    """Files (and sub-packages) of one package whose names start alike — the first five letters — as
+    ``predict.py`` / ``predictor.py`` or ``service.py`` / ``serving.py`` did: one idea split by accident or two ideas
+    named too alike. ``X_cache`` beside ``X`` is a cache of its subject, and fine."""
+    names = sorted(p.stem for p in package.iterdir()
+                   if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists()))
+    problems = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if a[:5] == b[:5] and b != f"{a}_cache" and a != f"{b}_cache":
+                problems.append(f"{package.relative_to(ROOT)}: {a} and {b} start alike")
+    return problems
+
+
+def test_names_say_what_a_file_holds():
+    """No two files of one package start alike; one word (``serve``) names the serving of runs, once: the other
+    places are a run's ``routes``; link prediction keeps at most eight files at its top, the rest in sub-packages
+    by concern (docs/architecture.md)."""
+    packages = sorted({p.parent for p in PACKAGE.rglob("*.py")})
+    problems = [x for pkg in packages for x in name_problems(pkg)]
+    assert not problems, "\n".join(problems)
+    serving = sorted(p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py")
+                     if p.stem.startswith(("serve", "servi")))
+    assert serving == ["kgc/serve.py"], serving
+    top = sorted(p.name for p in (PACKAGE / "linkpred").glob("*.py"))
+    assert len(top) <= 8, top
+    assert name_problems(Path(__file__).parent / "plugin_demo" / "kgc_demo_plugin") == []
+    assert name_problems_of(["predict", "predictor", "graph", "graph_cache"]) == ["predict and predictor start alike"]
+
+
+def name_problems_of(names: list[str]) -> list[str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        for n in names:
+            (Path(tmp) / f"{n}.py").write_text("")
+        return [p.split(": ", 1)[1] for p in name_problems(Path(tmp))]

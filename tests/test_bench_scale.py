@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from kgc.linkpred import scale
+from kgc.linkpred.bench import scale
 from tests.conftest import cli
 
 # ---------------------------------------------------------------- the pure parts

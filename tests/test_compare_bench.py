@@ -35,7 +35,7 @@ def test_compare_tabulates_each_recipe(tiny_bert, tmp_path, data_home, monkeypat
 
 
 def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, monkeypatch):
-    from kgc.linkpred.bench import bench_inference, bench_train
+    from kgc.linkpred.bench.speed import bench_inference, bench_train
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     result = bench_inference(dataset="umls", limit=20, overrides=[f"model.backbone={tiny_bert}"],
@@ -70,7 +70,7 @@ def test_bench_reports_each_conditioners_passes(tiny_bert, tmp_path, data_home, 
 def test_bench_loss_times_both_masks_on_the_recipes_graph(tiny_bert, tmp_path, data_home):
     """`kgc bench loss`: the objective with the binary-search masks and with torch.isin's, on the recipe's train
     keys (with and without the entity-table block); the losses must agree or the bench fails."""
-    from kgc.linkpred.bench import bench_loss
+    from kgc.linkpred.bench.speed import bench_loss
 
     recipe = write_recipe(tmp_path / "r.yaml", tiny_bert)
     plain = bench_loss(recipe, steps=3, batch_size=8, echo=lambda m: None)
@@ -104,7 +104,7 @@ def test_bench_inputs_times_both_assemblies_and_checks_them_equal(tiny_bert, tmp
     its inputs than the step spends building them."""
     from kgc.data.texts import TextBank
     from kgc.errors import KGCError
-    from kgc.linkpred.bench import bench_inputs
+    from kgc.linkpred.bench.speed import bench_inputs
 
     recipe = write_recipe(tmp_path / "r.yaml", tiny_bert)
     result = bench_inputs(recipe, steps=2, batch_size=64, echo=lambda m: None)

@@ -20,7 +20,7 @@ SMALLER = ["data.synth.train_pairs=400", "data.synth.validation_pairs=60", "data
 def test_blind_baseline_scores_nothing_and_a_trained_conditioner_scores_high(tmp_path, monkeypatch):
     from kgc.csts.data import load_csts
     from kgc.csts.evaluate import condition_blind
-    from kgc.csts.service import CSTSRun
+    from kgc.csts.run import CSTSRun
     from kgc.encoding.backbone import resolve_backbone
     from kgc.recipe import load_recipe
     from kgc.training.loop import train

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.cuda,
 
 
 def test_exact_index_on_the_gpu_answers_as_on_the_cpu():
-    from kgc.linkpred.index_types import ExactIndex, to_device
+    from kgc.linkpred.index.types import ExactIndex, to_device
 
     rng = np.random.default_rng(0)
     base = rng.standard_normal((5000, 64)).astype(np.float32)

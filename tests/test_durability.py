@@ -130,7 +130,7 @@ def test_a_kill_at_each_rename_of_a_commit_is_completed_by_the_next_reader(tmp_p
 
 def index_state(run: Path) -> tuple[int, list[str]]:
     """(rows of the index as a search loads it, ids of the added entities), read as a fresh process would."""
-    from kgc.linkpred.index import added_graph, load_index
+    from kgc.linkpred.index.store import added_graph, load_index
     from kgc.training.run import RunDir
 
     loaded = kgc.load(run, echo=None)

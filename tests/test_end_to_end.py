@@ -394,7 +394,7 @@ def test_table_tails_trains_the_query_tower_from_the_table(tiny_bert, tmp_path, 
         assert not any(k.startswith("tail_encoder.") for k in best["model"])
         assert {f"tail_encoder.{k}" for k in tail_before} <= set(best["frozen_keys"])
         assert RunDir.has_backbone_weights(run)  # ... but in backbone/, whence the loaded run reads it
-        from kgc.linkpred.service import LinkPredRun
+        from kgc.linkpred.answer.run import LinkPredRun
 
         state = LinkPredRun(run, echo=None).model().state_dict()
         for k, v in tail_before.items():

@@ -9,7 +9,7 @@ from pykeen.evaluation import RankBasedEvaluator
 from pykeen.evaluation.evaluator import create_sparse_positive_filter_, filter_scores_
 
 from kgc.data.graph import KnowledgeGraph
-from kgc.linkpred.ranking import cosine_blocks, n_hop_neighbours, rank_queries as rank_blocks, record_ranks
+from kgc.linkpred.evaluation.ranking import cosine_blocks, n_hop_neighbours, rank_queries as rank_blocks, record_ranks
 
 
 def rank_queries(query_vectors, entity_table, queries, known, *, max_score_bytes=256 << 20, boost=None,
@@ -165,7 +165,7 @@ def test_blocked_ranks_with_rerank_boost_equal_the_dense_matrix(budget):
 MEMORY_PROBE = """
 import resource, sys
 import numpy as np, scipy.sparse as sp, torch
-from kgc.linkpred.ranking import cosine_blocks, rank_queries as rank
+from kgc.linkpred.evaluation.ranking import cosine_blocks, rank_queries as rank
 torch.set_num_threads(1)
 E, n, dim = 300_000, 512, 16
 g = torch.Generator().manual_seed(0)
@@ -222,7 +222,7 @@ def test_ranks_within_an_index_top_k(setup):
     a retrieved gold keeps its exact optimistic rank and a missed gold ranks after every unfiltered hit."""
     import faiss
 
-    from kgc.linkpred.ranking import rank_retrieved
+    from kgc.linkpred.evaluation.ranking import rank_retrieved
 
     graph, queries, scores, _ = setup
     index = faiss.IndexFlatIP(E)

@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from kgc.linkpred.index_types import ExactIndex, search_index
+from kgc.linkpred.index.types import ExactIndex, search_index
 from tests.conftest import ROOT, SHARED_DATA, write_toy
 from tests.test_cli_smoke import toy_recipe
 
@@ -92,7 +92,7 @@ def test_kgc_runs_a_flat_index_without_faiss(tiny_bert, tmp_path):
 def test_a_long_row_is_cut_into_pieces_for_its_top_k(monkeypatch):
     import torch
 
-    import kgc.linkpred.index_types as index_types
+    import kgc.linkpred.index.types as index_types
 
     monkeypatch.setattr(index_types, "SPLIT_TOPK", 100)  # as past 1M entities
     torch.manual_seed(0)

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from kgc.linkpred.bench import bench_index, clustered_unit_vectors, index_table
+from kgc.linkpred.bench.speed import bench_index, clustered_unit_vectors, index_table
 from kgc.errors import KGCError
-from kgc.linkpred import index_types
-from kgc.linkpred.entity_index import EntityIndex
-from kgc.linkpred.index import (build_index, index_params, index_plan, load_embeddings, load_index, stored_config,
+from kgc.linkpred.index import types as index_types
+from kgc.linkpred.answer.entities import EntityIndex
+from kgc.linkpred.index.store import (build_index, index_params, index_plan, load_embeddings, load_index, stored_config,
                                 update_search_params)
-from kgc.linkpred.index_types import TYPES, index_config, resolve, search_index
-from kgc.linkpred.index_types import index_options
+from kgc.linkpred.index.types import TYPES, index_config, resolve, search_index
+from kgc.linkpred.index.types import index_options
 from kgc.recipe import load_recipe
 
 # recall@10 each type must reach on 5k × 32 clustered vectors with its default parameters
@@ -299,7 +299,7 @@ def ivfpq_run(tmp_path, vectors):
 
 
 def test_a_run_with_ivfpq_answers_through_exact_rescoring(ivfpq_run, vectors):
-    from kgc.linkpred.predict import search_many
+    from kgc.linkpred.answer.topk import search_many
 
     run, model = ivfpq_run
     base, queries = vectors
@@ -366,8 +366,8 @@ def test_changing_rescore_needs_no_rebuild(ivfpq_run):
 
 
 def test_added_entities_are_rescored_from_the_grown_table(ivfpq_run, vectors, monkeypatch):
-    from kgc.linkpred import index as store
-    from kgc.linkpred.added import NewEntity
+    from kgc.linkpred.index import store
+    from kgc.linkpred.index.added import NewEntity
 
     run, model = ivfpq_run
     base, queries = vectors

@@ -147,7 +147,7 @@ def test_inductive_evaluation_errors_and_warnings(trained, split, tmp_path):
 def test_inductive_evaluation_is_never_reranked(trained, split):
     """SimKGC turns graph re-ranking off for inductive evaluation: with a run whose recipe re-ranks, the inductive
     ranks are the plain cosine ranks (with an empty train graph the boost would only lift the head itself)."""
-    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.answer.run import LinkPredRun
 
     run = LinkPredRun(trained, device="cpu", echo=None)
     plain = run.evaluation("test", entities_from=split).results
@@ -226,8 +226,8 @@ def test_added_entity_as_head(trained, added):
 
 def test_bad_new_entities_are_refused(trained, added):
     from kgc.errors import KGCError
-    from kgc.linkpred.index import add_entities
-    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.index.store import add_entities
+    from kgc.linkpred.answer.run import LinkPredRun
 
     tmp = added["tmp"]
     (tmp / "one_field.tsv").write_text("ok_id\tok name\tfine\nlonely_field\n")
@@ -301,7 +301,7 @@ def test_predict_without_run_dir_uses_the_newest_run(trained, added, tmp_path, m
 
 def test_no_run_found_says_how_to_train_one(tmp_path, monkeypatch):
     from kgc.errors import KGCError
-    from kgc.linkpred.service import find_latest_run
+    from kgc.linkpred.answer.run import find_latest_run
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(KGCError, match=r"no trained link-prediction run.*`kgc train RECIPE`"):

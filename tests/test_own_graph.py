@@ -208,7 +208,7 @@ def test_a_finished_run_keeps_the_best_model_only(capitals, tiny_bert, tmp_path)
 def test_checkpoints_leave_frozen_weights_to_the_backbone_folder(tiny_bert, tmp_path, monkeypatch):
     """encoder.trainable_layers: 1 of 2 layers: the embeddings and layer 0 are frozen; best.pt and last.pt hold only
     what trains, backbone/ the pretrained rest; the loaded run has exactly the weights training ended with."""
-    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.answer.run import LinkPredRun
     from kgc.recipe import load_recipe
     from kgc.training import loop
 

@@ -1,4 +1,4 @@
-"""Recipe families (kgc/recipe_files.py): a recipe file may start from another (``extends:``) and list only the keys
+"""Recipe families (kgc/families.py): a recipe file may start from another (``extends:``) and list only the keys
 it changes. Every shipped recipe still says exactly what it said before the families (tests/data/recipes_before.json:
 each file of recipes/ as yaml.safe_load read it, ``name`` set to the stem where missing), the variants are short,
 ``extends`` fails clearly, ``kgc recipes copy`` writes a recipe out whole and ``kgc recipes list`` shows the families.
@@ -15,7 +15,7 @@ import yaml
 
 from kgc.errors import KGCError
 from kgc.migrations import CURRENT
-from kgc.recipe_files import copy_recipe, families, find_recipe, load_tree, merge, recipe_folder
+from kgc.families import copy_recipe, families, find_recipe, load_tree, merge, recipe_folder
 from tests.conftest import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,7 +331,7 @@ def test_a_relative_data_path_is_read_beside_the_recipe(tmp_path, monkeypatch):
     only under the current folder still works; one in neither place names both."""
     from kgc.errors import KGCError
     from kgc.recipe import load_recipe
-    from kgc.recipe_files import copy_recipe
+    from kgc.families import copy_recipe
     from tests.conftest import ROOT
 
     dest = tmp_path / "x" / "my.yaml"

@@ -282,7 +282,7 @@ def test_an_old_index_without_checksums_loads_and_unreadable_files_are_one_messa
 
 
 def test_add_reads_a_two_field_line_as_entity2text_does(tmp_path):
-    from kgc.linkpred.added import NewEntity, read_new_entities
+    from kgc.linkpred.index.added import NewEntity, read_new_entities
 
     f = tmp_path / "new.tsv"
     f.write_text("q1\tQuito, capital of Ecuador\nq2\tLima\nq3\tBogota\tcapital, of Colombia\n")

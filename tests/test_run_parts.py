@@ -33,7 +33,7 @@ def lp_run(tiny_bert, tmp_path_factory, data_home):
 
 
 def test_the_run_is_a_thin_facade():
-    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.answer.run import LinkPredRun
 
     lines, _ = inspect.getsourcelines(LinkPredRun)
     assert len(lines) < 200, f"LinkPredRun is {len(lines)} lines: hand the logic to its parts"
@@ -52,9 +52,9 @@ def test_nothing_reaches_a_private_member_of_a_run_or_its_parts():
 
 def test_the_faiss_device_is_decided_in_one_place(lp_run):
     callers = [f.name for f in sorted((ROOT / "kgc").rglob("*.py"))
-               if f.name not in ("index.py", "index_types.py", "bench.py")  # the store and its types take it
+               if f.name not in ("store.py", "types.py", "speed.py")  # the index store and its types take it
                and re.search(r"faiss_device\s*=", f.read_text(encoding="utf-8"))]
-    assert callers == ["entity_index.py"]
+    assert callers == ["entities.py"]
     assert lp_run.entities.faiss_device() == ("cpu" if lp_run.device.type == "cpu" else "auto")
     assert lp_run.entities.faiss_device(deep=True) == "cpu"  # an evaluation's top K + known answers: past a GPU's 2048
 
@@ -76,8 +76,8 @@ def test_fork_shares_the_predictor_not_the_index(lp_run):
 
 def test_query_options_are_stated_once():
     from kgc.cli.answer import predict
-    from kgc.linkpred.query import QueryOptions
-    from kgc.linkpred.serving import PredictQuery
+    from kgc.linkpred.answer.query import QueryOptions
+    from kgc.linkpred.answer.routes import PredictQuery
 
     assert kgc.api.QueryOptions is QueryOptions and issubclass(PredictQuery, QueryOptions)
     params = inspect.signature(predict).parameters
@@ -88,11 +88,11 @@ def test_query_options_are_stated_once():
     tens = [f"{f.relative_to(ROOT)}:{i}" for f in sorted((ROOT / "kgc").rglob("*.py"))
             for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
             if re.search(r"""top_k\b["']?\s*[:=][^,)\n]*\b10\b""", line)]
-    assert tens == ["kgc/linkpred/query.py:" + tens[0].split(":")[1]] and len(tens) == 1, tens
+    assert tens == ["kgc/linkpred/answer/query.py:" + tens[0].split(":")[1]] and len(tens) == 1, tens
 
 
 def test_query_options_checked_alike():
-    from kgc.linkpred.query import QueryOptions
+    from kgc.linkpred.answer.query import QueryOptions
 
     with pytest.raises(KGCError, match=re.escape(TOO_FEW)):
         QueryOptions.of(top_k=0)
@@ -144,8 +144,8 @@ def test_a_bad_top_k_is_one_message_in_python_cli_files_and_http(lp_run, tmp_pat
 
 
 def test_alpha_is_chosen_once_and_again_after_retraining(tiny_bert, tmp_path, monkeypatch, data_home):
-    from kgc.linkpred import structure
-    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.structure import pykeen as structure
+    from kgc.linkpred.answer.run import LinkPredRun
     from tests.test_structure import STRUCTURE, train_fused
 
     fused, _ = train_fused(tiny_bert, tmp_path, STRUCTURE)
@@ -210,8 +210,8 @@ def test_train_with_data_creates_its_folder_through_run_dir(tiny_bert, tmp_path,
 def test_a_true_self_loop_is_shown_marked_known():
     """The head is left out of its own answers, unless the graph has (head, relation, head): then it is an answer
     like any known one (shown, marked known; left out by filter_known)."""
-    from kgc.linkpred.predict import Query
-    from kgc.linkpred.query import QueryOptions
+    from kgc.linkpred.answer.topk import Query
+    from kgc.linkpred.answer.query import QueryOptions
 
     def left_out(known, **options):
         return Query("e", 3, 0, [], QueryOptions.of(**options)).excluded(set(known))

@@ -202,7 +202,7 @@ def test_entities_relations_info_and_pages(client, lp_run):
 
 
 def test_a_large_graph_searches_names_by_prefix(lp_run, monkeypatch):
-    import kgc.linkpred.serving as serving
+    import kgc.linkpred.answer.routes as serving
 
     monkeypatch.setattr(serving, "PREFIX_ENTITIES", 0)  # as above 200,000 entities: sorted names, bisection
     service = serving.LinkPredServing(lp_run)

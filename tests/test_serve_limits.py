@@ -366,7 +366,7 @@ def test_a_killed_servers_folder_is_swept_by_the_next_server(tmp_path):
     and the next server that loads the run removes it — never a live server's."""
     import os
 
-    from kgc.linkpred.serving import sweep_service_folders
+    from kgc.linkpred.answer.routes import sweep_service_folders
 
     dead, live = tmp_path / ".serve-999999999-ab12", tmp_path / f".serve-{os.getpid()}-cd34"
     for folder in (dead, live):

@@ -15,7 +15,7 @@ import pytest
 import kgc
 from kgc.errors import KGCError
 from kgc.fileio import lock_holder
-from kgc.linkpred import sharded
+from kgc.linkpred.answer import sharded
 from tests.conftest import cli
 from tests.test_api import _cache, tiny_linkpred  # noqa: F401 — _cache: every test's own layer cache (autouse)
 

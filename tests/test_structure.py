@@ -46,15 +46,15 @@ def test_structure_trained_and_saved(fused_run):
 
 
 def _loaded(run_dir):
-    from kgc.linkpred.service import LinkPredRun
-    from kgc.linkpred.structure import load_structure
+    from kgc.linkpred.answer.run import LinkPredRun
+    from kgc.linkpred.structure.pykeen import load_structure
 
     run = LinkPredRun(run_dir, device="cpu", echo=None)
     return run, run.model(), run.graph(), load_structure(run.dir.structure)
 
 
 def test_fused_scores_by_hand_and_relation_mapping(fused_run):
-    from kgc.linkpred.structure import fused_scores
+    from kgc.linkpred.structure.pykeen import fused_scores
 
     run, model, graph, st = _loaded(fused_run)
     r = graph.num_relations
@@ -85,8 +85,8 @@ def test_fused_scores_by_hand_and_relation_mapping(fused_run):
 def test_alpha_one_is_text_alpha_zero_is_structure(fused_run):
     from pykeen.evaluation import RankBasedEvaluator
 
-    from kgc.linkpred.evaluate import evaluate
-    from kgc.linkpred.structure import _factory, fused_scorer
+    from kgc.linkpred.evaluation.scoring import evaluate
+    from kgc.linkpred.structure.pykeen import _factory, fused_scorer
 
     run, model, graph, st = _loaded(fused_run)
     fused = {a: evaluate(model, graph, "test", batch_size=256, scorer=fused_scorer(st, [a])) for a in (0.0, 1.0)}
@@ -167,7 +167,7 @@ def test_bench_structure_is_pykeen_alone(tmp_path):
     the same figures as calling pykeen.pipeline by hand with them."""
     from pykeen.pipeline import pipeline
 
-    from kgc.linkpred.bench import bench_structure, structure_table
+    from kgc.linkpred.bench.speed import bench_structure, structure_table
 
     recipe = tmp_path / "nations.yaml"
     recipe.write_text("data: {dataset: nations}\n"

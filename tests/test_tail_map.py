@@ -52,7 +52,7 @@ def test_the_loss_maps_its_table_with_gradients():
 
 
 def test_tail_map_learns_beside_a_frozen_tail_tower(tiny_bert, tmp_path, data_home, monkeypatch):
-    from kgc.linkpred.service import LinkPredRun
+    from kgc.linkpred.answer.run import LinkPredRun
     from kgc.linkpred.task import LinkPredTask
     from kgc.recipe import load_recipe
     from kgc.training.loop import train
@@ -80,7 +80,7 @@ def test_tail_map_learns_beside_a_frozen_tail_tower(tiny_bert, tmp_path, data_ho
     torch.testing.assert_close(single, table[[0, 5, 9]], rtol=1e-4, atol=1e-4)
     task.fixed_table = raw
     ev_val = task.validate(trained)[0]["dev_mrr"]
-    from kgc.linkpred.evaluate import evaluate
+    from kgc.linkpred.evaluation.scoring import evaluate
 
     ev = evaluate(trained, task.graph, "dev", batch_size=64, max_triples=recipe.eval.dev_queries,
                   seed=recipe.train.seed)

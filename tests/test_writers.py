@@ -31,7 +31,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("bench.py", "bench_serve", "open"): "`kgc bench serve`'s log of the server it started, in a scratch folder",
     ("data/wikidata5m.py", "_download", "open"): "a download into a `.part` file, renamed on completion",
     ("data/wikidata5m.py", "_download", "replace"): "that rename (the file checked first: its length, gzip magic)",
-    ("linkpred/bench.py", "_tiny_backbone", "save_pretrained"): "a throwaway model in the benchmark's "
+    ("linkpred/bench/speed.py", "_tiny_backbone", "save_pretrained"): "a throwaway model in the benchmark's "
                                                                "TemporaryDirectory",
     ("training/trackers.py", "__init__", "sqlite"): "MLflow's own SQLite store (mlflow.db), in MLflow's "
                                                      "transactions",

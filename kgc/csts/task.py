@@ -84,7 +84,7 @@ class CSTSTask(Task):
 
     @classmethod
     def run_class(cls):
-        from kgc.csts.service import CSTSRun
+        from kgc.csts.run import CSTSRun
 
         return CSTSRun
 

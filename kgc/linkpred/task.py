@@ -96,7 +96,7 @@ RESULT_KEYS = [("MRR", "inverse_harmonic_mean_rank"), ("H@1", "hits_at_1"), ("H@
 
 
 def _latest_run(root: str | Path = "runs") -> Path:
-    from kgc.linkpred.service import find_latest_run
+    from kgc.linkpred.answer.run import find_latest_run
 
     return find_latest_run(root)
 
@@ -140,14 +140,14 @@ class LinkPredTask(Task):
 
     @classmethod
     def run_class(cls):
-        from kgc.linkpred.service import LinkPredRun
+        from kgc.linkpred.answer.run import LinkPredRun
 
         return LinkPredRun
 
     @classmethod
     def public_names(cls):
-        from kgc.linkpred.predict import Answers
-        from kgc.linkpred.query import QueryOptions
+        from kgc.linkpred.answer.topk import Answers
+        from kgc.linkpred.answer.query import QueryOptions
 
         return {**super().public_names(), "Answers": Answers, "QueryOptions": QueryOptions}
 
@@ -180,19 +180,19 @@ class LinkPredTask(Task):
 
     @classmethod
     def bench_commands(cls):
-        from kgc.linkpred.bench import commands
+        from kgc.linkpred.bench.speed import commands
 
         return commands()
 
     @classmethod
     def bench_tables(cls):
-        from kgc.linkpred.bench import tables
+        from kgc.linkpred.bench.speed import tables
 
         return tables()
 
     @classmethod
     def bench_write_request(cls, run, n: int, seed: int = 0):
-        from kgc.linkpred.bench import added_entities_request
+        from kgc.linkpred.bench.speed import added_entities_request
 
         return added_entities_request(run, n, seed)
 
@@ -330,7 +330,7 @@ class LinkPredTask(Task):
         return batch_loss(model, criterion, batch, self.train_keys, amp=self.recipe.train.amp)
 
     def validate(self, model):
-        from kgc.linkpred.evaluate import evaluate
+        from kgc.linkpred.evaluation.scoring import evaluate
 
         ev = evaluate(model, self.graph, "dev", batch_size=self.recipe.eval.batch_size,
                       max_triples=self.recipe.eval.dev_queries, seed=self.recipe.train.seed, progress=False,
@@ -377,7 +377,7 @@ class LinkPredTask(Task):
     def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
         if self.recipe.structure is None:
             return
-        from kgc.linkpred.structure import train_structure
+        from kgc.linkpred.structure.pykeen import train_structure
         from kgc.training.run import RunDir
 
         train_structure(self.recipe.structure, self.graph, RunDir(run_dir).structure, seed=self.recipe.train.seed,

@@ -439,7 +439,7 @@ class Run:
         return evaluation
 
     def serving(self):
-        """What ``kgc serve`` exposes for this run (a :class:`kgc.training.serving.Serving`)."""
+        """What ``kgc serve`` exposes for this run (a :class:`kgc.training.routes.Serving`)."""
         raise KGCError(f"{self.path}: kgc serve does not serve {self.task} runs")
 
 

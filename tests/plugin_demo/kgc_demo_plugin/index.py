@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from kgc.linkpred.index_types import IndexOptions, IndexType
+from kgc.linkpred.index.types import IndexOptions, IndexType
 
 
 class Sq8Options(IndexOptions):

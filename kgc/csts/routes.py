@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, List, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kgc.training.serving import BatcherFactory, Serving
+from kgc.training.routes import BatcherFactory, Serving
 
 if TYPE_CHECKING:
     from fastapi import APIRouter

@@ -8,7 +8,7 @@ peak resident memory of a stage is that process's own (``ru_maxrss`` from ``os.w
 synth      ``kgc data synth-graph`` (Wikidata5M's shape: 4.49 triples per entity; ``--queries`` test triples)
 check      ``kgc data check --recipe R``: read and check the graph (texts cut at ``data.max_tokens`` included)
 tokenise   read the graph, then tokenise every entity and relation text (the model's ``TextBank``), timed apart
-           (``python -m kgc.linkpred.scale tokenise``: what ``kgc train`` and every later stage do first)
+           (``python -m kgc.linkpred.bench.scale tokenise``: what ``kgc train`` and every later stage do first)
 train      ``kgc train R`` for ``--steps`` optimiser steps: the cheapest honest run folder (a tiny random BERT by
            default, saved once in the work folder, so nothing is downloaded)
 index      ``kgc index RUN``: embed every entity, build the (flat) index
@@ -396,7 +396,7 @@ def drive_server(url: str, proc: Any, requests: list[dict], *, startup_timeout: 
 
     # kgc.bench.wait_ready does the same for `kgc bench serve`, but the tasks' floor may not import the tools' (the
     # layer contract in pyproject.toml): the loop is written out here
-    from kgc.training.serving import wait_ready
+    from kgc.training.routes import wait_ready
 
     out: dict[str, Any] = {"ready_seconds": round(wait_ready(url, proc, startup_timeout), 2),
                            "rss_at_ready_bytes": resident_bytes(proc.pid)[1]}
@@ -858,7 +858,7 @@ def _tokenise(recipe_path: str, overrides: list[str]) -> dict:
 
 def _main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] != "tokenise":
-        print("usage: python -m kgc.linkpred.scale tokenise RECIPE [--set KEY=VALUE ...]", file=sys.stderr)
+        print("usage: python -m kgc.linkpred.bench.scale tokenise RECIPE [--set KEY=VALUE ...]", file=sys.stderr)
         return 2
     overrides = [argv[i + 1] for i in range(2, len(argv) - 1) if argv[i] == "--set"]
     try:

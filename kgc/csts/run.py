@@ -103,7 +103,7 @@ class CSTSRun(Run):
                              "give --sentence: the router weighs its tokens")
 
     def serving(self):
-        """``kgc serve``'s C-STS route (``POST /similarity``) and page (:mod:`kgc.csts.serving`)."""
-        from kgc.csts.serving import CSTSServing
+        """``kgc serve``'s C-STS route (``POST /similarity``) and page (:mod:`kgc.csts.routes`)."""
+        from kgc.csts.routes import CSTSServing
 
         return CSTSServing(self)

@@ -30,7 +30,7 @@ tiny BERT, inputs in the step against prefetched.
 ``kgc bench structure``: PyKEEN alone on its own bundled copy of the recipe's dataset (:func:`bench_structure`).
 
 ``kgc bench scale``: the whole path, each stage its own ``kgc`` process, on generated graphs of growing size
-(:mod:`kgc.linkpred.scale`).
+(:mod:`kgc.linkpred.bench.scale`).
 
 ``kgc bench serve --add N`` asks :func:`added_entities_request` (``LinkPredTask.bench_write_request``) for its
 write: ``POST /entities`` with texts like the graph's.
@@ -442,7 +442,7 @@ def bench_rules(recipe_path: Path, *, split: str = "test", batch_size: int = 64,
     """Mined rules scoring a split's queries (both directions, in batches as evaluation asks): a small graph's
     per-relation tables (``RuleModel.tables``, every head's row computed at a relation's first query and kept)
     against rows computed for each batch's heads alone, on the same rules; the scores must be equal."""
-    from kgc.linkpred.rules import RuleModel, RulesOptions, mine_graph
+    from kgc.linkpred.structure.rules import RuleModel, RulesOptions, mine_graph
 
     recipe = load_recipe(recipe_path, ["structure.model=rules", *(overrides or [])])
     config = recipe.structure
@@ -464,13 +464,13 @@ def bench_rules(recipe_path: Path, *, split: str = "test", batch_size: int = 64,
             model.tables = None
         elif model.tables is None:
             raise KGCError(f"{graph.num_entities:,} entities × {r2} relations: the tables would pass TABLE_BYTES "
-                           "(kgc.linkpred.rules); this graph is scored by rows only")
+                           "(kgc.linkpred.structure.rules); this graph is scored by rows only")
         start = time.perf_counter()
         scored[name] = torch.cat([model.scores(heads[i: i + batch_size], rels[i: i + batch_size])
                                   for i in range(0, len(heads), batch_size)])
         seconds[name] = time.perf_counter() - start
     if not torch.equal(scored["tables"], scored["rows"]):
-        raise KGCError("kgc bench rules: the tables gave other scores than the rows (a bug in kgc.linkpred.rules)")
+        raise KGCError("kgc bench rules: the tables gave other scores than the rows (a bug in kgc.linkpred.structure.rules)")
     ratio = seconds["rows"] / seconds["tables"]
     echo(f"{len(rules):,} rules mined in {mined:.1f} s ({graph.num_entities:,} entities, {r2} relations with the "
          f"inverses); {len(heads):,} {split} queries in batches of {batch_size}")
@@ -519,7 +519,7 @@ def _recall(found: np.ndarray, truth: np.ndarray) -> float:
 
 
 def _best_search_seconds(index, queries: np.ndarray, k: int, repeats: int) -> tuple[float, np.ndarray]:
-    from kgc.linkpred.index_types import search_index
+    from kgc.linkpred.index.types import search_index
 
     best, ids = float("inf"), None
     for _ in range(repeats):
@@ -548,7 +548,7 @@ def bench_index(*, entities: int = 1_000_000, dim: int = 384, queries: int = 100
 
     import faiss
 
-    from kgc.linkpred import index_types
+    from kgc.linkpred.index import types as index_types
 
     unknown = [t for t in types if t not in index_types.TYPES]
     if unknown or not types:
@@ -665,7 +665,7 @@ tiny BERT, inputs in the step against prefetched.
     import pykeen
     from pykeen.pipeline import pipeline
 
-    from kgc.linkpred.structure import pipeline_kwargs
+    from kgc.linkpred.structure.pykeen import pipeline_kwargs
     from kgc.training.common import pick_device
 
     recipe = load_recipe(recipe_path, overrides)
@@ -733,7 +733,7 @@ def added_entities_request(run: Any, n: int, seed: int = 0) -> tuple[str, dict, 
 
 def commands() -> dict:
     """``kgc bench NAME`` → its function, for :meth:`kgc.linkpred.task.LinkPredTask.bench_commands`."""
-    from kgc.linkpred.scale import bench_scale
+    from kgc.linkpred.bench.scale import bench_scale
 
     return {"inference": bench_inference, "train": bench_train, "loss": bench_loss, "index": bench_index,
             "structure": bench_structure, "scale": bench_scale,
@@ -742,6 +742,6 @@ def commands() -> dict:
 
 def tables() -> dict:
     """Markdown of the results, by kind, for :meth:`kgc.linkpred.task.LinkPredTask.bench_tables`."""
-    from kgc.linkpred.scale import scale_table
+    from kgc.linkpred.bench.scale import scale_table
 
     return {"index": index_table, "structure": structure_table, "scale": scale_table}

@@ -20,7 +20,7 @@ A query (h, r, ?) scores every entity e by the rules for r whose body reaches e 
                                                                         lexicographic tie-breaking)
 
 Entities no rule reaches score 0, so rules alone rank most entities in one tie; fused with the text model
-(:mod:`kgc.linkpred.structure`: α·z(text) + (1 − α)·z(rules), α on dev) the text orders what the rules leave
+(:mod:`kgc.linkpred.structure.pykeen`: α·z(text) + (1 − α)·z(rules), α on dev) the text orders what the rules leave
 tied. Departures from AnyBURL, on purpose: no rules with constants and no rules of length 3, and every rule counted
 exhaustively instead of sampled — a length-2 body is one sparse product per pair of relation ids, (2R)² of them,
 each looked up at every train triple: 2.5 s for WN18RR's 22 ids, 4.5 s for UMLS's 92, but hours for FB15k-237's
@@ -47,7 +47,7 @@ from pydantic import Field, field_validator
 
 from kgc.errors import KGCError
 from kgc.fileio import write_npy, write_tsv
-from kgc.linkpred.fusion_options import FusionOptions
+from kgc.linkpred.structure.options import FusionOptions
 
 AGGREGATIONS = ("noisy_or", "max")
 TABLE_BYTES = 64 << 20  # every relation's (entities, entities) float32 score table kept below this (UMLS: 13 MB)

@@ -1,12 +1,12 @@
 """Filtered link-prediction evaluation of a model over a graph: query vectors at each conditioner's own cost,
-ranked through the one ranking protocol (:mod:`kgc.linkpred.ranking`), results in PyKEEN's layout.
+ranked through the one ranking protocol (:mod:`kgc.linkpred.evaluation.ranking`), results in PyKEEN's layout.
 
 Every entity is embedded once (or read from the run's index); every relation's state and, for conditioners
 that meet the relation after the input, every entity's sentence state are computed once
 (:class:`~kgc.linkpred.model.QueryEngine`); queries are encoded ``batch_size`` at a time and handed, with a
-*scorer* that turns them into block functions, to :func:`~kgc.linkpred.ranking.rank_queries`. The scorer is
+*scorer* that turns them into block functions, to :func:`~kgc.linkpred.evaluation.ranking.rank_queries`. The scorer is
 :class:`TextScores` (cosines, optionally SimKGC's graph re-ranking) or a fused text + structure scorer
-(:mod:`kgc.linkpred.structure`); every evaluation writes the same results layout.
+(:mod:`kgc.linkpred.structure.pykeen`); every evaluation writes the same results layout.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
 from kgc.linkpred.model import LinkPredictor, QueryEngine
-from kgc.linkpred.ranking import (DEFAULT_MAX_SCORE_BYTES, BlockScores, Evaluation, cosine_blocks,
+from kgc.linkpred.evaluation.ranking import (DEFAULT_MAX_SCORE_BYTES, BlockScores, Evaluation, cosine_blocks,
                                   n_hop_neighbours, new_evaluator, query_directions, rank_queries, rank_retrieved,
                                   rank_rows, record_ranks, score_blocks)
 
@@ -94,7 +94,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
 
     ``scorer``: a factory ``scorer(entity_table) -> Scorer`` (default :class:`TextScores`, with ``rerank``'s boost);
     ``search``: ``(faiss index, K)`` ranks within the index's top K instead of against every entity
-    (:func:`~kgc.linkpred.ranking.rank_retrieved`); ``engine``: a QueryEngine to reuse (its states are computed
+    (:func:`~kgc.linkpred.evaluation.ranking.rank_retrieved`); ``engine``: a QueryEngine to reuse (its states are computed
     once, for dev and test alike). Queries are encoded ``batch_size`` at a time and scored in blocks of at most
     ``max_score_bytes``, so memory stays bounded however many entities there are."""
     from tqdm.auto import tqdm
@@ -179,7 +179,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
 
 def _search_ranks(query_vectors, table, graph: KnowledgeGraph, queries: np.ndarray, known, search, counts):
     """Ranks within the top K of a FAISS index (``search`` = (index, K)), re-scored exactly."""
-    from kgc.linkpred.index_types import search_index
+    from kgc.linkpred.index.types import search_index
 
     index, top_k = search
     # neither the filtered answers nor entities added with `kgc index --add` (not ranked here) eat the top K

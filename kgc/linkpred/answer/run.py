@@ -1,6 +1,6 @@
 """A link-prediction run, as ``kgc.load`` returns it: each verb handed to the part that does it — the
-:class:`~kgc.linkpred.predictor.Predictor` (model, structural model and α, loaded once), the
-:class:`~kgc.linkpred.entity_index.EntityIndex` (index files, freshness, search device), or a function."""
+:class:`~kgc.linkpred.answer.predictor.Predictor` (model, structural model and α, loaded once), the
+:class:`~kgc.linkpred.answer.entities.EntityIndex` (index files, freshness, search device), or a function."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kgc.errors import KGCError
-from kgc.linkpred.entity_index import EntityIndex
-from kgc.linkpred.predict import Answers, Query, answer_records, known_splits
-from kgc.linkpred.predictor import Predictor
-from kgc.linkpred.query import QueryOptions
+from kgc.linkpred.answer.entities import EntityIndex
+from kgc.linkpred.answer.topk import Answers, Query, answer_records, known_splits
+from kgc.linkpred.answer.predictor import Predictor
+from kgc.linkpred.answer.query import QueryOptions
 from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from kgc.data.graph import KnowledgeGraph
     from kgc.linkpred.model import LinkPredictor
-    from kgc.linkpred.ranking import Evaluation
+    from kgc.linkpred.evaluation.ranking import Evaluation
 
 
 def find_latest_run(root: str | Path = "runs") -> Path:
@@ -82,8 +82,8 @@ class LinkPredRun(Run):
         model (α chosen on dev). Options: ``batch_size``, ``rerank``, ``progress``; ``entities_from`` (a KG-BERT
         folder) with ``candidates`` (``"split"`` or ``"all"``): over its unseen entities, into ``results.inductive…``;
         ``use_index``: within the index's top ``top_k`` (100), re-scored exactly; ``text_only``: the text model alone
-        (``results.text…``). See :func:`kgc.linkpred.run_evaluation.evaluate_run`."""
-        from kgc.linkpred.run_evaluation import evaluate_run, write_evaluation
+        (``results.text…``). See :func:`kgc.linkpred.answer.results.evaluate_run`."""
+        from kgc.linkpred.answer.results import evaluate_run, write_evaluation
 
         ev, split, kind = evaluate_run(self.predictor, self.entities, split, echo=self.echo, **options)
         return self._save(ev, lambda: write_evaluation(self.dir, ev, split, kind), split, kind)  # refused: ResultsNotSaved
@@ -117,7 +117,7 @@ class LinkPredRun(Run):
 
     def answer_records(self, queries: Sequence[Query], answers: Sequence[Answers]) -> list[dict]:
         """Each answer as ``kgc predict --json`` prints it and ``POST /predict`` answers it — one record, the same
-        fields (:func:`kgc.linkpred.predict.answer_records`)."""
+        fields (:func:`kgc.linkpred.answer.topk.answer_records`)."""
         return answer_records(self, queries, answers)
 
     def known_splits(self, q: Query, entities: list[str]) -> list[str]:
@@ -135,10 +135,10 @@ class LinkPredRun(Run):
         return self.predictor.free_text_note(head, self.entities)
 
     def predict_file(self, path: str | Path, out: str | Path | None = None, **options: Any) -> dict:
-        """``kgc predict RUN --input FILE`` (:func:`kgc.linkpred.predict.predict_file`): ``head<TAB>relation``
+        """``kgc predict RUN --input FILE`` (:func:`kgc.linkpred.answer.topk.predict_file`): ``head<TAB>relation``
         lines or JSONL objects (each may set its own options), one model load, ``batch_size`` questions per pass;
         ``format`` jsonl or tsv, ``out`` (atomically) or ``echo``. Returns {questions, answers, seconds, per_second}."""
-        from kgc.linkpred.predict import predict_file
+        from kgc.linkpred.answer.topk import predict_file
 
         return predict_file(self, path, out, **options)
 
@@ -156,7 +156,7 @@ class LinkPredRun(Run):
         """Build, update or keep the run's index (``kgc index``): ``{"action": "none" | "search" | "build", "why",
         "meta"}``: the existing index's type (``type``: from the recipe's) with ``params`` (nlist, nprobe, hnsw_m,
         ef_search, ef_construction, pq_bytes, train_size) applied; ``force``: re-embed; ``nproc``: encode in shards,
-        one per process (:mod:`kgc.linkpred.sharded`, ``chunk_size`` entities per file; the answer adds ``shards``)."""
+        one per process (:mod:`kgc.linkpred.answer.sharded`, ``chunk_size`` entities per file; the answer adds ``shards``)."""
         return self.entities.update(type=type, force=force, progress=progress, nproc=nproc, **params)
 
     def add_entities(self, path: str | Path, *, progress: bool = True, guard=None, batch_size: int | None = None,
@@ -203,7 +203,7 @@ class LinkPredRun(Run):
                                              loaded=self.entities.loaded())
 
     def serving(self):
-        """``kgc serve``'s link-prediction routes and page (:mod:`kgc.linkpred.serving`)."""
-        from kgc.linkpred.serving import LinkPredServing
+        """``kgc serve``'s link-prediction routes and page (:mod:`kgc.linkpred.answer.routes`)."""
+        from kgc.linkpred.answer.routes import LinkPredServing
 
         return LinkPredServing(self)

@@ -24,7 +24,7 @@ holding the run's lock from then until the commit and the work folder's removal 
 (``torch.multiprocessing``, spawn; under ``torchrun`` they exist already and wait), joins them in a gloo group and
 broadcasts the job (or None: nothing to encode). Every rank encodes its chunks (on its own GPU, ``cuda:LOCAL_RANK``,
 where there are GPUs; else with ``cpus // N`` threads), and reports what it encoded and reused; rank 0 gathers the
-reports, assembles the table from the chunks and hands it to :func:`~kgc.linkpred.index.build_index` —
+reports, assembles the table from the chunks and hands it to :func:`~kgc.linkpred.index.store.build_index` —
 ``meta.json``, the fingerprint, the file records and the FAISS types are those of a one-process build — then removes
 the work folder. The group carries only the job and the reports (the vectors travel as files), so it is gloo even
 on GPUs; across nodes the run folder must be on a filesystem every node sees. Only rank 0 writes anything but chunk
@@ -174,8 +174,8 @@ def assemble(job: Job, run: RunDir, model) -> np.ndarray:
 def _rank_model(job: Job, run: RunDir, local: int):
     """The run's model for a rank > 0, on its GPU (``local``'s) when rank 0 runs on one, checked against the job's
     fingerprint (a chunk of other weights or texts is never written)."""
-    from kgc.linkpred.index import fingerprint
-    from kgc.linkpred.predictor import Predictor
+    from kgc.linkpred.index.store import fingerprint
+    from kgc.linkpred.answer.predictor import Predictor
 
     device = torch.device("cpu")
     if job.device == "cuda":
@@ -295,7 +295,7 @@ class Shards:
     def encode(self, model, batch_size: int, progress: bool) -> np.ndarray:
         """Rank 0, holding the run's lock: the (entities, dim) float32 table, encoded by the group's ranks into
         chunk files (those already written reused), then assembled; :attr:`reports` says who did what."""
-        from kgc.linkpred.index import fingerprint
+        from kgc.linkpred.index.store import fingerprint
 
         entities = model.bank.graph.num_entities
         if self.world > entities:

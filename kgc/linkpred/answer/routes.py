@@ -25,14 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kgc.errors import KGCError, ServiceStopping
 from kgc.fileio import pid_alive, write_text
-from kgc.linkpred.added import MAX_DESCRIPTION, MAX_ID, MAX_NAME
-from kgc.linkpred.query import QueryOptions
-from kgc.training.serving import BatcherFactory, Serving
+from kgc.linkpred.index.added import MAX_DESCRIPTION, MAX_ID, MAX_NAME
+from kgc.linkpred.answer.query import QueryOptions
+from kgc.training.routes import BatcherFactory, Serving
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-    from kgc.linkpred.predict import Query
+    from kgc.linkpred.answer.topk import Query
 
 log = logging.getLogger("kgc.serve")
 
@@ -45,7 +45,7 @@ MAX_TEXT = 10_000  # characters of a head or relation (a head is cut to data.max
 
 class PredictQuery(QueryOptions):
     """(head, relation, ?) — or (?, relation, head) with ``inverse`` — and the question's options
-    (:class:`~kgc.linkpred.query.QueryOptions`), ``top_k`` at most :data:`MAX_TOP_K` here."""
+    (:class:`~kgc.linkpred.answer.query.QueryOptions`), ``top_k`` at most :data:`MAX_TOP_K` here."""
     head: str = Field(..., min_length=1, max_length=MAX_TEXT,
                       description="entity id, name or text; or free text with free_text")
     relation: str = Field(..., min_length=1, max_length=MAX_TEXT, description="relation name or text")
@@ -250,7 +250,7 @@ class LinkPredServing(Serving):
         Queries meanwhile are answered from the index as it was. One add at a time (another gets 409). Asked to
         stop (SIGTERM) before its commit, it is abandoned (503, nothing changed); after it, it is reported done."""
         from kgc.errors import RunBusy
-        from kgc.linkpred.added import NewEntity, tsv
+        from kgc.linkpred.index.added import NewEntity, tsv
 
         if not self._add_gate.acquire(blocking=False):
             raise RunBusy(f"{self.adding or 'another add'} is in progress; send this request again when GET /health "

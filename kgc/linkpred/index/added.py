@@ -1,5 +1,5 @@
 """Entities added to a run without retraining (``kgc index RUN --add new.tsv``): reading them, and the record of
-them kept in the run's index folder. The index store (:mod:`kgc.linkpred.index`) embeds and appends them.
+them kept in the run's index folder. The index store (:mod:`kgc.linkpred.index.store`) embeds and appends them.
 
 A text model is inductive by construction: an entity is its text, so an entity that did not exist at
 training time is embedded by the same tail tower and asked about through the same query tower

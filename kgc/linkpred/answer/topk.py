@@ -1,6 +1,6 @@
 """Top-k answers to (head, relation, ?): by cosine from a run's FAISS index, or by the fused text + structure
-score over every entity (:func:`kgc.linkpred.structure.predict_fused`); and the query files of
-``kgc predict --input`` (:func:`predict_file`). A question's options are :class:`kgc.linkpred.query.QueryOptions`."""
+score over every entity (:func:`kgc.linkpred.structure.pykeen.predict_fused`); and the query files of
+``kgc predict --input`` (:func:`predict_file`). A question's options are :class:`kgc.linkpred.answer.query.QueryOptions`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
-from kgc.linkpred.query import QueryOptions
+from kgc.linkpred.answer.query import QueryOptions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -96,7 +96,7 @@ def search_many(query_vectors: np.ndarray, index, graph: KnowledgeGraph, *, top_
     """The index's top ``top_ks[i]`` entities for each of (queries, dim) vectors in one index search (as deep as
     the deepest query needs), leaving out the ids in ``excludes[i]``; ``knowns[i]`` marks answers the graph has.
     ``graph`` names the index's rows (the run's graph with its added entities)."""
-    from kgc.linkpred.index_types import search_index
+    from kgc.linkpred.index.types import search_index
 
     k = min(index.ntotal, max(t + len(x) for t, x in zip(top_ks, excludes)))
     scores, ids = search_index(index, query_vectors, k)
@@ -192,7 +192,7 @@ def answer_rows(q: QueryLine, a: Answers) -> list[dict]:
 
 
 def answer_records(run, queries: Sequence[Query], answers: Sequence[Answers]) -> list[dict]:
-    """Each answer of ``run`` (a :class:`~kgc.linkpred.service.LinkPredRun`) as ``kgc predict --json`` prints it
+    """Each answer of ``run`` (a :class:`~kgc.linkpred.answer.run.LinkPredRun`) as ``kgc predict --json`` prints it
     and ``POST /predict`` answers it — one record, the same fields: the run, :meth:`Answers.to_json`, each
     prediction's ``known_split`` (the split of the graph that holds the triple, "train", "dev" or "test"; None for
     an answer not known) and, for a free-text head, its ``nearest`` entities by embedding (found for all of them in
@@ -229,7 +229,7 @@ def known_splits(graph: KnowledgeGraph, full: KnowledgeGraph, q: Query, entities
 
 def predict_file(run, path: str | Path, out: str | Path | None = None, *, format: str | None = None,
                  batch_size: int = 64, progress: bool = False, echo=None, **options) -> dict:
-    """:meth:`kgc.linkpred.service.LinkPredRun.predict_file` for ``run``: every question of the file resolved
+    """:meth:`kgc.linkpred.answer.run.LinkPredRun.predict_file` for ``run``: every question of the file resolved
     first (a bad one stops it, naming its line), then answered ``batch_size`` at a time; ``options``: the
     file's default :class:`QueryOptions`, each JSONL line's own over them."""
     import json

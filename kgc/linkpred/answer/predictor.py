@@ -4,7 +4,7 @@ once: :meth:`Predictor.alpha_choice` is the one caller of ``choose_alpha``); the
 resolved, its query vector (through the index's query engine when it has one), the index's search or the fused
 scores over every entity, the answers. The embeddings of the API and the inputs of ``kgc explain`` too.
 
-The index a question is answered from is passed in (a :class:`kgc.linkpred.entity_index.EntityIndex`), never
+The index a question is answered from is passed in (a :class:`kgc.linkpred.answer.entities.EntityIndex`), never
 kept: ``kgc serve`` swaps the index after an add while the model stays.
 """
 
@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from kgc.errors import KGCError, UnknownName
-from kgc.linkpred.predict import Answers, Query
+from kgc.linkpred.answer.topk import Answers, Query
 from kgc.training.run import ExplainInputs, as_list, silent
 
 if TYPE_CHECKING:
     from kgc.data.graph import KnowledgeGraph
     from kgc.linkpred.model import LinkPredictor
-    from kgc.linkpred.query import QueryOptions
-    from kgc.linkpred.structure import Structure
+    from kgc.linkpred.answer.query import QueryOptions
+    from kgc.linkpred.structure.pykeen import Structure
     from kgc.training.run import RunDir
 
 
@@ -86,13 +86,13 @@ class Predictor:
     @property
     def fused(self) -> bool:
         """The run has a structural model: its answers and evaluations fuse text and structure."""
-        from kgc.linkpred.structure import has_structure
+        from kgc.linkpred.structure.pykeen import has_structure
 
         return has_structure(self.dir.structure)
 
     def structure(self) -> "Structure":
         """The structural model, loaded once on the run's device."""
-        from kgc.linkpred.structure import load_structure
+        from kgc.linkpred.structure.pykeen import load_structure
 
         return self._once("structure", lambda: load_structure(self.dir.structure, self.device))
 
@@ -102,7 +102,7 @@ class Predictor:
         while the structural model is the same) once: ``{alpha, grid, model, …}``. ``engine`` / ``entity_table``:
         states the caller computed already (the dev evaluation reuses them)."""
         def choose():
-            from kgc.linkpred.structure import choose_alpha
+            from kgc.linkpred.structure.pykeen import choose_alpha
 
             return choose_alpha(self.dir.structure, self.model(), self.graph(), self.structure(),
                                 batch_size=batch_size or self.recipe.eval.batch_size, entity_table=entity_table,
@@ -113,10 +113,10 @@ class Predictor:
     def train_structure(self, overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
                         progress: bool = True, **kwargs: Any) -> dict:
         """(Re)train the structural model from the recipe's ``structure:`` section with ``structure.*``
-        overrides (see :meth:`kgc.linkpred.service.LinkPredRun.train_structure`); the next answer reloads it and
+        overrides (see :meth:`kgc.linkpred.answer.run.LinkPredRun.train_structure`); the next answer reloads it and
         chooses α again."""
         from kgc.fileio import run_lock
-        from kgc.linkpred.structure import train_structure
+        from kgc.linkpred.structure.pykeen import train_structure
         from kgc.recipe import override_keys, resolve_recipe
 
         changes = override_keys(overrides, kwargs)
@@ -186,7 +186,7 @@ class Predictor:
     def nearest_entities(self, texts: str | Sequence[str], entities, n: int = 5) -> list[list[str]]:
         """For each text, the ``n`` entities of the index (added ones too) nearest to it by embedding, best first,
         each as a string that resolves to that entity."""
-        from kgc.linkpred.index_types import search_index
+        from kgc.linkpred.index.types import search_index
 
         items, _ = as_list(texts)
         index, graph, _ = entities.searcher()
@@ -225,8 +225,8 @@ class Predictor:
         """Answers to resolved queries, all encoded in one pass and searched in one index call (a run with a
         structural model: ranked by the fused score, as ``kgc evaluate`` ranks); each keeps its own top-k, filters
         and known-answer marks. ``seconds`` on each is the whole batch's."""
-        from kgc.linkpred.predict import known_answers, rank_scores, search_many
-        from kgc.linkpred.structure import alpha_of, predict_fused
+        from kgc.linkpred.answer.topk import known_answers, rank_scores, search_many
+        from kgc.linkpred.structure.pykeen import alpha_of, predict_fused
 
         if not queries:
             return []

@@ -1,5 +1,5 @@
 """The entity index of a run, as a loaded run holds it: its files in ``RUN/index`` (built, rebuilt, updated and
-extended through the store, :mod:`kgc.linkpred.index`), whether they are fresh for the run's model and added
+extended through the store, :mod:`kgc.linkpred.index.store`), whether they are fresh for the run's model and added
 entities, what is read from them once — the search structure with the graph and TextBank of the added entities,
 the exact table, the query engine over it — and the device the search runs on, decided here once.
 
@@ -59,7 +59,7 @@ class EntityIndex:
 
     def stale_reason(self) -> str | None:
         """Why the index cannot serve the run's model (missing, stale, damaged), or None when it is fresh."""
-        from kgc.linkpred.index import stale_reason
+        from kgc.linkpred.index.store import stale_reason
 
         return stale_reason(self.dir, self._model())
 
@@ -67,7 +67,7 @@ class EntityIndex:
         """Build the index when the run has none, and rebuild it when it is stale or damaged (added entities are
         kept), holding the run's lock (another process building it meanwhile is a KGCError naming it). A fresh index
         is only read: a run folder that cannot be written serves answers as long as its index is fresh."""
-        from kgc.linkpred.index import NO_INDEX, rebuild_index, stored_config
+        from kgc.linkpred.index.store import NO_INDEX, rebuild_index, stored_config
 
         if self.stale_reason() is None:
             return
@@ -91,7 +91,7 @@ class EntityIndex:
     def open(self, *, deep: bool = False):
         """The fresh index as stored, on :meth:`faiss_device`, read now (not kept); a missing or stale one is a
         KGCError that says how to build it (an evaluation never builds one)."""
-        from kgc.linkpred.index import load_index
+        from kgc.linkpred.index.store import load_index
 
         return load_index(self.dir, self._model(), faiss_device=self.faiss_device(deep=deep))
 
@@ -103,7 +103,7 @@ class EntityIndex:
             return found
         with self._lock:
             if self._search is None:
-                from kgc.linkpred.index import added_graph
+                from kgc.linkpred.index.store import added_graph
 
                 self.ensure(progress=progress)
                 model, graph = self._model(), self._graph()
@@ -122,8 +122,8 @@ class EntityIndex:
         alike (a flat index on the CPU is this table already: shared, not read twice)."""
         with self._lock:
             if self._table is None:
-                from kgc.linkpred.index import load_embeddings
-                from kgc.linkpred.index_types import ExactIndex
+                from kgc.linkpred.index.store import load_embeddings
+                from kgc.linkpred.index.types import ExactIndex
 
                 index = self.searcher()[0]
                 if isinstance(index, ExactIndex) and index.device.type == "cpu":
@@ -135,14 +135,14 @@ class EntityIndex:
     def embeddings(self) -> torch.Tensor | None:
         """(graph entities, dim) from the index when it is fresh (a stale one is a KGCError), None when there is
         none: what an evaluation scores against instead of embedding every entity again."""
-        from kgc.linkpred.index import load_embeddings
+        from kgc.linkpred.index.store import load_embeddings
 
         cached = load_embeddings(self.dir, self._model())
         return None if cached is None else torch.from_numpy(cached)
 
     def params(self) -> dict:
         """The fresh index's type and parameters plus ``exact`` (results.json's record of a search)."""
-        from kgc.linkpred.index import index_params
+        from kgc.linkpred.index.store import index_params
 
         return index_params(self.dir, self._model())
 
@@ -168,11 +168,11 @@ class EntityIndex:
     def update(self, *, type: str | None = None, force: bool = False, progress: bool = True,
                nproc: int | None = None, chunk_size: int | None = None, **params: int | None) -> dict:
         """``kgc index``: build, update or keep the index; ``{"action": "none" | "search" | "build", "why", "meta"}``
-        (see :meth:`kgc.linkpred.service.LinkPredRun.index`). ``nproc`` > 1 (or under torchrun): a table to encode
+        (see :meth:`kgc.linkpred.answer.run.LinkPredRun.index`). ``nproc`` > 1 (or under torchrun): a table to encode
         is encoded in shards by that many processes (``chunk_size`` entities per chunk file;
-        :mod:`kgc.linkpred.sharded`), and the answer adds ``shards`` (each rank's report); a torchrun rank > 0
+        :mod:`kgc.linkpred.answer.sharded`), and the answer adds ``shards`` (each rank's report); a torchrun rank > 0
         answers ``{"action": "follow", …}``."""
-        from kgc.linkpred.sharded import Shards
+        from kgc.linkpred.answer.sharded import Shards
 
         shards = Shards.open(self.dir, nproc, chunk_size=chunk_size)
         if shards is None:
@@ -183,8 +183,8 @@ class EntityIndex:
             return {**self._update(type, force, progress, params, embed=shards.encode), "shards": shards.reports}
 
     def _update(self, type: str | None, force: bool, progress: bool, params: dict, embed=None) -> dict:
-        from kgc.linkpred.index import DamagedMeta, index_plan, rebuild_index, stored_config, update_search_params
-        from kgc.linkpred.index_types import index_config
+        from kgc.linkpred.index.store import DamagedMeta, index_plan, rebuild_index, stored_config, update_search_params
+        from kgc.linkpred.index.types import index_config
         from kgc.training.run import read_json
 
         # an existing index keeps its type and build parameters (`kgc index RUN --nprobe 64` on an ivf index, or
@@ -220,7 +220,7 @@ class EntityIndex:
     def add(self, path: str | Path, *, progress: bool = True, guard=None, batch_size: int, keep_loaded: bool) -> dict:
         """``kgc index --add``: the entities of ``path`` embedded and appended (the index built first if missing or
         stale), under the run's lock; ``keep_loaded``: keep what was read (the caller swaps in a :meth:`fork`)."""
-        from kgc.linkpred.index import add_entities
+        from kgc.linkpred.index.store import add_entities
 
         try:
             with run_lock(self.dir.path, "adding entities to the index"):  # the build (if any) and the add, as one

@@ -1,5 +1,5 @@
 """Structure beside text: a PyKEEN model trained on the same train triples (or rules mined from them,
-``structure.model: rules``: :mod:`kgc.linkpred.rules`), its scores fused with the text's.
+``structure.model: rules``: :mod:`kgc.linkpred.structure.rules`), its scores fused with the text's.
 
 Text models cannot tell ``person17`` from ``person42`` (Kinships: names carry no meaning); a structural
 model learns them from the graph alone. A run whose recipe has a ``structure:`` section trains one through
@@ -33,7 +33,7 @@ from pydantic import Field, ValidationInfo, model_validator
 from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_with
-from kgc.linkpred.fusion_options import FusionOptions
+from kgc.linkpred.structure.options import FusionOptions
 
 FORMULA = ("fused = alpha * z(text cosine) + (1 - alpha) * z(structural score); z standardises each query's "
            "scores over all entities (mean 0, population std 1); alpha chosen on dev by filtered MRR")
@@ -42,7 +42,7 @@ EPS = 1e-12
 
 def has_structure(folder: Path) -> bool:
     """``folder`` (a run's ``structure/``) holds a trained structural model (PyKEEN's or mined rules)."""
-    from kgc.linkpred.rules import RULES_FILE
+    from kgc.linkpred.structure.rules import RULES_FILE
 
     return (Path(folder) / "model.pt").is_file() or (Path(folder) / RULES_FILE).is_file()
 
@@ -156,7 +156,7 @@ def train_structure(config: FusionOptions, graph: KnowledgeGraph, folder: str | 
 
 def _mine_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
     """``structure.model: rules``: mine, save and rank dev with the rules alone (kgc's filtered protocol)."""
-    from kgc.linkpred.rules import mine, rule_summary
+    from kgc.linkpred.structure.rules import mine, rule_summary
 
     for stale in ("alpha.json", "model.pt"):  # the previous structural model's
         (folder / stale).unlink(missing_ok=True)
@@ -225,7 +225,7 @@ class Structure:
 
 
 class RuleStructure(Structure):
-    """Mined rules (:class:`kgc.linkpred.rules.RuleModel`) in the place of a PyKEEN model."""
+    """Mined rules (:class:`kgc.linkpred.structure.rules.RuleModel`) in the place of a PyKEEN model."""
 
     @torch.no_grad()
     def scores(self, heads: np.ndarray, rels: np.ndarray) -> torch.Tensor:
@@ -235,7 +235,7 @@ class RuleStructure(Structure):
 
 def rank_structure(structure: Structure, graph: KnowledgeGraph, split: str, *, batch_size: int = 256) -> dict:
     """The structural model alone on ``split`` (both directions, filtered, realistic ranks): PyKEEN's metrics."""
-    from kgc.linkpred.ranking import new_evaluator, query_directions, rank_queries, record_ranks
+    from kgc.linkpred.evaluation.ranking import new_evaluator, query_directions, rank_queries, record_ranks
 
     evaluator = new_evaluator()
     for target, queries in query_directions(graph, graph.splits[split]).items():
@@ -262,7 +262,7 @@ def load_structure(folder: Path, device: str | torch.device = "cpu") -> Structur
     if not isinstance(meta, dict) or any(k not in meta for k in ("model", "entities", "relations", "params")):
         raise KGCError(f"{folder / 'meta.json'}: not the description kgc writes of a structural model. {fix}")
     if meta["model"] == "rules":
-        from kgc.linkpred.rules import RuleModel
+        from kgc.linkpred.structure.rules import RuleModel
 
         return RuleStructure(model=RuleModel.load(folder, meta, fix), meta=meta)
     try:
@@ -353,7 +353,7 @@ def choose_alpha(folder: Path, model, graph: KnowledgeGraph, structure: Structur
                  entity_table=None, progress: bool = False, engine=None, max_score_bytes: int | None = None) -> dict:
     """α by dev MRR over ``structure.alphas`` (stored in ``structure/alpha.json``; reused while the structural
     model is the same). Returns {alpha, grid: [{alpha, dev_mrr}], model}."""
-    from kgc.linkpred.evaluate import evaluate
+    from kgc.linkpred.evaluation.scoring import evaluate
     from kgc.training.run import read_json
 
     if structure.num_entities != graph.num_entities:

@@ -12,9 +12,9 @@ from kgc.errors import KGCError
 from kgc.fileio import Transaction, tsv_text
 
 if TYPE_CHECKING:
-    from kgc.linkpred.entity_index import EntityIndex
-    from kgc.linkpred.predictor import Predictor
-    from kgc.linkpred.ranking import Evaluation
+    from kgc.linkpred.answer.entities import EntityIndex
+    from kgc.linkpred.answer.predictor import Predictor
+    from kgc.linkpred.evaluation.ranking import Evaluation
     from kgc.training.run import RunDir
 
 
@@ -31,7 +31,7 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
     ``"all"``; ``use_index`` ranks within the top ``top_k`` (100) of the run's index, re-scored exactly;
     ``text_only``: a run with a structural model ranked by its text model alone, as a run without one is (its
     ``eval.rerank`` applies). Bad combinations of options are one KGCError, before the model is loaded."""
-    from kgc.linkpred.evaluate import evaluate
+    from kgc.linkpred.evaluation.scoring import evaluate
 
     split = split or "test"
     if split not in ("test", "dev"):
@@ -50,7 +50,7 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
     bs = batch_size or recipe.eval.batch_size
     budget = recipe.eval.max_score_bytes
     if entities_from is not None:
-        from kgc.linkpred.inductive import inductive_graph
+        from kgc.linkpred.evaluation.inductive import inductive_graph
 
         if rerank:
             raise KGCError("--rerank with --entities-from: graph re-ranking boosts the train-graph neighbours of "
@@ -98,8 +98,8 @@ def evaluate_fused(predictor: "Predictor", entities: "EntityIndex", split: str, 
     text-only (α = 1) and structure-only (α = 0), all ranked in one pass per split through the ranking protocol."""
     import numpy as np
 
-    from kgc.linkpred.evaluate import entity_states, evaluate
-    from kgc.linkpred.structure import FORMULA, alpha_of, fused_scorer
+    from kgc.linkpred.evaluation.scoring import entity_states, evaluate
+    from kgc.linkpred.structure.pykeen import FORMULA, alpha_of, fused_scorer
 
     start = time.perf_counter()
     model, graph = predictor.model(), predictor.graph()

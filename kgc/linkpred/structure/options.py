@@ -1,7 +1,7 @@
 """The options every structural side shares: how its score is fused with the text's (α chosen on dev).
 
-The members (``structure.model``: a PyKEEN model, :class:`kgc.linkpred.structure.PykeenOptions`; or mined rules,
-:class:`kgc.linkpred.rules.RulesOptions`) subclass this; ``kgc.linkpred.recipe`` joins them into one union."""
+The members (``structure.model``: a PyKEEN model, :class:`kgc.linkpred.structure.pykeen.PykeenOptions`; or mined rules,
+:class:`kgc.linkpred.structure.rules.RulesOptions`) subclass this; ``kgc.linkpred.recipe`` joins them into one union."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class FusionOptions(Section):
     (1 − α)·z(structural score), α chosen on dev."""
     model: str = Field("RotatE", description="a PyKEEN model name (RotatE, TransE, ComplEx, DistMult, ...), or "
                                              "rules: closed path rules counted from the train graph (AnyBURL's "
-                                             "form; kgc.linkpred.rules), no training")
+                                             "form; kgc.linkpred.structure.rules), no training")
     alphas: list[float] = Field(default_factory=lambda: [round(0.1 * i, 1) for i in range(11)],
                                 description="the α grid tried on dev (1: text only, 0: structure only)")
     alpha_per: Literal["all", "relation"] = Field(

@@ -1,17 +1,17 @@
 """Entity index of a run: float32 embeddings (``entities.npy``), plus a FAISS index (``entities.faiss``) for the
 approximate types, fingerprinted. The exact type (flat, the default) is ``entities.npy`` alone, searched in torch
-(:class:`~kgc.linkpred.index_types.ExactIndex`), so it needs no FAISS; an ``entities.faiss`` left by an older flat
+(:class:`~kgc.linkpred.index.types.ExactIndex`), so it needs no FAISS; an ``entities.faiss`` left by an older flat
 index is not read, and is removed when the index is next written.
 
 The fingerprint is (sha256 of the weights file, sha256 of every entity's token ids). An index whose
 fingerprint does not match the run's current weights and texts is refused, never silently used.
 
 The FAISS structure is the recipe's ``index:`` section (``kgc index RUN --type ivf --nprobe 16`` overrides it):
-flat (exact, the default), ivf, hnsw or ivfpq (:mod:`kgc.linkpred.index_types`). ``meta.json`` records the type
+flat (exact, the default), ivf, hnsw or ivfpq (:mod:`kgc.linkpred.index.types`). ``meta.json`` records the type
 and its parameters; a search uses the stored ones (``nprobe`` / ``ef_search`` / ``rescore`` are applied at load),
 so an index is never read as another type. ``entities.npy`` always holds the exact table: evaluation scores against
 it, and an ivfpq index with ``rescore`` re-scores its candidates against it, memory-mapped
-(:class:`~kgc.linkpred.index_types.RescoredIndex`; an ivfpq meta.json from before ``rescore`` searches without it
+(:class:`~kgc.linkpred.index.types.RescoredIndex`; an ivfpq meta.json from before ``rescore`` searches without it
 until ``kgc index RUN`` stores the default).
 
 ``meta.json`` also records the byte size and sha256 of every file of the index (``files``). A file that does
@@ -36,9 +36,9 @@ import torch
 from kgc.errors import KGCError
 from kgc.fileio import Transaction, recover, run_lock, sha256_cached, sha256_file, sweep, write_error, write_text
 from kgc.data.graph import KnowledgeGraph
-from kgc.linkpred import index_types
-from kgc.linkpred.index_types import IndexOptions
-from kgc.linkpred.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
+from kgc.linkpred.index import types as index_types
+from kgc.linkpred.index.types import IndexOptions
+from kgc.linkpred.index.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
                                 RECORD_FOLDER, kept_added, read_new_entities, record_path, stored_entities,
                                 tsv)
 from kgc.linkpred.model import LinkPredictor
@@ -67,7 +67,7 @@ def _read_meta(folder: Path) -> dict | None:
 
 class DamagedMeta(KGCError):
     """An index's meta.json that cannot be read. The fix rebuilds, never deletes: the index folder holds the
-    entities added to the run (``kgc index --force`` keeps them: :func:`kgc.linkpred.added.kept_added`)."""
+    entities added to the run (``kgc index --force`` keeps them: :func:`kgc.linkpred.index.added.kept_added`)."""
 
     def __init__(self, path: Path, why: str) -> None:
         self.why = why
@@ -196,7 +196,7 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
     auto (a FAISS GPU when there is one), gpu or cpu. ``keep``: added entities to embed and append in the same
     commit (a rebuild keeps them; ``sources``: where they came from). ``embed``: what computes the table when it
     is not reused, ``embed(model, batch_size, progress)`` -> (entities, dim) float32 (default: the model's
-    ``entity_table``; ``kgc index --nproc N``: :meth:`kgc.linkpred.sharded.Shards.encode`). Returns the new
+    ``entity_table``; ``kgc index --nproc N``: :meth:`kgc.linkpred.answer.sharded.Shards.encode`). Returns the new
     ``meta.json``.
 
     The files are written as one :class:`~kgc.fileio.Transaction`: a failure (a full disk) or a kill at any point
@@ -415,8 +415,8 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
                rescore: int | None = None, faiss_device: str = "auto"):
     """The run's fresh index with the search parameters stored in meta.json (``nprobe`` / ``ef_search`` /
     ``rescore`` override them for this load), on a GPU when there is one (``faiss_device``: auto, gpu or cpu): for
-    flat an :class:`~kgc.linkpred.index_types.ExactIndex` over entities.npy (torch's GPU); for ivfpq with rescore
-    > 1 a :class:`~kgc.linkpred.index_types.RescoredIndex` (the FAISS index, its candidates re-scored against
+    flat an :class:`~kgc.linkpred.index.types.ExactIndex` over entities.npy (torch's GPU); for ivfpq with rescore
+    > 1 a :class:`~kgc.linkpred.index.types.RescoredIndex` (the FAISS index, its candidates re-scored against
     entities.npy memory-mapped); else the FAISS index (a FAISS GPU). Search it with :func:`search_index` (or
     ``index.search``)."""
     folder = _check_fresh(run, model)
