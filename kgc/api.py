@@ -26,6 +26,7 @@ from kgc.training.run import silent as _silent
 
 if TYPE_CHECKING:
     from kgc.training.run import Run
+    from kgc.training.task import ApiHooks
 
 RecipeLike = Union[str, Path, Recipe, Mapping[str, Any]]
 Echo = Callable[[str], None]
@@ -100,7 +101,7 @@ def load(run_dir: str | Path | None = None, *, device: str = DEVICE, echo: Echo 
 
     echo = echo or _silent
     if run_dir is None:
-        run_dir = _task_function("latest_run")()
+        run_dir = _task_hook(lambda h: h.latest_run, "latest_run")()
         echo(f"using the newest run: {run_dir}")
     return open_run(run_dir, device=device, echo=echo)
 
@@ -336,14 +337,14 @@ def datasets() -> list[dict[str, str]]:
 
 
 def check_data(dataset: str | Path | None = None, recipe: RecipeLike | None = None,
-               overrides: Mapping[str, Any] | Sequence[str] | None = None) -> Any:
+               overrides: Mapping[str, Any] | Sequence[str] | None = None, *, strict: bool = False) -> Any:
     """``kgc data check``: read a dataset (a catalog name or a folder; default: the recipe's data) as training
     would, with the recipe's data settings (defaults without one), and return its task's report — ``folder``,
     ``errors``, ``lines()``: counts, errors, warnings and the fallbacks taken (link prediction:
     :class:`kgc.data.check.DataReport`; C-STS: :class:`kgc.csts.data.CSTSReport`). The task is the recipe's; with
     no recipe (and no ``task`` override) it is the one the dataset holds data for — a catalog name's, or a folder's
-    by its files (``csts_train.csv``: C-STS). An unreadable file raises KGCError (file, line, fix), as
-    ``kgc train`` would."""
+    by its files (``csts_train.csv``: C-STS). ``strict``: leakage is an error too (``--strict``). An unreadable
+    file raises KGCError (file, line, fix), as ``kgc train`` would."""
     from kgc.data.catalog import dataset_task
     from kgc.recipe import override_keys
     from kgc.training.task import task_class
@@ -354,7 +355,7 @@ def check_data(dataset: str | Path | None = None, recipe: RecipeLike | None = No
         if found is not None:
             tree = {"task": found}
     rec = resolve_recipe(tree, overrides)
-    return task_class(rec.task).check_data(rec, dataset)
+    return task_class(rec.task).check_data(rec, dataset, strict=strict)
 
 
 def recipe_keys(task: str | None = None) -> list[dict[str, str]]:
@@ -435,17 +436,17 @@ def synth_graph(out: str | Path, **options: Any) -> dict:
 
 def synth_csts(out: str | Path, **options: Any) -> None:
     """Write the synthetic conditional-similarity set in the official C-STS layout (``kgc data synth-csts``)."""
-    _task_function("synth_csts")(out, **options)
+    _task_hook(lambda h: h.synth, "synth_csts")(out, **options)
 
 
 def read_pairs(path: str | Path) -> list[dict]:
     """Sentence pairs with conditions from a .tsv or .csv (``kgc similarity --tsv``)."""
-    return _task_function("read_pairs")(path)
+    return _task_hook(lambda h: h.read_pairs, "read_pairs")(path)
 
 
 def write_pairs(path: str | Path | None, rows: list[dict], echo: Echo = print) -> None:
     """Scored pairs as TSV to ``path`` (atomically), or through ``echo`` when ``path`` is None."""
-    _task_function("write_pairs")(path, rows, echo=echo)
+    _task_hook(lambda h: h.write_pairs, "write_pairs")(path, rows, echo=echo)
 
 
 def __getattr__(name: str) -> Any:
@@ -462,12 +463,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'kgc.api' has no attribute {name!r}")
 
 
-def _task_function(name: str) -> Callable[..., Any]:
-    """The API function ``name`` that a task answers (:meth:`kgc.training.task.Task.api_functions`)."""
+def _task_hook(pick: "Callable[[ApiHooks], Callable[..., Any] | None]", name: str) -> Callable[..., Any]:
+    """The function ``pick`` takes from the first task that answers it (:meth:`kgc.training.task.Task.api_hooks`);
+    ``name``: the API function, for the message when none does."""
     from kgc.registry import TASKS
 
     for task in TASKS:
-        found = TASKS[task].api_functions().get(name)
+        found = pick(TASKS[task].api_hooks())
         if found is not None:
             return found
     raise KGCError(f"kgc.api.{name}: no registered task offers it (tasks: {', '.join(TASKS)})")

@@ -169,9 +169,7 @@ def linkpred_model(run_dir):
     import kgc
 
     run = kgc.load(run_dir, echo=None)
-    if callable(getattr(run, "model", None)):
-        return run.model(), run.graph()
-    return run._linkpred()  # the API before kgc.load returned a LinkPredRun
+    return run.predictor.model(), run.predictor.graph()
 
 
 # ------------------------------------------------------------------ scheduling: the longest test files first

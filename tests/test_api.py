@@ -64,10 +64,10 @@ def test_train_load_evaluate_predict(lp_run, tiny_bert):
     assert df["score"].is_monotonic_decreasing and (run.path / "index" / "meta.json").is_file()
     inv = run.predict("virus", "causes", top_k=4, inverse=True, filter_known=True)
     assert len(inv) == 4
-    model = run.model()
+    model = run.predictor.model()
     run.predict("bacterium", "causes")
-    assert run.model() is model and isinstance(run, kgc.LinkPredRun)  # loaded once
-    assert model.bank.graph is run.graph()  # the model's own TextBank: added entities never swap it
+    assert run.predictor.model() is model and isinstance(run, kgc.LinkPredRun)  # loaded once
+    assert model.bank.graph is run.predictor.graph()  # the model's own TextBank: added entities never swap it
     free = run.answer("no such thing at all", "causes")  # free text: embedded on the fly, not refused
     assert free.head == "(free text)" and free.head_text == "no such thing at all" and len(free.predictions) == 10
     with pytest.raises(KGCError, match="split 'validation': choose test or dev"):
@@ -80,7 +80,7 @@ def test_embeddings(lp_run):
     import torch
 
     run = kgc.load(lp_run.path)
-    model, graph = run.model(), run.graph()
+    model, graph = run.predictor.model(), run.predictor.graph()
     table = model.entity_table().numpy()
     ids = ["virus", "idea_or_concept", "alga"]
     emb = run.embed_entities(ids)
@@ -156,7 +156,7 @@ def test_index_add_and_answer_match_the_cli(lp_run, tmp_path):
     # answers: the exact top k of the query against every entity, and the CLI prints the same rows
     a = run.answer("Virus", "causes", top_k=5)
     assert (a.head, a.relation, a.head_text) == ("virus", "causes", "virus")
-    model, graph = run.model(), run.graph()
+    model, graph = run.predictor.model(), run.predictor.graph()
     cos = run.embed_queries("virus", "causes")[0] @ run.embed_entities(graph.entities).T
     assert [p.entity for p in a.predictions] == [graph.entities[i] for i in np.argsort(-cos, kind="stable")[:5]]
     np.testing.assert_allclose([p.score for p in a.predictions], np.sort(cos)[::-1][:5], atol=1e-5)

@@ -128,6 +128,88 @@ def f(x):
     assert got == [(2, "kgc.csts"), (3, "kgc.linkpred"), (9, "csts"), (10, "kgc.linkpred")]
 
 
+# What generic code must not sniff: a member's field read by name (``getattr(task, "graph")``,
+# ``hasattr(recipe, "loss")``, ``getattr(recipe.model, "router_layers")``) is task or conditioner knowledge hidden
+# from the name check above; the member answers a hook instead (``Task.workload``, ``Conditioner.plain_layers``).
+# The receivers that hold a member: the object a getattr/hasattr with a literal name reads, by its root name (or the
+# attribute after ``self.``).
+MEMBER_HOLDERS = {"task", "training", "about", "recipe", "rec", "model", "criterion", "loss", "lo", "objective",
+                  "report", "run", "cond", "conditioner", "options", "evaluation", "results", "summary", "counts"}
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while True:
+        if isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                return node.attr
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Name):
+            return node.id
+        else:
+            return None
+
+
+def sniffings(source: str) -> list[tuple[int, str]]:
+    """(line, call) for each ``getattr``/``hasattr`` of a literal name on an object that holds a member."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str) and _root_name(node.args[0]) in MEMBER_HOLDERS):
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_generic_modules_do_not_sniff_a_members_fields():
+    homes = GENERIC_MUST_NOT_NAME["task"]["homes"] + [
+        f"kgc/conditioning/{Path(m.replace('.', '/')).name}.py" for m in GENERIC_MUST_NOT_NAME["conditioner"]["names"]
+        if m.startswith("kgc.")]
+    found = [f"{path.relative_to(ROOT).as_posix()}:{line}: {call}"
+             for path in generic_modules(homes) for line, call in sniffings(path.read_text(encoding="utf-8"))]
+    assert not found, ("generic code reads a member's field by name (give the member a hook: Task.workload, "
+                       "Conditioner.plain_layers …; docs/architecture.md):\n" + "\n".join(found))
+
+
+def test_the_sniffing_check_sees_what_it_should():
+    source = """
+def f(task, recipe, device, self=None):
+    a = getattr(task, "b", 1)
+    b = hasattr(recipe, "loss")
+    c = getattr(recipe.model, "router_layers", None)
+    d = getattr(self.task, "graph", None)
+    e = getattr(device, "type", "cpu")
+    f = getattr(recipe, name)
+    g = hasattr(os, "getloadavg")
+"""
+    assert [line for line, _ in sniffings(source)] == [3, 4, 5, 6]
+
+
+def test_the_training_loop_asks_a_task_eight_things():
+    """What the loop calls (kgc.training.task.Training) is a small protocol; what a task offers the tools is its
+    description (Task), and each task's training adds no public method the loop would not call."""
+    import inspect
+
+    from kgc.registry import TASKS
+    from kgc.training.task import Task, Training
+
+    def public(cls) -> set[str]:
+        return {n for n, v in vars(cls).items() if not n.startswith("_") and (callable(v) or isinstance(
+            v, (property, classmethod, staticmethod)))}
+
+    protocol = public(Training)
+    assert len(protocol) <= 8, sorted(protocol)
+    assert not protocol & public(Task), "a method both in the protocol and the description"
+    for name in TASKS:
+        training = TASKS[name].training
+        assert issubclass(training, Training) and not inspect.isabstract(training), name
+        extra = {n for klass in training.__mro__[:training.__mro__.index(Training)] for n in public(klass)} - protocol
+        assert not extra, f"{name}'s training adds {sorted(extra)}: the loop never calls them"
+
+
 def rooms_and_arrows() -> tuple[set[str], set[tuple[str, str]]]:
     """The house drawn from the imports: a room is a top-level module or sub-package of kgc; an arrow is a room
     importing another (any import in any of its modules, function-level ones included)."""

@@ -48,7 +48,7 @@ def test_wikidata5m_scale_line_says_the_numbers():
 
 
 def small_model(tmp_path, tiny_bert, toy_dir, *sets):
-    from kgc.linkpred.task import LinkPredTask
+    from kgc.linkpred.task import LinkPredTraining
     from kgc.recipe import load_recipe
 
     path = tmp_path / "r.yaml"
@@ -56,7 +56,7 @@ def small_model(tmp_path, tiny_bert, toy_dir, *sets):
                     f"model: {{backbone: {tiny_bert}, conditioner: biencoder}}\n"
                     "encoder: {trainable_layers: 1}\ntrain: {epochs: 1, batch_size: 4}\n")
     recipe = load_recipe(path, list(sets))
-    model, _ = LinkPredTask(recipe).build_model(tiny_bert)
+    model, _ = LinkPredTraining(recipe).build_model(tiny_bert)
     return recipe, model
 
 
@@ -112,7 +112,7 @@ def test_stage_memory_of_the_wikidata5m_laptop_recipe_at_its_size():
     """kgc bench scale's numbers: Wikidata5M's counts, 22 GB available, an 80 GB GPU; MiniLM's shape."""
     from kgc.recipe import load_recipe
     from kgc.training.estimate import BackboneShape
-    from kgc.training.stages import stage_memory, stage_table
+    from kgc.linkpred.bench.memory import stage_memory, stage_table
 
     minilm = BackboneShape(hidden=384, layers=6, heads=12, intermediate=1536, vocab=30522,
                            embedding_params=11_918_592, layer_params=1_774_464)

@@ -198,13 +198,13 @@ def test_objective_by_hand():
 
 
 def test_batches_keep_each_sentence_pair_whole(tmp_path, monkeypatch):
-    from kgc.csts.task import CSTSTask
+    from kgc.csts.task import CSTSTraining
     from kgc.recipe import load_recipe
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path))
     recipe = load_recipe(None, ["task=csts", "data.dataset=synth-csts", "data.synth.train_pairs=50",
                                 "train.batch_size=16", "train.seed=3"])
-    task = CSTSTask(recipe)
+    task = CSTSTraining(recipe)
     assert task.steps_per_epoch == 7  # 50 pairs, 8 per batch
     split = task.split
     for epoch in (0, 1):
@@ -214,7 +214,7 @@ def test_batches_keep_each_sentence_pair_whole(tmp_path, monkeypatch):
             pairs = {(split.s1[i], split.s2[i]) for i in batch}
             assert len(batch) == 2 * len(pairs)  # both conditions of every pair in the batch
             assert len(split.contrast_pairs(batch)[0]) == len(pairs)
-    assert [b.tolist() for b in task.epoch_batches(1)] == [b.tolist() for b in CSTSTask(recipe).epoch_batches(1)]
+    assert [b.tolist() for b in task.epoch_batches(1)] == [b.tolist() for b in CSTSTraining(recipe).epoch_batches(1)]
     assert [b.tolist() for b in task.epoch_batches(0)] != [b.tolist() for b in task.epoch_batches(1)]
 
 

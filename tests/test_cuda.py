@@ -63,20 +63,19 @@ def test_a_training_step_never_waits_for_the_gpu(tiny_bert, data_home):
     """Issue 50: steps on prepared inputs (as the prefetch thread builds them) under
     ``torch.cuda.set_sync_debug_mode("error")``: a synchronising call in the forward, the loss, backward, clipping or
     fused AdamW raises. Two warm-up steps first (the caching allocator, cuBLAS handles)."""
-    from kgc.linkpred.task import LinkPredTask
+    from kgc.linkpred.task import LinkPredTraining
     from kgc.recipe import load_recipe
     from kgc.training.common import make_optimizer
     from tests.conftest import ROOT
 
     recipe = load_recipe(ROOT / "recipes" / "umls_biencoder.yaml",
                          [f"model.backbone={tiny_bert}", "train.batch_size=256", "encoder.trainable_layers=all"])
-    task = LinkPredTask(recipe)
+    task = LinkPredTraining(recipe)
     model, _ = task.build_model(tiny_bert)
-    criterion = task.make_loss()
     device = torch.device("cuda")
+    criterion = task.make_loss(device)
     model.to(device)
     criterion.to(device)
-    task.to(device)
     model.train()
     optimizer = make_optimizer([model, criterion], 1e-3, 1e-4, fused=True)
     params = [p for p in list(model.parameters()) + list(criterion.parameters()) if p.requires_grad]
@@ -92,7 +91,7 @@ def test_a_training_step_never_waits_for_the_gpu(tiny_bert, data_home):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 10.0)
             optimizer.step()
-            task.after_step(criterion)
+            criterion.after_step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert math.isfinite(float(loss))

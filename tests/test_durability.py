@@ -134,7 +134,7 @@ def index_state(run: Path) -> tuple[int, list[str]]:
     from kgc.training.run import RunDir
 
     loaded = kgc.load(run, echo=None)
-    model, graph = loaded.model(), loaded.graph()
+    model, graph = loaded.predictor.model(), loaded.predictor.graph()
     index = load_index(RunDir(run), model, faiss_device="cpu")
     full = added_graph(RunDir(run), graph)
     return index.ntotal, full.entities[graph.num_entities:]

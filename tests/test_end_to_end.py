@@ -306,15 +306,15 @@ def test_every_conditioner_through_the_cli(model, encoder, tiny_bert, tmp_path, 
 def test_entity_table_refresh_is_a_fresh_encode(tiny_bert, tmp_path, data_home, monkeypatch):
     """loss.table_negatives N: at steps 0, N, 2N … the loss's table is every entity's tail-tower embedding as a
     fresh evaluation-time encode gives it (eval mode, no gradient); in between it is kept; training mode is back."""
-    from kgc.linkpred.task import LinkPredTask
+    from kgc.linkpred.task import LinkPredTraining
     from kgc.recipe import load_recipe
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=4), ["loss.table_negatives=2"])
-    task = LinkPredTask(recipe)
+    task = LinkPredTraining(recipe)
     model, _ = task.build_model(tiny_bert)
     model.attach_layer_cache(recipe)
-    criterion = task.make_loss()
+    criterion = task.make_loss(torch.device("cpu"))
     model.train()
     task.before_step(model, criterion, 0)
     first = criterion.table
@@ -354,7 +354,7 @@ def test_table_tails_trains_the_query_tower_from_the_table(tiny_bert, tmp_path, 
     tower does not train (no trainable parameter, weights unchanged after training), its table is computed once
     (later refresh steps keep it) and validation ranks against that same table; shared towers: refreshed every N
     steps as with table_negatives alone, and the shared encoder trains through the queries."""
-    from kgc.linkpred.task import LinkPredTask
+    from kgc.linkpred.task import LinkPredTraining
     from kgc.recipe import load_recipe
     from kgc.training.loop import train
 
@@ -362,10 +362,10 @@ def test_table_tails_trains_the_query_tower_from_the_table(tiny_bert, tmp_path, 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=4),
                          ["loss.table_negatives=2", "loss.table_tails=true", f"model.shared_towers={str(shared).lower()}",
                           "encoder.trainable_layers=all"])
-    task = LinkPredTask(recipe)
+    task = LinkPredTraining(recipe)
     model, _ = task.build_model(tiny_bert)
     model.attach_layer_cache(recipe)
-    criterion = task.make_loss()
+    criterion = task.make_loss(torch.device("cpu"))
     assert any(p.requires_grad for p in model.tail_encoder.parameters()) == shared
     tail_before = {k: v.clone() for k, v in model.tail_encoder.state_dict().items()}
     model.train()
@@ -396,7 +396,7 @@ def test_table_tails_trains_the_query_tower_from_the_table(tiny_bert, tmp_path, 
         assert RunDir.has_backbone_weights(run)  # ... but in backbone/, whence the loaded run reads it
         from kgc.linkpred.answer.run import LinkPredRun
 
-        state = LinkPredRun(run, echo=None).model().state_dict()
+        state = LinkPredRun(run, echo=None).predictor.model().state_dict()
         for k, v in tail_before.items():
             torch.testing.assert_close(state[f"tail_encoder.{k}"], v, rtol=0, atol=0)
 

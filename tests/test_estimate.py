@@ -104,7 +104,7 @@ def test_the_estimate_of_a_step_is_within_a_factor_of_a_measured_one(bert, graph
 def test_a_run_that_does_not_fit_is_refused_before_its_folder_exists(bert, graph, tmp_path, monkeypatch):
     from kgc.recipe import load_recipe
     from kgc.training import estimate
-    from kgc.training.task import make_task
+    from kgc.training.task import make_training
 
     fake_meminfo(monkeypatch, tmp_path, 1.5)
     recipe = recipe_file(tmp_path / "r.yaml", bert, graph, batch_size=2048)  # every train direction in one batch
@@ -119,10 +119,10 @@ def test_a_run_that_does_not_fit_is_refused_before_its_folder_exists(bert, graph
     size = int(err.split("train.batch_size=")[1].split("`")[0])
     assert 8 <= size < 2048 and size % 8 == 0
     rec = load_recipe(recipe, [f"train.batch_size={size}"])
-    task = make_task(rec)
+    task = make_training(rec).counts
     assert estimate.estimate(rec, task).fits  # the batch it names fits …
     bigger = load_recipe(recipe, [f"train.batch_size={size + 8}"])
-    assert not estimate.estimate(bigger, make_task(bigger)).fits  # … and is the largest multiple of 8 that does
+    assert not estimate.estimate(bigger, make_training(bigger).counts).fits  # … and is the largest multiple of 8 that does
 
 
 def test_the_escape_hatch_starts_the_run_and_the_pace_is_said_once(bert, graph, tmp_path, monkeypatch):

@@ -178,9 +178,9 @@ def open_predictor(run: Path):
     import kgc as api
 
     r = api.load(run, echo=None)
-    index, graph, bank = r.searcher(progress=False)
-    assert bank.graph is graph and r.model().bank.graph is r.graph()  # the extended bank is passed, not swapped in
-    return r, r.model(), graph, index
+    index, graph, bank = r.entities.searcher(progress=False)
+    assert bank.graph is graph and r.predictor.model().bank.graph is r.predictor.graph()  # the extended bank is passed, not swapped in
+    return r, r.predictor.model(), graph, index
 
 
 def test_added_entities_are_answers(trained, added):
@@ -234,7 +234,7 @@ def test_bad_new_entities_are_refused(trained, added):
     bad = kgc("index", trained, "--add", tmp / "one_field.tsv", check=False)
     assert bad.returncode == 2 and "one_field.tsv:2: expected id<TAB>name<TAB>description" in bad.stderr
     run = LinkPredRun(trained, device="cpu", echo=None)
-    model, graph = run.model(), run.graph()
+    model, graph = run.predictor.model(), run.predictor.graph()
     cases = {
         "empty_name.tsv": ("x1\t\tdesc\n", "empty_name.tsv:1: empty name"),
         "repeat.tsv": ("r1\tone\n\nr1\tagain\n", "repeat.tsv:3: id 'r1' repeats line 1"),

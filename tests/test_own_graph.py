@@ -232,7 +232,7 @@ def test_checkpoints_leave_frozen_weights_to_the_backbone_folder(tiny_bert, tmp_
         assert any("embeddings.word_embeddings" in k for k in frozen) and any(".layer.0." in k for k in frozen)
         assert not frozen & set(state["model"]) and any(".layer.1." in k for k in state["model"])
         assert frozen | set(state["model"]) == set(ended)
-    loaded = LinkPredRun(run, echo=None).model().state_dict()
+    loaded = LinkPredRun(run, echo=None).predictor.model().state_dict()
     for k, v in ended.items():
         assert torch.equal(loaded[k].cpu(), v.cpu()), k
 
@@ -292,7 +292,7 @@ def test_free_text_heads_are_embedded_on_the_fly(capitals):
 
     run_dir, _ = capitals
     run = api.load(run_dir, echo=None)
-    graph = run.graph()
+    graph = run.predictor.graph()
     text = graph.full_texts[graph.entity_index["lisbon"]] + " "  # not an entity's text any more (a space)
     free = run.embed_queries([text, "a port city on a river"], "capital of")
     own = run.embed_queries(["lisbon"], "capital of")
@@ -323,7 +323,7 @@ def test_a_near_miss_head_asks_did_you_mean_unless_free_text(capitals):
                       "(--free-text, or free_text=True, embeds it as text)")
     with pytest.raises(UnknownName):
         run.embed_queries(["Lisbn"], "capital of")
-    assert run.resolve_head("Lisbn", run.graph(), free_text=True) is None and said == []  # says nothing itself
+    assert run.predictor.resolve_head("Lisbn", run.predictor.graph(), free_text=True) is None and said == []  # says nothing itself
     typo = run.answer("Lisbn", "capital of", top_k=3, free_text=True)
     assert typo.head == "(free text)" and len(typo.predictions) == 3
     # a description is no typo: free text, its note naming the entities nearest by embedding (not by spelling)
@@ -331,10 +331,10 @@ def test_a_near_miss_head_asks_did_you_mean_unless_free_text(capitals):
     text = "a city on the Atlantic coast"
     free = run.answer(text, "capital of", top_k=3)
     assert free.head == "(free text)" and len(said) == 1
-    table = run.embed_entities(run.graph().entities)  # every entity's tail-tower embedding
+    table = run.embed_entities(run.predictor.graph().entities)  # every entity's tail-tower embedding
     order = np.argsort(-(table @ run.embed_entities([text])[0]))[:5]
-    nearest = [run.graph().resolvable(int(i)) for i in order]
-    assert run.nearest_entities(text) == [nearest]
+    nearest = [run.predictor.graph().resolvable(int(i)) for i in order]
+    assert run.predictor.nearest_entities(text, run.entities) == [nearest]
     assert said[0] == (f"{text!r} is not an entity of {run.path}: embedded as free text (nearest entities by "
                        f"embedding: {', '.join(nearest)})")
     bad = kgc("predict", run_dir, "--head", "Lisbn", "--relation", "capital of", "--no-progress", check=False)

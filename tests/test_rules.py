@@ -143,7 +143,7 @@ def test_alpha_per_relation_is_each_relations_best_on_dev(rules_run):
     from kgc.linkpred.structure.pykeen import RelationAlphas, alpha_of, choose_alpha, fused_scorer, load_structure
 
     run = LinkPredRun(rules_run, device="cpu", echo=None)
-    model, graph, st = run.model(), run.graph(), load_structure(run.dir.structure)
+    model, graph, st = run.predictor.model(), run.predictor.graph(), load_structure(run.dir.structure)
     choice = choose_alpha(run.dir.structure, model, graph, st)
     grid = [0.0, 0.5, 0.9, 1.0]
     per = {a: evaluate(model, graph, "dev", scorer=fused_scorer(st, [a])).ranks for a in grid}  # one α at a time
@@ -185,7 +185,7 @@ def test_rules_fused_through_the_cli(rules_run):
     assert res["kgc"]["structure"]["model"] == "rules" and len(res["kgc"]["structure"]["per_relation"]) == 92
     # α = 0 is the rules alone, ranked by the same protocol as rank_structure
     run = LinkPredRun(rules_run, device="cpu", echo=None)
-    alone = rank_structure(load_structure(run.dir.structure), run.graph(), "test")
+    alone = rank_structure(load_structure(run.dir.structure), run.predictor.graph(), "test")
     mrr = lambda d: d["both"]["realistic"]["inverse_harmonic_mean_rank"]  # noqa: E731
     assert mrr(res["kgc"]["components"]["structure"]) == pytest.approx(mrr(alone), abs=1e-6)
     # --text-only: the text model alone, into results.text.json; the fused results stay

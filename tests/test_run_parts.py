@@ -43,6 +43,16 @@ def test_the_run_is_a_thin_facade():
         assert len(body) <= 3, f"LinkPredRun.{fn.name} holds logic ({len(body)} statements): delegate it"
 
 
+def test_the_run_keeps_only_user_verbs():
+    """What a user does with a run is on it; the model, graph, tokenizer and index are on its two parts."""
+    from kgc.linkpred.answer.run import LinkPredRun
+
+    verbs = {"evaluation", "predict", "answer", "resolve", "answer_many", "answer_records", "predict_file", "index",
+             "add_entities", "train_structure", "embed_entities", "embed_queries", "explain_inputs", "serving"}
+    own = {n for n, v in vars(LinkPredRun).items() if callable(v) and not n.startswith("_")}
+    assert own == verbs, (sorted(own - verbs), sorted(verbs - own))
+
+
 def test_nothing_reaches_a_private_member_of_a_run_or_its_parts():
     reach = re.compile(r"\b(?:run|fork|lp_run|self\.run)\._[a-z]|\.(?:predictor|entities)\._[a-z]")
     found = [f"{f.relative_to(ROOT)}:{i}: {line.strip()}" for f in sorted((ROOT / "kgc").rglob("*.py"))
@@ -59,14 +69,24 @@ def test_the_faiss_device_is_decided_in_one_place(lp_run):
     assert lp_run.entities.faiss_device(deep=True) == "cpu"  # an evaluation's top K + known answers: past a GPU's 2048
 
 
-def test_fork_shares_the_predictor_not_the_index(lp_run):
-    lp_run.searcher()
-    fork = lp_run.fork_search()
-    assert fork.predictor is lp_run.predictor and fork.model() is lp_run.model()
-    assert fork.entities is not lp_run.entities and fork.entities.loaded() is None
-    fork.searcher()
+def test_a_served_add_warms_a_fork_that_shares_the_predictor_not_the_index(lp_run):
+    from kgc.linkpred.answer.routes import LinkPredServing
+
+    serving = LinkPredServing(lp_run)
+    lp_run.entities.searcher()
     before = lp_run.entities
-    lp_run.adopt_search(fork)
+    forks = []
+
+    def warmed(fork):  # what the swap hands over, before it swaps
+        assert fork.entities is not lp_run.entities and fork.entities.loaded() is None
+        forks.append(fork)
+        fork.entities.searcher()
+        return {}, {}
+
+    serving._warmed = warmed
+    serving._swap_in()
+    (fork,) = forks
+    assert fork.predictor is lp_run.predictor and fork.predictor.model() is lp_run.predictor.model()
     assert lp_run.entities is fork.entities is not before
     assert lp_run.answer("virus", "causes", top_k=2).predictions
 

@@ -73,7 +73,7 @@ def same_answers(got: dict, want: dict) -> None:
 
 
 def test_predict_equals_kgc_predict(client, lp_run):
-    graph = lp_run.graph()
+    graph = lp_run.predictor.graph()
     for head, relation, options in QUERIES:
         got = client.post("/predict", json={"head": head, "relation": relation, **options})
         assert got.status_code == 200, got.json()
@@ -107,16 +107,16 @@ def test_scores_are_cosines_against_the_index(client, lp_run):
     """The answer's scores are cos(query, entity) for the entities it names (brute force over the table)."""
     a = client.post("/predict", json={"head": "virus", "relation": "causes", "top_k": 135}).json()
     q = lp_run.embed_queries(["virus"], "causes")[0]
-    table = lp_run.embed_entities(lp_run.graph().entities)
+    table = lp_run.embed_entities(lp_run.predictor.graph().entities)
     scores = table @ q
-    order = [lp_run.graph().entities[i] for i in np.argsort(-scores) if lp_run.graph().entities[i] != "virus"]
+    order = [lp_run.predictor.graph().entities[i] for i in np.argsort(-scores) if lp_run.predictor.graph().entities[i] != "virus"]
     assert [p["entity"] for p in a["predictions"]] == order
     np.testing.assert_allclose([p["score"] for p in a["predictions"]],
-                               [scores[lp_run.graph().entity_index[e]] for e in order], atol=1e-4)
+                               [scores[lp_run.predictor.graph().entity_index[e]] for e in order], atol=1e-4)
 
 
 def test_concurrent_requests_are_batched_and_equal_sequential_answers(client, lp_run):
-    graph = lp_run.graph()
+    graph = lp_run.predictor.graph()
     heads = graph.entities[:24]
     bodies = [{"head": h, "relation": graph.relations[i % 5], "top_k": 5} for i, h in enumerate(heads)]
     before = client.get("/info").json()["batching"]
@@ -147,7 +147,7 @@ def test_errors_are_json_with_the_right_status(client, lp_run):
     assert r.status_code == 404
     body = r.json()
     assert body["kind"] == "relation" and "causes" in body["suggestions"]
-    assert set(body["valid"]) == set(lp_run.graph().relations) and "causez" in body["detail"]
+    assert set(body["valid"]) == set(lp_run.predictor.graph().relations) and "causez" in body["detail"]
     r = client.post("/predict", json={"head": "viruss", "relation": "causes"})
     assert r.status_code == 404 and r.json()["kind"] == "head" and "virus" in r.json()["suggestions"]
     r = client.post("/predict", json={"head": "viruss", "relation": "causes", "free_text": True})
@@ -185,7 +185,7 @@ def test_entities_relations_info_and_pages(client, lp_run):
     assert hits and hits[0]["id"] == "virus" and all("vir" in h["name"].lower() for h in hits)
     assert client.get("/entities", params={"q": "zzzz"}).json() == []
     rels = client.get("/relations").json()
-    assert [r["relation"] for r in rels] == lp_run.graph().relations
+    assert [r["relation"] for r in rels] == lp_run.predictor.graph().relations
     info = client.get("/info").json()
     results = json.loads((lp_run.path / "results.json").read_text())
     assert info["test"]["mrr"] == results["both"]["realistic"]["inverse_harmonic_mean_rank"]
@@ -208,7 +208,7 @@ def test_a_large_graph_searches_names_by_prefix(lp_run, monkeypatch):
     service = serving.LinkPredServing(lp_run)
     service._warm()
     hits = service.search_names("VIR", 5)
-    graph = lp_run.graph()
+    graph = lp_run.predictor.graph()
     want = sorted((i for i, (n, e) in enumerate(zip(graph.names, graph.entities))
                    if n.lower().startswith("vir") or e.lower().startswith("vir")), key=lambda i: graph.names[i].lower())
     assert [h["id"] for h in hits] == [graph.entities[i] for i in want[:5]] and hits[0]["id"] == "virus"
@@ -365,10 +365,10 @@ def test_query_engine_runs_answer_as_the_encoder_would(tiny_bert, tmp_path, data
     recipe["model"].update(conditioner="hadamard", shared_towers=True)
     kgc.train(recipe, out, progress=False, train__max_steps=2, echo=None)
     run = kgc.load(out, echo=None)
-    assert run.query_engine() is not None
+    assert run.entities.query_engine() is not None
     q = run.resolve("virus", "causes", top_k=20)
     via_engine = run.answer_many([q])[0]
-    direct = run.model().encode_query_tokens([q.tokens], [q.r]).detach().float().numpy()
+    direct = run.predictor.model().encode_query_tokens([q.tokens], [q.r]).detach().float().numpy()
     np.testing.assert_allclose(run.predictor.query_vectors([q], run.entities), direct, atol=1e-5)
     with TestClient(kgc.api.app(run), raise_server_exceptions=False) as c:
         ready(c)

@@ -329,7 +329,7 @@ def test_cli_json_and_post_predict_give_the_same_record(indexed_tiny_run, tmp_pa
     import random
 
     run = kgc.load(indexed_tiny_run, echo=None)
-    graph = run.graph()
+    graph = run.predictor.graph()
     rng = random.Random(5)
     heads = [*rng.sample(graph.entities, 4), *rng.sample(graph.names, 2), "a thing nobody named"]
     queries = [{"head": h, "relation": rng.choice(graph.relations), "top_k": rng.choice([1, 3, 10]),

@@ -40,7 +40,7 @@ def lp_run(tiny_bert, tmp_path_factory, data_home):
     out = tmp_path_factory.mktemp("served") / "run"
     kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=3, echo=None)
     run = kgc.load(out, echo=None)
-    run.ensure_index(progress=False)
+    run.entities.ensure(progress=False)
     return run
 
 
@@ -73,7 +73,7 @@ def server(lp_run, tmp_path_factory):
 
 
 def test_real_server_answers_concurrent_queries_as_sequential_ones(server, lp_run):
-    graph = lp_run.graph()
+    graph = lp_run.predictor.graph()
     bodies = [{"head": graph.entities[i], "relation": graph.relations[i % 7], "top_k": 5, "inverse": i % 2 == 1}
               for i in range(32)]
     with httpx.Client(base_url=server["url"], timeout=60) as client:
@@ -116,7 +116,7 @@ def test_page_in_a_real_browser(server, lp_run):
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    graph = lp_run.graph()
+    graph = lp_run.predictor.graph()
     splits = known_splits(graph)
     text = lambda i: driver.find_element(By.ID, i).text  # noqa: E731
     try:
@@ -196,7 +196,7 @@ def test_page_in_a_real_browser(server, lp_run):
         wait.until(lambda d: text("status").startswith(f"({free}, causes, ?)"))
         assert "embedded as free text" in text("note")
         assert [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#note a")] == \
-            lp_run.nearest_entities(free)[0]
+            lp_run.predictor.nearest_entities(free, lp_run.entities)[0]
         driver.find_element(By.ID, "free-text").click()
         # a near miss: a clean message (no server path, no CLI flags), its suggestions links that ask again
         head.clear()

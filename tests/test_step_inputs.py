@@ -111,14 +111,14 @@ def test_built_inputs_hold_each_distinct_row_once_in_groups_that_map_back():
 
 
 def _umls_task(tiny_bert, data_home, *sets):
-    from kgc.linkpred.task import LinkPredTask
+    from kgc.linkpred.task import LinkPredTraining
     from kgc.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "umls_biencoder.yaml",
                          [f"model.backbone={tiny_bert}", "train.batch_size=256", "encoder.trainable_layers=all", *sets])
-    task = LinkPredTask(recipe)
+    task = LinkPredTraining(recipe)
     model, _ = task.build_model(tiny_bert)
-    return task, model, task.make_loss()
+    return task, model, task.make_loss(torch.device("cpu"))
 
 
 def _loss_and_grads(task, model, criterion, batch):
@@ -188,12 +188,12 @@ def test_nothing_in_a_step_would_wait_for_the_gpu(tiny_bert, data_home):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 10.0)
             optimizer.step()
-            task.after_step(criterion)
+            criterion.after_step()
         assert dict(syncs) == {}
     # the counter sees what it should: the list path reads the condition index back (tolist), the loss figure reads
     with count_syncs() as syncs:
         model.encode_queries(batch[:8, 0], batch[:8, 1], excludes=batch[:8, 2])
-        task.loss_figures(criterion)
+        criterion.figures()
     assert syncs["read back: Tensor.tolist"] >= 1 and syncs["read back: Tensor.__float__"] == 1
 
 

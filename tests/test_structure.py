@@ -50,7 +50,7 @@ def _loaded(run_dir):
     from kgc.linkpred.structure.pykeen import load_structure
 
     run = LinkPredRun(run_dir, device="cpu", echo=None)
-    return run, run.model(), run.graph(), load_structure(run.dir.structure)
+    return run, run.predictor.model(), run.predictor.graph(), load_structure(run.dir.structure)
 
 
 def test_fused_scores_by_hand_and_relation_mapping(fused_run):

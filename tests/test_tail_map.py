@@ -53,14 +53,14 @@ def test_the_loss_maps_its_table_with_gradients():
 
 def test_tail_map_learns_beside_a_frozen_tail_tower(tiny_bert, tmp_path, data_home, monkeypatch):
     from kgc.linkpred.answer.run import LinkPredRun
-    from kgc.linkpred.task import LinkPredTask
+    from kgc.linkpred.task import LinkPredTraining
     from kgc.recipe import load_recipe
     from kgc.training.loop import train
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     sets = ["loss.table_negatives=2", "loss.table_tails=true", "model.tail_map_rank=4", "train.lr=0.01"]
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tiny_bert, max_steps=4), sets)
-    task = LinkPredTask(recipe)
+    task = LinkPredTraining(recipe)
     model, _ = task.build_model(tiny_bert)
     model.attach_layer_cache(recipe)
     model.eval()
@@ -68,7 +68,7 @@ def test_tail_map_learns_beside_a_frozen_tail_tower(tiny_bert, tmp_path, data_ho
     assert torch.allclose(model.entity_table(64), raw, atol=1e-6)  # the identity before training
     run = train(recipe, out=tmp_path / "run", progress=False, echo=lambda *_: None)
     loaded = LinkPredRun(run, device="cpu", echo=None)
-    trained = loaded.model()
+    trained = loaded.predictor.model()
     assert trained.tail_map is not None and trained.tail_map.u.abs().sum() > 0  # it learned, and was saved
     torch.testing.assert_close(trained.tail_encoder.state_dict(), model.tail_encoder.state_dict(), rtol=0, atol=0)
     # every path to entity vectors maps: the whole table, single entities, validation's table
@@ -117,7 +117,7 @@ def test_embedded_and_added_entities_go_through_the_map(tiny_bert, tmp_path, dat
                          ["loss.table_negatives=2", "loss.table_tails=true", "model.tail_map_rank=4", "train.lr=0.01",
                           "eval.validate_every_steps=null"])
     run = kgc.load(train(recipe, out=tmp_path / "run", progress=False, echo=lambda *_: None), echo=None)
-    model = run.model()
+    model = run.predictor.model()
     assert model.tail_map.u.abs().sum() > 0
     table = model.entity_table(64)
     got = run.embed_entities([model.bank.graph.entities[3], model.bank.graph.entities[7]])
@@ -133,7 +133,7 @@ def test_embedded_and_added_entities_go_through_the_map(tiny_bert, tmp_path, dat
     np.testing.assert_allclose(index_rows[3].numpy(), table[3].numpy(), atol=1e-4)
     with torch.no_grad():
         raw = model.tail_encoder.encode_unique({k: v for k, v in model.bank.special.pad(
-            [model.bank.special.wrap(run.tokenizer()([text], add_special_tokens=False)["input_ids"][0],
+            [model.bank.special.wrap(run.predictor.tokenizer()([text], add_special_tokens=False)["input_ids"][0],
                                      model.bank.max_tokens)]).items()})
         want = model.tail_map(raw).numpy()
     np.testing.assert_allclose(vec, want, atol=1e-5)

@@ -42,9 +42,7 @@ def data_check(path: Optional[str] = typer.Argument(None, help="a dataset folder
 
     if path is None and recipe is None:
         raise KGCError("give a dataset folder or name (`kgc data check data/examples/capitals`), or --recipe RECIPE")
-    report = api.check_data(path, str(recipe) if recipe is not None else None, set_)
-    if strict and hasattr(report, "strict"):  # link prediction's report; C-STS has no leakage findings
-        report = report.strict()
+    report = api.check_data(path, str(recipe) if recipe is not None else None, set_, strict=strict)
     for _level, line in report.lines():
         _echo(line)
     if report.errors:

@@ -125,6 +125,18 @@ class Conditioner(nn.Module, ABC):
         """One line for tables (``kgc compare``) from the recipe's values of :attr:`options` (a missing key
         means the default), e.g. ``"router (k=1, query_key, one_plus_w)"``."""
 
+    @classmethod
+    def plain_layers(cls, options: dict[str, Any], layers: int) -> int:
+        """Of an encoder of ``layers`` layers, how many run below the condition's entry, the same for every
+        condition (what a layer cache can hold), from the recipe's values of :attr:`options`: every layer for a
+        condition that enters with the input or after pooling, all but the top one for one that enters at a layer;
+        a conditioner whose option moves the entry says so."""
+        return layers - (1 if cls.enters_at == "layer" else 0)
+
+    def own_parameters(self) -> list[nn.Parameter]:
+        """The parameters ``train.conditioner_lr`` applies to: the conditioner's own, not its encoder's."""
+        return [p for n, p in self.named_parameters() if not n.startswith("encoder.")]
+
     @abstractmethod
     def export_spec(self) -> dict[str, Any]:
         """How a query is formed from the exported towers (``kgc.json``'s ``conditioner`` part, less ``name`` and

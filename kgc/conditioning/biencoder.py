@@ -41,6 +41,10 @@ class BiEncoderOptions(ConditionerOptions):
 class BiEncoder(Conditioner):
     name = "biencoder"
     enters_at = "input"
+
+    @classmethod
+    def plain_layers(cls, options: dict[str, Any], layers: int) -> int:
+        return layers - (options.get("router_layers") or 0)  # CSR inside the bi-encoder routes the top k
     encodes_conditions = False
     Options = BiEncoderOptions
     explains = "CSR's token weights inside the bi-encoder (biencoder with model.router_layers > 0)"

@@ -118,6 +118,10 @@ class RouterOptions(ConditionerOptions):
 class Router(Conditioner):
     name = "router"
     enters_at = "layer"
+
+    @classmethod
+    def plain_layers(cls, options: dict[str, Any], layers: int) -> int:
+        return layers - max(1, options.get("router_layers") or 1)  # the top k layers route (default 1)
     Options = RouterOptions
     explains = "CSR's token weights (router)"
 

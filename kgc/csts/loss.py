@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from kgc.training.objective import Objective
 
 
 def scale_label(label: torch.Tensor) -> torch.Tensor:
@@ -21,7 +22,7 @@ def scale_label(label: torch.Tensor) -> torch.Tensor:
     return (label - 1.0) / 4.0
 
 
-class CSTSLoss(nn.Module):
+class CSTSLoss(Objective):
     def __init__(self, *, mse_weight: float = 1.0, contrastive: bool = True, contrastive_weight: float = 1.0,
                  contrastive_temperature: float = 1.9) -> None:
         super().__init__()

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kgc.csts.recipe import CSTSRecipe
 from kgc.recipe import Recipe
-from kgc.training.task import Task
+from kgc.training.task import ApiHooks, Counts, StepShape, Task, Training
 
 if TYPE_CHECKING:  # imported where used: registering the task (every recipe's validation) stays light
     import torch
@@ -104,9 +104,19 @@ class CSTSTask(Task):
         ]
 
     @classmethod
-    def api_functions(cls):
+    def api_hooks(cls):
         """``kgc similarity --tsv``'s files, and ``kgc data synth-csts``."""
-        return {"read_pairs": _read_pairs, "write_pairs": _write_pairs, "synth_csts": _synth}
+        return ApiHooks(read_pairs=_read_pairs, write_pairs=_write_pairs, synth=_synth)
+
+    @classmethod
+    def workload(cls, recipe: Recipe, counts, *, batch: int, global_batch: int) -> StepShape:
+        """Each row's two sentences (and its condition, where the conditioner encodes it apart) through one tower;
+        the scores: the row's cosine and its contrast pairs; every example's texts tokenised up front."""
+        from kgc.conditioning.base import conditioner_class
+
+        apart = conditioner_class(recipe.model.conditioner).encodes_conditions
+        return StepShape(query_sequences=2.0 + (1.0 if apart else 0.0), score_columns=4,
+                         texts=counts.examples if counts is not None else 0)
 
     @classmethod
     def explain_request(cls):
@@ -119,9 +129,10 @@ class CSTSTask(Task):
         read_csts(folder)  # every row checked before a fetched folder is published
 
     @classmethod
-    def check_data(cls, recipe: Recipe, dataset=None):
+    def check_data(cls, recipe: Recipe, dataset=None, *, strict: bool = False):
         """A :class:`kgc.csts.data.CSTSReport`: rows, labelled rows and sentence pairs per split, sentences and
-        conditions, and what training would stumble on (pairs not asked twice, texts cut at data.max_tokens)."""
+        conditions, and what training would stumble on (pairs not asked twice, texts cut at data.max_tokens).
+        ``strict`` changes nothing: C-STS has no leakage findings."""
         from kgc.csts.data import check_csts, find_csts, read_csts
         from kgc.data.texts import SpecialTokens
         from kgc.encoding.backbone import load_tokenizer, resolve_backbone
@@ -169,6 +180,36 @@ class CSTSTask(Task):
                 "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"],
                 "train pairs/s": summary["pairs_per_s"], "train seconds": round(seconds, 1)}
 
+
+def _blind_row(recipe: Recipe, echo) -> tuple[str, dict]:
+    """(the split to evaluate this recipe's dataset on — test when it has labels, else validation — and the
+    condition-blind baseline's row there: plain sentence cosine of the recipe's untrained backbone)."""
+    import time
+
+    from kgc.csts.evaluate import condition_blind
+    from kgc.encoding.backbone import resolve_backbone
+
+    d = recipe.data
+    start = time.perf_counter()
+    from kgc.csts.data import load_csts
+
+    data = load_csts(d.dataset, d.path, d.synth)
+    split = "test" if "test" in data.splits and data.splits["test"].labelled.any() else "validation"
+    r = condition_blind(data, resolve_backbone(recipe.model.backbone), split, max_tokens=d.max_tokens)
+    seconds = time.perf_counter() - start
+    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.4f}"
+    echo(f"condition-blind baseline on {d.dataset}: {split} Spearman {rho}")
+    return split, {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained",
+                   "pooling": "mean", "data": f"{d.dataset} {split}", "Spearman": r["spearman"],
+                   "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"], "trainable params": None,
+                   "total params": None, "train pairs/s": None, "train seconds": None,
+                   "eval seconds": round(seconds, 1), "cache bytes": None}
+
+
+class CSTSTraining(Training):
+    """Each row's two sentences under its condition through one tower; MSE to the scaled label plus the
+    contrastive term within each condition group (:mod:`kgc.csts.loss`); dev Spearman."""
+
     def __init__(self, recipe: Recipe) -> None:
         super().__init__(recipe)
         d = recipe.data
@@ -179,12 +220,11 @@ class CSTSTask(Task):
         self.groups = self.split.groups
         self.per_batch = max(1, recipe.train.batch_size // 2)
         self.texts: "Texts | None" = None
-
-    def data_summary(self, model) -> list[tuple[str, str]]:
-        """Rows per split, distinct sentences and conditions (printed when training starts)."""
+        self.steps_per_epoch = math.ceil(len(self.groups) / self.per_batch)
+        self.counts = Counts(examples=self.steps_per_epoch * recipe.train.batch_size, batch=recipe.train.batch_size)
         rows = ", ".join(f"{name} {len(split):,}" for name, split in self.data.splits.items())
-        return [("", f"data: {self.data.source}: rows {rows}; {len(self.data.sentences):,} sentences, "
-                     f"{len(self.data.conditions):,} conditions")]
+        self.summary = [("", f"data: {self.data.source}: rows {rows}; {len(self.data.sentences):,} sentences, "
+                             f"{len(self.data.conditions):,} conditions")]
 
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
         from kgc.csts.model import Texts, build_model
@@ -193,20 +233,13 @@ class CSTSTask(Task):
         self.texts = Texts(self.data, tokenizer)  # every sentence and condition tokenised once
         return model, tokenizer
 
-    def conditioner_parameters(self, model):
-        return [p for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")]
-
-    def make_loss(self) -> "CSTSLoss":
+    def make_loss(self, device) -> "CSTSLoss":
         from kgc.csts.loss import CSTSLoss
 
         loss = self.recipe.loss
         return CSTSLoss(mse_weight=loss.mse_weight, contrastive=loss.contrastive,
                         contrastive_weight=loss.contrastive_weight,
                         contrastive_temperature=loss.contrastive_temperature)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.groups) / self.per_batch)
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         order = np.random.default_rng(self.recipe.train.seed + epoch).permutation(len(self.groups))
@@ -242,26 +275,4 @@ class CSTSTask(Task):
                         f"pair accuracy {r['pair_accuracy']:.4f}")
 
 
-def _blind_row(recipe: Recipe, echo) -> tuple[str, dict]:
-    """(the split to evaluate this recipe's dataset on — test when it has labels, else validation — and the
-    condition-blind baseline's row there: plain sentence cosine of the recipe's untrained backbone)."""
-    import time
-
-    from kgc.csts.evaluate import condition_blind
-    from kgc.encoding.backbone import resolve_backbone
-
-    d = recipe.data
-    start = time.perf_counter()
-    from kgc.csts.data import load_csts
-
-    data = load_csts(d.dataset, d.path, d.synth)
-    split = "test" if "test" in data.splits and data.splits["test"].labelled.any() else "validation"
-    r = condition_blind(data, resolve_backbone(recipe.model.backbone), split, max_tokens=d.max_tokens)
-    seconds = time.perf_counter() - start
-    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.4f}"
-    echo(f"condition-blind baseline on {d.dataset}: {split} Spearman {rho}")
-    return split, {"recipe": "(condition-blind)", "conditioner": "none: cos(f(s1), f(s2)), untrained",
-                   "pooling": "mean", "data": f"{d.dataset} {split}", "Spearman": r["spearman"],
-                   "Pearson": r["pearson"], "pair accuracy": r["pair_accuracy"], "trainable params": None,
-                   "total params": None, "train pairs/s": None, "train seconds": None,
-                   "eval seconds": round(seconds, 1), "cache bytes": None}
+CSTSTask.training = CSTSTraining

@@ -61,7 +61,7 @@ def _load(run):
     the weights), and the tokenizer its text bank was built with."""
     from kgc.linkpred.model import build_model
 
-    graph = run.graph()
+    graph = run.predictor.graph()
     model, tokenizer = build_model(run.recipe, graph, run.dir.backbone, pretrained=run.dir.pretrained)
     run.dir.load_weights(model)
     return model.eval(), graph, tokenizer

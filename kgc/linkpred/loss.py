@@ -48,6 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kgc.training.objective import Objective
+
 MASKED = -1e4  # SimKGC's fill value: exp(-1e4 / τ) is exactly 0 in fp32
 
 
@@ -117,7 +119,7 @@ def _chunk_logsumexp(query: torch.Tensor, table: torch.Tensor, inv_t: torch.Tens
     return torch.logsumexp(logits, 1)
 
 
-class SimKGCLoss(nn.Module):
+class SimKGCLoss(Objective):
     def __init__(self, *, temperature: float = 0.05, learn_temperature: bool = True, margin: float = 0.02,
                  in_batch: bool = True, pre_batch: int = 0, pre_batch_weight: float = 0.5,
                  self_negative: bool = True, mask_false_negatives: bool = True, symmetric: bool = True,
@@ -318,6 +320,19 @@ class SimKGCLoss(nn.Module):
 
     def training_state(self) -> dict:
         return {"queue": self.queue_state(), "table": None if self.table is None else self.table.cpu().numpy()}
+
+    # what the training loop asks of an objective (kgc.training.objective)
+    def after_step(self) -> None:
+        self.clamp_()  # τ back within [min_temperature, max_temperature]
+
+    def figures(self) -> dict[str, float]:
+        return {"tau": self.temperature}  # SimKGC's learnt temperature
+
+    def extra_state(self) -> dict | list:
+        return self.training_state() if self.table_negatives else self.queue_state()
+
+    def load_extra_state(self, state: dict | list | None, device: torch.device) -> None:
+        self.load_training_state(state, device)
 
     def load_training_state(self, state: dict | list | None, device: torch.device) -> None:
         """``state`` from :meth:`training_state` (a bare queue list: a checkpoint from before the table)."""

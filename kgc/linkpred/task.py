@@ -8,13 +8,13 @@ The loop itself (optimiser, schedule, checkpoints, resume, metrics, curves) is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, ClassVar, List, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kgc.linkpred.recipe import LinkPredRecipe
 from kgc.recipe import Recipe
-from kgc.training.task import Task
+from kgc.training.task import ApiHooks, Counts, StepShape, Task, Training
 
 if TYPE_CHECKING:  # imported where used: registering the task (every recipe's validation) stays light
     import numpy as np
@@ -137,6 +137,7 @@ class LinkPredTask(Task):
     compare_metric = "MRR"
     dataset_files = ("train.tsv", "train.txt")  # KG-BERT or PyKEEN label-TSV folders (kgc.data.graph reads them)
     export_description = "link-prediction towers (a run trained with task: linkpred)"
+    training: ClassVar[type[Training]]  # LinkPredTraining, below
 
     @classmethod
     def run_class(cls):
@@ -152,9 +153,34 @@ class LinkPredTask(Task):
         return {**super().public_names(), "Answers": Answers, "QueryOptions": QueryOptions}
 
     @classmethod
-    def api_functions(cls):
+    def api_hooks(cls):
         """``latest_run``: the newest link-prediction run under ./runs (``kgc.load()``, ``kgc predict`` without one)."""
-        return {"latest_run": _latest_run}
+        return ApiHooks(latest_run=_latest_run)
+
+    @classmethod
+    def workload(cls, recipe: Recipe, counts, *, batch: int, global_batch: int) -> StepShape:
+        """The query tower runs once per triple (plus the batch's distinct relations for conditioners that encode
+        them apart), the tail tower twice (tails, and heads for the self-negative) unless ``loss.table_tails``
+        reads both from the entity table; the scores: the batch's tails (both ways with ``loss.symmetric``), the
+        self-negative, the pre-batch queue and the table's columns (its sample, formed ``table_chunk`` at a time)."""
+        from kgc.conditioning.base import conditioner_class
+
+        cond = conditioner_class(recipe.model.conditioner)
+        lo, shared = recipe.loss, recipe.model.shared_towers
+        entities = counts.entities if counts is not None else 0
+        relations = 2 * counts.relations if counts is not None else 0
+        conds = min(1.0, relations / batch) if (cond.encodes_conditions and relations) else (
+            1.0 if cond.encodes_conditions else 0.0)
+        tail_runs = not lo.table_tails
+        tail_trains = tail_runs or shared
+        table_columns = min(entities, lo.table_sample or entities, lo.table_chunk) if lo.table_negatives else 0
+        return StepShape(query_sequences=1.0 + conds, other_sequences=2.0 if tail_runs else 0.0,
+                         other_trains=tail_trains, towers=1 if shared else 2,
+                         trainable_towers=1 if shared else (2 if tail_trains else 1),
+                         score_columns=(global_batch * (2 if lo.symmetric else 1) + 1 + lo.pre_batch * global_batch
+                                        + table_columns),
+                         table_rows=entities if lo.table_negatives else 0, queue_rows=lo.pre_batch * global_batch,
+                         texts=2 * entities + relations)
 
     tune_space = {"train.lr": {"low": 1e-5, "high": 1e-3, "log": True},
                   "loss.temperature": {"low": 0.02, "high": 0.1, "log": True}, "loss.margin": {"low": 0.0, "high": 0.05}}
@@ -197,7 +223,7 @@ class LinkPredTask(Task):
         return added_entities_request(run, n, seed)
 
     @classmethod
-    def check_data(cls, recipe: Recipe, dataset=None):
+    def check_data(cls, recipe: Recipe, dataset=None, *, strict: bool = False):
         """A :class:`kgc.data.check.DataReport`: counts, unseen entities and relations, shared or empty texts,
         texts longer than ``data.max_tokens`` (the backbone's tokenizer), the files found and the fallbacks taken."""
         from kgc.data.catalog import find_dataset
@@ -212,7 +238,8 @@ class LinkPredTask(Task):
         tokenizer = load_tokenizer(resolve_backbone(recipe.model.backbone))
         extra = SpecialTokens.from_tokenizer(tokenizer).n_single
         lengths = tokenize(tokenizer, graph.full_texts, graph.num_entities).lengths + extra  # in chunks, as arrays
-        return check_graph(graph, allow_unseen_relations=d.allow_unseen_relations).with_lengths(lengths, d.max_tokens)
+        report = check_graph(graph, allow_unseen_relations=d.allow_unseen_relations).with_lengths(lengths, d.max_tokens)
+        return report.strict() if strict else report
 
     @classmethod
     def check_triples_welcome(cls) -> None:
@@ -270,6 +297,9 @@ class LinkPredTask(Task):
                 "train seconds": round(seconds, 1), "dev MRR": summary.get("best_dev_mrr"),
                 "query seconds": results["kgc"].get("query_encoding_seconds")}
 
+class LinkPredTraining(Training):
+    """Every train triple in both directions, SimKGC's loss (:mod:`kgc.linkpred.loss`), dev MRR."""
+
     def __init__(self, recipe: Recipe, *, graph=None) -> None:
         """``graph``: the recipe's data already read (``kgc bench train`` builds one task per mode over it)."""
         import torch
@@ -286,6 +316,10 @@ class LinkPredTask(Task):
         self.b = min(recipe.train.batch_size, len(self.examples))
         self.train_keys = torch.as_tensor(self.graph.train_keys)
         self.fixed_table: "torch.Tensor | None" = None  # the loss's table when the tail tower does not train
+        self.steps_per_epoch = max(1, len(self.examples) // self.b)  # drop_last, as SimKGC
+        self.can_validate = len(self.graph.splits["dev"]) > 0
+        self.counts = Counts(examples=len(self.examples), batch=self.b, entities=self.graph.num_entities,
+                             relations=self.graph.num_relations)
 
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True):
         from kgc.linkpred.model import build_model
@@ -294,24 +328,15 @@ class LinkPredTask(Task):
         if self.recipe.loss.table_tails and not self.recipe.model.shared_towers:
             for p in model.tail_encoder.parameters():  # nothing reaches it: its table is computed once
                 p.requires_grad_(False)
-        return model, tokenizer
-
-    @property
-    def can_validate(self) -> bool:
-        return len(self.graph.splits["dev"]) > 0
-
-    def data_summary(self, model) -> list[tuple[str, str]]:
-        """``kgc data check``'s report of the training data, with the texts' token lengths from the model's bank."""
+        # kgc data check's report of the training data, with the texts' token lengths from the model's bank
         bank = model.bank
         lengths = bank.base.lengths + bank.special.n_single
-        return self.data_report.with_lengths(lengths, self.recipe.data.max_tokens).lines()
+        self.summary = self.data_report.with_lengths(lengths, self.recipe.data.max_tokens).lines()
+        return model, tokenizer
 
-    def make_loss(self) -> "SimKGCLoss":
+    def make_loss(self, device: "torch.device") -> "SimKGCLoss":
+        self.train_keys = self.train_keys.to(device)
         return make_loss(self.recipe)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return max(1, len(self.examples) // self.b)  # drop_last, as SimKGC
 
     def epoch_batches(self, epoch: int) -> "list[np.ndarray]":
         import torch
@@ -319,9 +344,6 @@ class LinkPredTask(Task):
         seed = self.recipe.train.seed + epoch
         order = torch.randperm(len(self.examples), generator=torch.Generator().manual_seed(seed)).numpy()
         return [self.examples[order[i * self.b: (i + 1) * self.b]] for i in range(self.steps_per_epoch)]
-
-    def to(self, device: "torch.device") -> None:
-        self.train_keys = self.train_keys.to(device)
 
     def prepare(self, model, criterion, batch):
         return prepare_batch(model, criterion, batch)
@@ -343,15 +365,6 @@ class LinkPredTask(Task):
                  "dev_seconds": round(ev.seconds, 2)},
                 f"dev MRR {mrr:.4f}  H@10 {h10:.4f}")
 
-    def after_step(self, criterion):
-        criterion.clamp_()  # τ back within [min_temperature, max_temperature]
-
-    def conditioner_parameters(self, model):
-        return [p for n, p in model.conditioner.named_parameters() if not n.startswith("encoder.")]
-
-    def loss_figures(self, criterion) -> dict[str, float]:
-        return {"tau": criterion.temperature}  # SimKGC's learnt temperature
-
     def before_step(self, model, criterion, step: int) -> None:
         """``loss.table_negatives`` N: every N steps (from step 0) every entity's tail-tower embedding, in eval mode
         and without gradient (evaluation-time texts), becomes the loss's table of negatives (a tail tower that does
@@ -368,12 +381,6 @@ class LinkPredTask(Task):
             model.train(was)
         self.fixed_table = criterion.table if frozen else None  # the same tensor, no copy: read by validate
 
-    def loss_state(self, criterion):
-        return criterion.training_state() if criterion.table_negatives else criterion.queue_state()
-
-    def load_loss_state(self, criterion, state, device):
-        criterion.load_training_state(state, device)
-
     def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
         if self.recipe.structure is None:
             return
@@ -382,3 +389,6 @@ class LinkPredTask(Task):
 
         train_structure(self.recipe.structure, self.graph, RunDir(run_dir).structure, seed=self.recipe.train.seed,
                         device=self.recipe.train.device, progress=progress, echo=echo)
+
+
+LinkPredTask.training = LinkPredTraining

@@ -52,10 +52,13 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from kgc.errors import KGCError
 from kgc.recipe import Recipe
+
+if TYPE_CHECKING:
+    from kgc.training.task import Counts
 
 # ---------------------------------------------------------------- the fitted constants (see the module docstring)
 C_H = 15.2  # activation floats kept per token, per trainable layer, per unit of hidden size
@@ -184,75 +187,45 @@ def _conditioner(recipe: Recipe):
     return conditioner_class(recipe.model.conditioner)
 
 
-def _scores_entities(recipe: Recipe) -> bool:
-    """Whether the recipe's task trains SimKGC's objective over entities (it reads ``loss.table_negatives``): a
-    query tower and a tail tower; else one sentence tower under a condition (C-STS)."""
-    return "table_negatives" in type(getattr(recipe, "loss", None)).model_fields if hasattr(recipe, "loss") else False
+def workload(recipe: Recipe, counts: "Counts | None" = None, *, world: int = 1,
+             shape: BackboneShape | None = None) -> Workload:
+    """The step of ``recipe`` (``counts``: its task's data as read — examples an epoch, the batch it forms, a graph's
+    entities and relations; None: the recipe's batch alone).
 
+    What a step encodes per example — sequences, towers, score columns, tables — is the task's
+    (:meth:`kgc.training.task.Task.workload`); here what follows from it for any task: the trainable and frozen
+    layers, the layer cache, the batch per process. Each sequence counted at ``data.max_tokens``: an upper bound
+    (batches pad to their longest text, identical rows are encoded once)."""
+    from kgc.training.task import task_class
 
-def workload(recipe: Recipe, task: Any = None, *, world: int = 1, shape: BackboneShape | None = None) -> Workload:
-    """The step of ``recipe`` (its task's data read into ``task`` where given: entity and example counts).
-
-    Link prediction: the query tower runs once per triple (plus the batch's distinct relations for conditioners
-    that encode them apart), the tail tower twice (tails, and heads for the self-negative) unless
-    ``loss.table_tails`` reads both from the entity table. C-STS: each row's two sentences (and their condition
-    where the conditioner encodes it apart) through one tower. Each sequence counted at ``data.max_tokens``: an
-    upper bound (batches pad to their longest text, identical rows are encoded once)."""
     shape = shape or backbone_shape(recipe.model.backbone)
     tc, enc = recipe.train, recipe.encoder
     cond = _conditioner(recipe)
     global_batch = tc.batch_size
     examples = None
-    if task is not None:
-        try:
-            per_epoch = int(task.steps_per_epoch)
-            global_batch = min(global_batch, max(2, int(getattr(task, "b", global_batch))))
-            examples = per_epoch * global_batch
-        except Exception:  # noqa: BLE001  (a task without counts: the recipe's batch)
-            pass
+    if counts is not None:
+        global_batch = min(global_batch, max(2, counts.batch))
+        examples = counts.steps_per_epoch * global_batch
     batch = max(1, math.ceil(global_batch / max(1, world)))
     n = shape.layers if enc.trainable_layers == "all" else int(enc.trainable_layers)
     n = max(0, min(n, shape.layers))
-    graph = getattr(task, "graph", None)
-    entities = int(graph.num_entities) if graph is not None else 0
-    relations = 2 * int(graph.num_relations) if graph is not None else 0
-    if _scores_entities(recipe):
-        lo = recipe.loss
-        conds = min(1.0, relations / batch) if (cond.encodes_conditions and relations) else (
-            1.0 if cond.encodes_conditions else 0.0)
-        shared = recipe.model.shared_towers
-        tail_runs = not lo.table_tails
-        tail_trains = tail_runs or shared
-        query_seqs = 1.0 + conds
-        tail_seqs = 2.0 if tail_runs else 0.0
-        trained = query_seqs + (tail_seqs if tail_trains else 0.0)
-        towers = 1 if shared else 2
-        trainable_towers = 1 if shared else (2 if tail_trains else 1)
-        # the table's columns: its sample (loss.table_sample) or every entity, formed at most table_chunk at a time
-        table_columns = min(entities, lo.table_sample or entities, lo.table_chunk) if lo.table_negatives else 0
-        columns = global_batch * (2 if lo.symmetric else 1) + 1 + lo.pre_batch * global_batch + table_columns
-        table = entities if lo.table_negatives else 0
-        queue = lo.pre_batch * global_batch
-        texts = 2 * entities + relations
-    else:
-        query_seqs = 2.0 + (1.0 if cond.encodes_conditions else 0.0)
-        trained, towers, trainable_towers, tail_seqs = query_seqs, 1, 1, 0.0
-        columns, table, queue = 4, 0, 0
-        texts = examples or 0
+    step = task_class(recipe.task).workload(recipe, counts, batch=batch, global_batch=global_batch)
     frozen = shape.layers - n
     cached = 0.0
     cache_seqs = 0
-    routed = getattr(recipe.model, "router_layers", None)  # the layers a routing conditioner runs per pair
-    plain = shape.layers - (int(routed or 0) if cond.enters_at != "layer" else max(1, int(routed or 1)))
+    plain = cond.plain_layers(recipe.model.options(), shape.layers)  # the layers below the condition's entry
     if frozen > 0 and enc.cache and min(frozen, plain) > 0:  # every tower that runs reads the one cache
-        cached = query_seqs + tail_seqs
+        cached = step.query_sequences + step.other_sequences
         per_save = tc.checkpoint_every * global_batch * cached
-        cache_seqs = int(min(per_save, (examples or per_save) * cached)) + table  # the table's pass goes through it
+        # the table's pass goes through it
+        cache_seqs = int(min(per_save, (examples or per_save) * cached)) + step.table_rows
     depth = max(1, recipe.model.s2sent_blocks) if recipe.model.pooling == "s2sent" else 1
-    return Workload(batch=batch, global_batch=global_batch, seq=recipe.data.max_tokens, trained_sequences=trained,
-                    cached_sequences=cached, towers=towers, trainable_towers=trainable_towers, trainable_layers=n,
-                    embeddings_train=frozen == 0, score_columns=int(columns), table_rows=table, queue_rows=queue,
-                    texts=texts, cache_depth=depth, cache_sequences=cache_seqs)
+    return Workload(batch=batch, global_batch=global_batch, seq=recipe.data.max_tokens,
+                    trained_sequences=step.trained, cached_sequences=cached, towers=step.towers,
+                    trainable_towers=step.trainable_towers, trainable_layers=n, embeddings_train=frozen == 0,
+                    score_columns=int(step.score_columns), table_rows=step.table_rows, queue_rows=step.queue_rows,
+                    texts=step.texts, cache_depth=depth,
+                    cache_sequences=cache_seqs)
 
 
 def activation_floats(w: Workload, s: BackboneShape) -> float:
@@ -329,14 +302,14 @@ def available(device) -> tuple[int | None, str]:
     return host_available()
 
 
-def estimate(recipe: Recipe, task: Any = None, *, device: Any = "cpu", world: int = 1,
+def estimate(recipe: Recipe, counts: "Counts | None" = None, *, device: Any = "cpu", world: int = 1,
              shape: BackboneShape | None = None, available_bytes: int | None = None,
              backbone: str | Path | None = None) -> Estimate:
     """The estimate of one training step of ``recipe`` on ``device`` (``available_bytes``: what is free, default
     read from the machine; ``backbone``: the folder whose config to read, default the recipe's model). On a CPU every
     local process of a ``torchrun`` group counts: they share the host."""
     shape = shape or backbone_shape(backbone if backbone is not None else recipe.model.backbone)
-    w = workload(recipe, task, world=world, shape=shape)
+    w = workload(recipe, counts, world=world, shape=shape)
     is_cuda = getattr(device, "type", str(device)) == "cuda"
     half = is_cuda and recipe.train.amp in ("auto", "bf16", "fp16")
     p = parts(w, shape, half=half, gpu=is_cuda)
@@ -357,11 +330,11 @@ def _with(recipe: Recipe, section: str, **values) -> Recipe:
     return recipe.model_copy(update={section: getattr(recipe, section).model_copy(update=values)})
 
 
-def fitting_batch(recipe: Recipe, task: Any, *, device: Any, world: int, shape: BackboneShape,
+def fitting_batch(recipe: Recipe, counts: "Counts | None", *, device: Any, world: int, shape: BackboneShape,
                   available_bytes: int) -> int | None:
     """The largest ``train.batch_size`` (a multiple of 8 where above 8, of ``world`` always) whose estimate fits."""
     def fits(b: int) -> bool:
-        return estimate(_with(recipe, "train", batch_size=b), _Capped(task, b), device=device, world=world,
+        return estimate(_with(recipe, "train", batch_size=b), None if counts is None else counts.at_batch(b), device=device, world=world,
                         shape=shape, available_bytes=available_bytes).fits
 
     lo, hi = 2, recipe.train.batch_size
@@ -373,16 +346,6 @@ def fitting_batch(recipe: Recipe, task: Any, *, device: Any, world: int, shape: 
     best = hi if fits(hi) else lo
     step = max(world, 8 if best > 8 else 1)
     return max(world, best // step * step) if best >= step else best
-
-
-class _Capped:
-    """``task`` as it would be at another batch size (its counts scaled), for :func:`fitting_batch`."""
-
-    def __init__(self, task: Any, batch: int) -> None:
-        self._task, self.b = task, batch
-        examples = getattr(task, "steps_per_epoch", None) and task.steps_per_epoch * getattr(task, "b", batch)
-        self.steps_per_epoch = max(1, (examples or batch) // batch)
-        self.graph = getattr(task, "graph", None)
 
 
 def _recipe_folders() -> list[Path]:
@@ -417,16 +380,16 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def refusal(est: Estimate, recipe: Recipe, task: Any, *, world: int = 1) -> KGCError:
+def refusal(est: Estimate, recipe: Recipe, counts: "Counts | None", *, world: int = 1) -> KGCError:
     """The KGCError of a run that does not fit: the estimate, what is free, and the overrides that fit."""
     avail = est.available or 0
     fixes = []
-    b = fitting_batch(recipe, task, device=est.device, world=world, shape=est.shape, available_bytes=avail)
+    b = fitting_batch(recipe, counts, device=est.device, world=world, shape=est.shape, available_bytes=avail)
     if b is not None and b < recipe.train.batch_size:
         fixes.append(f"`--set train.batch_size={b}` (the largest multiple of 8 whose estimate fits)")
     now = est.shape.layers if recipe.encoder.trainable_layers == "all" else int(recipe.encoder.trainable_layers)
     for n in (k for k in (4, 2, 1) if k < now):
-        e2 = estimate(_with(recipe, "encoder", trainable_layers=n), task, device=est.device, world=world,
+        e2 = estimate(_with(recipe, "encoder", trainable_layers=n), counts, device=est.device, world=world,
                       shape=est.shape, available_bytes=avail)
         if e2.fits:
             fixes.append(f"`--set encoder.trainable_layers={n}` (the top {n} layer{'s' * (n > 1)} train over the "
@@ -445,13 +408,13 @@ def refusal(est: Estimate, recipe: Recipe, task: Any, *, world: int = 1) -> KGCE
         f"To start anyway: `kgc train ... --no-memory-check` (train.check_memory: false). Nothing was written.")
 
 
-def check(recipe: Recipe, task: Any, *, device: Any, world: int = 1, enabled: bool = True,
+def check(recipe: Recipe, counts: "Counts | None", *, device: Any, world: int = 1, enabled: bool = True,
           backbone: str | Path | None = None, say: Callable[[str], None] = print) -> Estimate | None:
     """Say the estimate in one line; raise :func:`refusal`'s KGCError when it does not fit (``enabled``). None
     (and nothing said) where the estimate cannot be made (a backbone without a readable config: loading it fails
     next with its own message)."""
     try:
-        est = estimate(recipe, task, device=device, world=world, backbone=backbone)
+        est = estimate(recipe, counts, device=device, world=world, backbone=backbone)
     except KGCError:
         return None
     except Exception as exc:  # noqa: BLE001  (never let the estimate stop a run it cannot judge)
@@ -460,7 +423,7 @@ def check(recipe: Recipe, task: Any, *, device: Any, world: int = 1, enabled: bo
     say(est.line())
     if not est.fits:
         if enabled:
-            raise refusal(est, recipe, task, world=world)
+            raise refusal(est, recipe, counts, world=world)
         say(f"warning: the estimate exceeds {MARGIN:.0%} of the memory available; going on "
             "(train.check_memory: false)")
     return est

@@ -1,7 +1,7 @@
 """The training loop both tasks run: setup → epochs of optimiser steps → validation → best checkpoint.
 
-A task (:class:`Task`: link prediction, C-STS) supplies its data, model, objective, batches and
-validation; everything else lives here once — run directory, device and precision, AdamW with a linear
+A task's :class:`~kgc.training.task.Training` (link prediction, C-STS) supplies its data, model, objective,
+batches and validation; everything else lives here once — run directory, device and precision, AdamW with a linear
 schedule, gradient clipping, the metrics log, curves, the progress bar, checkpoints and resume.
 
 Resumable: ``checkpoints/last.pt`` (written atomically every ``train.checkpoint_every`` steps, right
@@ -35,7 +35,7 @@ from kgc.training import distributed as dist
 from kgc.training import estimate
 from kgc.training.prefetch import Prefetcher
 from kgc.training.run import CHECKPOINTS, RunDir, load_checkpoint, load_weights, saved_recipe_text, weights_to_save
-from kgc.training.task import Task, make_task
+from kgc.training.task import Training, make_training, task_class
 from kgc.training.setup import count_parameters, freezes_weights, pooling_parameters, save_backbone_files
 
 
@@ -79,7 +79,7 @@ class _NoLog:
 class _Step(nn.Module):
     """Model + objective as one module, so DDP averages the gradients of both (τ included)."""
 
-    def __init__(self, task: Task, model: nn.Module, criterion: nn.Module) -> None:
+    def __init__(self, task: Training, model: nn.Module, criterion: nn.Module) -> None:
         super().__init__()
         self.task, self.model, self.criterion = task, model, criterion
 
@@ -153,7 +153,8 @@ class _Setup:
                 # (train.keep: best, best.pt written by a validation or at the end): again from step 0, in place
                 restart, out, resume = True, run.path, None
         assert recipe is not None
-        task = make_task(recipe)  # reads the data first: a bad file fails before a run directory exists
+        task = make_training(recipe)  # reads the data first: a bad file fails before a run directory exists
+        self.about = about = task_class(recipe.task)  # the task's description: its metric, its unit
         tc = recipe.train
         threads = resolve_threads(tc.num_threads)
         if threads:  # for this run only: the caller's thread count is back when training returns or fails
@@ -162,12 +163,12 @@ class _Setup:
         self.device = dist.init(tc.device)  # joins the torchrun group, if any
         self.world, self.rank = dist.world_size(), dist.rank()
         self.say = echo if dist.is_main() else (lambda _msg: None)
-        if self.world > 1 and not task.distributed:
+        if self.world > 1 and not about.distributed:
             raise KGCError(f"task {recipe.task} trains in one process (its batches must be seen whole by one rank); "
                            "drop --nproc / torchrun")
         dist.check_batch(tc.batch_size)
         # what a step will need, said (and refused where it does not fit) before the first byte of the run is written
-        self.memory = estimate.check(recipe, task, device=self.device, world=self.world, say=self.say,
+        self.memory = estimate.check(recipe, task.counts, device=self.device, world=self.world, say=self.say,
                                      enabled=tc.check_memory and check_memory,
                                      backbone=RunDir.backbone_folder(run.path) if resume is not None else None)
         self.rss_at_check = estimate.resident_bytes()[0]
@@ -201,7 +202,7 @@ class _Setup:
                     shutil.rmtree(run_dir, ignore_errors=True)
             raise
 
-    def _init_model(self, recipe: Recipe, task: Task, run_dir: Path, ckpt: dict | None, run: RunDir | None) -> None:
+    def _init_model(self, recipe: Recipe, task: Training, run_dir: Path, ckpt: dict | None, run: RunDir | None) -> None:
         from kgc.encoding.backbone import resolve_backbone
 
         seed_everything(recipe.train.seed)
@@ -217,7 +218,7 @@ class _Setup:
         else:
             model, _ = task.build_model(RunDir.backbone_folder(run_dir), pretrained=run.pretrained)
             load_weights(model, ckpt, run.last)
-        for _level, line in task.data_summary(model):
+        for _level, line in task.summary:
             self.say(line)
         self.recipe, self.task, self.model, self.ckpt = recipe, task, model, ckpt
         self.run = RunDir(run_dir)
@@ -230,13 +231,12 @@ class _Setup:
                                                                               tc.max_steps)
         # freezes layers below T - n (before the optimiser sees them); the cache sized for the run's examples first
         model.attach_layer_cache(recipe, examples=steps * tc.batch_size, say=self.say)
-        self.criterion = criterion = task.make_loss()
+        self.criterion = criterion = task.make_loss(self.device)
         model.to(self.device)
         criterion.to(self.device)
         if tc.compile:  # one graph per length-group width, built at the first steps (their time counts as training)
             for encoder in model.encoders:
                 encoder.compile()
-        task.to(self.device)
         self.step_module: nn.Module = _Step(task, model, criterion)
         if self.world > 1:  # rank 0's weights are broadcast; gradients are averaged in buckets during backward
             from torch.nn.parallel import DistributedDataParallel
@@ -249,7 +249,7 @@ class _Setup:
         if tc.max_steps:
             self.total = min(self.total, tc.max_steps)
         self.most = self.total  # the steps the recipe allows: train.schedule=minutes fits its end below this
-        own = {id(p) for p in task.conditioner_parameters(model)}  # train.conditioner_lr's
+        own = {id(p) for p in model.conditioner.own_parameters()}  # train.conditioner_lr's
         self.optimizer = make_optimizer([model, criterion], tc.lr, tc.weight_decay, other=own,
                                         other_lr=tc.conditioner_lr, fused=self.device.type == "cuda")
         self.scheduler = linear_schedule(self.optimizer, tc.warmup_steps, self.total)
@@ -265,7 +265,7 @@ class _Setup:
         ckpt = self.ckpt
         if ckpt is not None:
             criterion.load_state_dict(ckpt["loss"])
-            task.load_loss_state(criterion, ckpt.get("loss_extra"), self.device)
+            criterion.load_extra_state(ckpt.get("loss_extra"), self.device)
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.scheduler.load_state_dict(ckpt["scheduler"])
             if tc.schedule == "minutes" and ckpt.get("total_steps"):  # the end it was fitted to (refitted on)
@@ -297,7 +297,7 @@ class _Setup:
             self.model.save_cache()
             save_checkpoint(self.run.last, {
                 **weights_to_save(self.model, self.lean), "loss": self.criterion.state_dict(),
-                "loss_extra": self.task.loss_state(self.criterion), "optimizer": self.optimizer.state_dict(),
+                "loss_extra": self.criterion.extra_state(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "rng": rngs[0],
                 "rng_ranks": rngs if self.world > 1 else None, "world_size": self.world, "step": self.step,
                 "validated_epochs": self.validated, "best_metric": self.best, "total_steps": self.total,
@@ -312,12 +312,12 @@ class _Setup:
         def run() -> None:
             values, summary = self.task.validate(self.model)
             self.metrics.write(step=self.step, epoch=epoch + 1, train_seconds=at, seen=self.seen, **values)
-            value = values[self.task.metric]
+            value = values[self.about.metric]
             improved = value > self.best
             if improved:
                 self.best = value
                 save_checkpoint(self.run.best, {**weights_to_save(self.model, self.lean), "step": self.step,
-                                                self.task.metric: value})
+                                                self.about.metric: value})
             self.say(f"step {self.step} (epoch {epoch + 1}): {summary}{'  (best)' if improved else ''}  "
                      f"[{values['dev_seconds']:.1f}s]")
             if self.on_validation is not None:
@@ -337,7 +337,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     s = _Setup(recipe, out=out, resume=resume, echo=echo, hold=hold, check_memory=check_memory)
     s.on_validation = on_validation
     recipe, task, model, criterion, tc = s.recipe, s.task, s.model, s.criterion, s.recipe.train
-    rate_key = f"{task.unit}_per_s"
+    rate_key = f"{s.about.unit}_per_s"
     model.train()
     criterion.train()
     bar = tqdm(total=s.total, initial=s.step, desc="train", disable=not progress or not dist.is_main(),
@@ -369,7 +369,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             torch.nn.utils.clip_grad_norm_(s.params, tc.grad_clip)
             s.scaler.step(s.optimizer)
             s.scaler.update()
-            task.after_step(criterion)
+            criterion.after_step()
             s.scheduler.step()
             s.step += 1
             s.seen += size  # the global batch
@@ -378,7 +378,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
             rate = (s.seen - seen0) / (s.seconds() - clock0)  # this process's, validation excluded
             logged = s.step % tc.log_every == 0 or s.step == s.total
             if logged:  # reading the loss or τ waits for the device: only on the steps that log them
-                figures = task.loss_figures(criterion)  # e.g. SimKGC's learnt τ as "tau"
+                figures = criterion.figures()  # e.g. SimKGC's learnt τ as "tau"
                 loss_value = dist.mean(loss)  # the global batch's loss
                 if tc.schedule == "minutes" and tc.max_minutes and s.step > step0:  # the decay ends with the minutes
                     s.total = fit_schedule(s.scheduler, step=s.step,
@@ -399,7 +399,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 took = max(s.seconds() - eta_from[1], 1e-9)
                 line, s.pace = estimate.pace(step=s.step, total=s.total, seconds_per_step=took / (s.step - eta_from[0]),
                                              train_seconds=s.seconds(), max_minutes=tc.max_minutes,
-                                             unit=task.unit, rate=(s.seen - eta_from[2]) / took)
+                                             unit=s.about.unit, rate=(s.seen - eta_from[2]) / took)
                 bar.clear()
                 s.say(line)
             bar.update(1)
@@ -452,7 +452,7 @@ def _feed(s: _Setup, batches: list, *, skip: int) -> Prefetcher:
 
     def source():
         for batch in batches[skip:]:
-            yield task.batch_size(batch), dist.shard(batch, s.rank, s.world) if s.world > 1 else batch
+            yield len(batch), dist.shard(batch, s.rank, s.world) if s.world > 1 else batch
 
     feed = Prefetcher(source(), lambda item: (item[0], task.prepare(s.model, s.criterion, item[1])), enabled=ahead)
     s.hold.callback(feed.close)
@@ -461,18 +461,18 @@ def _feed(s: _Setup, batches: list, *, skip: int) -> Prefetcher:
 
 def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
     """best.pt when nothing was validated, the curves, train_summary.json, then the task's after-training work."""
-    run, task, model = s.run, s.task, s.model
+    run, task, about, model = s.run, s.task, s.about, s.model
     if not run.best.is_file():  # no validation asked for: the final weights are the model
-        save_checkpoint(run.best, {**weights_to_save(model, s.lean), "step": s.step, task.metric: None})
+        save_checkpoint(run.best, {**weights_to_save(model, s.lean), "step": s.step, about.metric: None})
     model.save_cache()
     records = s.metrics.read()
-    plot_curves(records, run.curves, metric=task.metric, unit=task.unit)
-    rate_key = f"{task.unit}_per_s"
+    plot_curves(records, run.curves, metric=about.metric, unit=about.unit)
+    rate_key = f"{about.unit}_per_s"
     rates = [r[rate_key] for r in records if rate_key in r]
     trainable, total_params = count_parameters(model, s.criterion)
     cache = model.layer_cache
     write_json(run.summary_file, {
-        "task": s.recipe.task, "steps": s.step, f"best_{task.metric}": s.best if s.best > float("-inf") else None,
+        "task": s.recipe.task, "steps": s.step, f"best_{about.metric}": s.best if s.best > float("-inf") else None,
         rate_key: rates[-1] if rates else None, "trainable_params": trainable, "total_params": total_params,
         "pooling_params": pooling_parameters(model.encoders), "conditioner": s.recipe.model.conditioner,
         "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
@@ -491,4 +491,4 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
     task.after_training(run.path, progress=progress, echo=echo)
     if s.recipe.train.keep == "best" and run.last.is_file():  # resume state is no longer needed: keep the model only
         shutil.rmtree(run.last.parent)
-    echo(f"next: kgc evaluate {run.path}    (then: {task.run_class().command.replace('RUN', str(run.path))})")
+    echo(f"next: kgc evaluate {run.path}    (then: {about.run_class().command.replace('RUN', str(run.path))})")

@@ -2,7 +2,7 @@
 
 On a GPU a training step is kernels the host queues and the card runs; whatever the host does between two steps —
 token rows from the text bank, padding, distinct rows, pinning — the card waits for, unless it is done while the
-previous step's kernels run. :class:`Prefetcher` runs ``make`` (the task's :meth:`~kgc.training.task.Task.prepare`)
+previous step's kernels run. :class:`Prefetcher` runs ``make`` (the task's :meth:`~kgc.training.task.Training.prepare`)
 over the epoch's batches in one daemon thread, ``depth`` batches ahead. The work is NumPy and small torch CPU
 operations (most of it outside the GIL); it never touches the device but for page-locked host memory.
 

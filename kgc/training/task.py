@@ -1,31 +1,21 @@
-"""What a task is to the rest of kgc: one :class:`Task` subclass per task package, registered in
-``kgc.registry.TASKS``, answering everything that differs between tasks — so nothing outside a task's own
-package branches on its name.
+"""What a task is to the rest of kgc, in two parts, so nothing outside a task's own package branches on its name:
 
-A task registers (class attributes and hooks of its Task subclass):
+* its **description**, a :class:`Task` subclass registered in ``kgc.registry.TASKS`` (or by a package's
+  ``kgc.tasks`` entry point) and never instantiated: its recipe (``recipe_class``), run class (``run_class()``:
+  what ``kgc.load`` returns, with the task's verbs), dataset checks (``check_dataset``, ``check_data``), result
+  formatting (``report``, ``headline``), ``kgc compare``'s row, its datasets, ``POST /explain``'s body, ``kgc
+  export``, its benchmarks, the API functions only it answers (``api_hooks``), the names ``import kgc`` offers,
+  its tuning space and the memory estimate's figures (``workload``);
+* its **training** (``Task.training``), a :class:`Training` subclass made per recipe: the eight methods the training
+  loop calls (model, objective, batches, their preparation and loss, validation, before a step, after training).
 
-* its **recipe** (``recipe_class``): a :class:`~kgc.recipe.Recipe` subclass with its own sections (its loss, its
-  data extras), so a key only it reads exists only in its recipes;
-* its **run class** (``run_class()``): what ``kgc.load`` returns for its run directories, with the task's verbs;
-* its **dataset check** (``check_dataset``), run on a freshly fetched folder before it is published, and the
-  report ``kgc data check`` prints (``check_data``);
-* its **training hooks** — data, model, objective, batches, validation (the abstract methods below), and
-  whether its batches can be split over processes (``distributed``);
-* its **evaluation** (through the run class), **result formatting** (``report``, ``headline``) and **compare row**
-  (``compare_columns``, ``compare_split``, ``compare_row``);
-* what the tools and the API ask of it instead of naming it: its datasets (``dataset_files``, ``datasets``), the
-  body of ``POST /explain`` (``explain_request``), ``kgc export`` (``export``), its benchmarks (``bench_commands``,
-  ``bench_tables``, ``bench_write_request``), the API functions only it answers (``api_functions``) and the names
-  ``import kgc`` offers (``public_names``); the loop asks it for the conditioner's own parameters
-  (``conditioner_parameters``) and the objective's figures to log (``loss_figures``).
-
-Adding a task is one package that defines such a class and registers it in its ``__init__.py`` (and its name
-in :data:`kgc.registry.TASKS`' built-ins).
+Adding a task is one package that defines both and registers the description in its ``__init__.py``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
@@ -38,16 +28,16 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from kgc.training.objective import Objective
     from kgc.training.run import Run
 
 Echo = Callable[[str], None]
 
 
 class Task(ABC):
-    """One task's part of training, and its hooks for the tools above it.
-
-    The model ``build_model`` returns must offer ``encoders``, ``attach_layer_cache(recipe)``, ``layer_cache``
-    and ``save_cache()``; ``metric`` (higher is better) picks ``best.pt``."""
+    """One task as the tools see it — a description, never instantiated: its facts (class variables) and hooks
+    (class methods) for the CLI, the API, bench, compare, export, serving and the memory estimate. What the training
+    loop runs is its :class:`Training` (``training``). ``metric`` (higher is better) picks ``best.pt``."""
 
     name: ClassVar[str]
     title: ClassVar[str]  # "link prediction", "C-STS"
@@ -63,10 +53,9 @@ class Task(ABC):
     dataset_files: ClassVar[tuple[str, ...]] = ()  # any one of them marks a folder as a dataset of this task
     export_description: ClassVar[str] = ""  # what `kgc export` writes for this task's runs ("": nothing)
 
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
+    training: ClassVar[type["Training"]]  # what the training loop runs: the task's Training, made per recipe
 
-    # ------------------------------------------------------------ registration-level hooks (no instance)
+    # ------------------------------------------------------------ registration-level hooks (the class is never made)
 
     @classmethod
     @abstractmethod
@@ -78,11 +67,11 @@ class Task(ABC):
         """Read a fetched dataset folder through (a bad file raises KGCError) before it is published."""
 
     @classmethod
-    def check_data(cls, recipe: Recipe, dataset: str | Path | None = None) -> Any:
+    def check_data(cls, recipe: Recipe, dataset: str | Path | None = None, *, strict: bool = False) -> Any:
         """``kgc data check``: read ``dataset`` (a catalog name or a folder; None: the recipe's data) as training
         would, with the recipe's data settings, and return a report with ``folder``, ``errors`` (list of str) and
-        ``lines()`` (``(level, line)`` rows: level "", "error", "warning" or "note"). An unreadable file raises
-        KGCError (file, line, fix)."""
+        ``lines()`` (``(level, line)`` rows: level "", "error", "warning" or "note"); ``strict``: findings the task
+        counts as leakage are errors too. An unreadable file raises KGCError (file, line, fix)."""
         raise KGCError(f"kgc data check has no check for task {cls.name}")
 
     @classmethod
@@ -163,10 +152,10 @@ class Task(ABC):
         return {}
 
     @classmethod
-    def api_functions(cls) -> dict[str, Callable[..., Any]]:
-        """Functions of ``kgc.api`` that only this task answers, by their API name (``latest_run``, ``read_pairs``
-        …): the API asks the tasks for them instead of importing one."""
-        return {}
+    def api_hooks(cls) -> "ApiHooks":
+        """The functions of ``kgc.api`` that only this task answers (:class:`ApiHooks`): the API asks the tasks for
+        them instead of importing one."""
+        return ApiHooks()
 
     @classmethod
     def public_names(cls) -> dict[str, Any]:
@@ -174,79 +163,123 @@ class Task(ABC):
         run_class = cls.run_class()
         return {run_class.__name__: run_class}
 
-    # ------------------------------------------------------------ training hooks
+    # ------------------------------------------------------------ the memory estimate's figures
+
+    @classmethod
+    def workload(cls, recipe: Recipe, counts: "Counts | None", *, batch: int, global_batch: int) -> "StepShape":
+        """What one training step of ``recipe`` runs, for :mod:`kgc.training.estimate`: the sequences its towers
+        encode per example, the towers, the score columns and tables. ``counts``: the data as read (None: the
+        recipe's batch alone); ``batch``: a process's rows of the ``global_batch``. Default: one trained tower, one
+        sequence an example."""
+        return StepShape()
+
+
+class Training(ABC):
+    """What the training loop (:mod:`kgc.training.loop`) asks of a task: eight methods, and four attributes each
+    implementation sets in its ``__init__`` (which reads the data):
+
+    * ``steps_per_epoch`` (int), ``can_validate`` (bool: there is validation data; without it nothing is
+      validated and best.pt is the final weights), ``counts`` (:class:`Counts`, what the memory estimate reads),
+      ``summary`` (``(level, line)`` rows about the data, printed when training starts; :meth:`build_model` may
+      add to them).
+
+    The model :meth:`build_model` returns offers ``encoders``, ``conditioner`` (whose own parameters
+    ``train.conditioner_lr`` applies to), ``attach_layer_cache(recipe)``, ``layer_cache`` and ``save_cache()``; the
+    objective :meth:`make_loss` returns is a :class:`kgc.training.objective.Objective` (its own state, figures and
+    after-step work). Everything a task offers the tools (its recipe, run class, reports, benchmarks) is on its
+    :class:`Task` description, not here."""
+
+    steps_per_epoch: int
+    can_validate: bool = True
+    counts: "Counts"
+    summary: list[tuple[str, str]]
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.summary = []
 
     @abstractmethod
     def build_model(self, backbone_folder: Path, *, pretrained: bool = True) -> "tuple[nn.Module, Any]":
         """(model, tokenizer); ``pretrained=False`` builds the architecture only."""
 
-    @property
-    def can_validate(self) -> bool:
-        """Whether there is validation data (without it nothing is validated, and best.pt is the final weights)."""
-        return True
-
-    def data_summary(self, model: "nn.Module") -> list[tuple[str, str]]:
-        """``(level, line)`` rows describing the training data, printed when training starts (level "warning" and
-        "error" lines are shown in colour)."""
-        return []
-
     @abstractmethod
-    def make_loss(self) -> "nn.Module": ...
-
-    @property
-    @abstractmethod
-    def steps_per_epoch(self) -> int: ...
+    def make_loss(self, device: "torch.device") -> "Objective":
+        """The objective (the loop moves it to ``device``; task-side tensors the batches read go there here)."""
 
     @abstractmethod
     def epoch_batches(self, epoch: int) -> "list[np.ndarray]":
-        """The epoch's batches (``steps_per_epoch`` of them); a pure function of (seed, epoch)."""
+        """The epoch's batches (``steps_per_epoch`` of them, each ``len()`` its examples); a pure function of
+        (seed, epoch)."""
 
     def prepare(self, model: "nn.Module", criterion: "nn.Module", batch: "np.ndarray") -> Any:
         """A batch of :meth:`epoch_batches` made ready on the host for :meth:`batch_loss` (token rows, padded and
         pinned inputs): called in the prefetch thread while the previous step runs (``train.prefetch``), so it must
-        not read anything back from the device. Default: the batch as it is. A prepared batch has ``len()``: its
-        examples."""
+        not read anything back from the device. Default: the batch as it is."""
         return batch
 
     @abstractmethod
     def batch_loss(self, model: "nn.Module", criterion: "nn.Module", batch: Any) -> "torch.Tensor":
         """The objective of one batch, as :meth:`epoch_batches` gives it or as :meth:`prepare` made it."""
 
-    def batch_size(self, batch: "np.ndarray") -> int:
-        """Training examples in a batch (for the throughput figure)."""
-        return len(batch)
-
     @abstractmethod
     def validate(self, model: "nn.Module") -> tuple[dict[str, float], str]:
-        """(metrics including ``self.metric`` and ``dev_seconds``, a one-line summary)."""
+        """(metrics including the task's ``metric`` and ``dev_seconds``, a one-line summary)."""
 
     def before_step(self, model: "nn.Module", criterion: "nn.Module", step: int) -> None:
         """Before optimiser step ``step`` + 1 (``step`` done so far; a resumed run calls it with the same counts)."""
 
-    def after_step(self, criterion: "nn.Module") -> None:
-        """After every optimiser step (e.g. keep a learnt temperature within its bounds)."""
-
-    def conditioner_parameters(self, model: "nn.Module") -> "list[nn.Parameter]":
-        """The parameters ``train.conditioner_lr`` applies to: the conditioner's own (not its encoder's)."""
-        return []
-
-    def loss_figures(self, criterion: "nn.Module") -> dict[str, float]:
-        """Figures of the objective logged beside the loss on the steps that log (e.g. a learnt temperature as
-        ``tau``); reading one may wait for the device."""
-        return {}
-
-    def to(self, device: "torch.device") -> None:
-        """Move task-side tensors (e.g. the false-negative keys) to the training device."""
-
-    def loss_state(self, criterion: "nn.Module") -> Any:
-        """Training state the objective carries besides its parameters (SimKGC's pre-batch queue)."""
-        return None
-
-    def load_loss_state(self, criterion: "nn.Module", state: Any, device: "torch.device") -> None:
-        pass
-
     def after_training(self, run_dir: Path, *, progress: bool, echo: Echo) -> None:
         """Work that follows the text model's training (main process only), e.g. a structural model beside it."""
+
+
+@dataclass(frozen=True)
+class ApiHooks:
+    """What a task answers for ``kgc.api`` (None: another task does, or none): the newest run under a folder (for
+    ``kgc.load()`` without a path), a pairs file read and written (``kgc similarity --tsv``), a synthetic set made
+    (``kgc data synth-csts``)."""
+    latest_run: "Callable[[], Path] | None" = None
+    read_pairs: "Callable[[str | Path], list[dict]] | None" = None
+    write_pairs: "Callable[..., None] | None" = None
+    synth: "Callable[..., None] | None" = None
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The training data as the memory estimate reads it: examples an epoch, the global batch the task forms
+    (at most the examples), and a graph's entity and relation counts (0 where the task has none)."""
+    examples: int
+    batch: int
+    entities: int = 0
+    relations: int = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, self.examples // max(1, self.batch))
+
+    def at_batch(self, batch: int) -> "Counts":
+        """The same data in batches of ``batch`` (what :func:`kgc.training.estimate.fitting_batch` tries)."""
+        return replace(self, batch=min(batch, max(1, self.examples)))
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """A task's training step per example, as :meth:`Task.workload` gives it to the estimate: sequences through
+    the trained towers (``trained``) and those a layer cache could serve (``cached``, counted by the estimate
+    from them when the cache is on), towers held and trained, score columns per row, rows of an entity table and
+    of a pre-batch queue, texts tokenised up front."""
+    query_sequences: float = 1.0  # through the (first) trained tower, per example
+    other_sequences: float = 0.0  # through a second tower (link prediction's tails and self-negatives)
+    other_trains: bool = True  # whether that second tower trains
+    towers: int = 1
+    trainable_towers: int = 1
+    score_columns: int = 0
+    table_rows: int = 0
+    queue_rows: int = 0
+    texts: int = 0
+
+    @property
+    def trained(self) -> float:
+        return self.query_sequences + (self.other_sequences if self.other_trains else 0.0)
 
 
 def task_class(name: str) -> type[Task]:
@@ -254,9 +287,9 @@ def task_class(name: str) -> type[Task]:
     return TASKS.lookup(name)
 
 
-def make_task(recipe: Recipe) -> Task:
+def make_training(recipe: Recipe) -> Training:
     """The recipe's task, ready to train (reads its data)."""
-    return task_class(recipe.task)(recipe)
+    return task_class(recipe.task).training(recipe)
 
 
 def open_run(path: str | Path, *, device: str = "auto", echo: Echo | None = print) -> "Run":

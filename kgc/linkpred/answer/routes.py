@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -150,8 +151,8 @@ class LinkPredServing(Serving):
         sweep_service_folders(self.run.path)
         with self.lock:
             self._warm()
-            self.run.graph().held_out_keys  # noqa: B018 — built before ready (known_split)
-            cache = self.run.model().layer_cache
+            self.run.predictor.graph().held_out_keys  # noqa: B018 — built before ready (known_split)
+            cache = self.run.predictor.model().layer_cache
             if cache is not None:  # the frozen layers' cache answers the texts it holds; new ones are not kept
                 cache.store = False
 
@@ -164,8 +165,8 @@ class LinkPredServing(Serving):
         answers — so that no request pays for it; returns what /entities searches: the name list, or for a graph
         of more than :data:`PREFIX_ENTITIES` entities a :class:`~kgc.data.spelling.Prefixes` of the sorted names
         and ids (built on a thread after the start) and the word index behind "did you mean" (before ready)."""
-        _, graph, _ = run.searcher(progress=False)  # the index is built first when missing or stale
-        run.query_engine()
+        _, graph, _ = run.entities.searcher(progress=False)  # the index is built first when missing or stale
+        run.entities.query_engine()
         graph.all_answers  # noqa: B018 — the filter of every query's known answers, built once
         graph._exact_names  # noqa: B018 — heads by name (seconds at millions of names): before ready, not on a request
         if graph.num_entities > PREFIX_ENTITIES:
@@ -176,11 +177,11 @@ class LinkPredServing(Serving):
         return [(n.lower(), e.lower(), i) for i, (n, e) in enumerate(zip(graph.names, graph.entities))], None
 
     def info(self) -> dict[str, Any]:
-        model = self.run.model()
-        _, graph, _ = self.run.searcher()
-        return {"entities": graph.num_entities, "added_entities": graph.num_entities - self.run.graph().num_entities,
-                "relations": self.run.graph().num_relations,
-                "query_engine": self.run.query_engine() is not None,
+        model = self.run.predictor.model()
+        _, graph, _ = self.run.entities.searcher()
+        return {"entities": graph.num_entities, "added_entities": graph.num_entities - self.run.predictor.graph().num_entities,
+                "relations": self.run.predictor.graph().num_relations,
+                "query_engine": self.run.entities.query_engine() is not None,
                 "explainable": model.conditioner.explain_kind is not None}
 
     # ------------------------------------------------------------ work
@@ -223,7 +224,7 @@ class LinkPredServing(Serving):
 
     def search_names(self, q: str, limit: int) -> list[dict]:
         """Entities whose name or id starts with ``q`` (case-insensitive), then those that contain it."""
-        _, graph, _ = self.run.searcher()
+        _, graph, _ = self.run.entities.searcher()
         key = q.strip().lower()
         if not key:
             return []
@@ -317,17 +318,18 @@ class LinkPredServing(Serving):
     def _swap_in(self) -> None:
         """Load the index as it is now on disk beside the one in use (queries go on), then swap it in at once."""
         self.seen_version = self.disk_version()  # read first: a commit after it is seen by the next watch
-        fork = self.run.fork_search()
+        fork = copy.copy(self.run)  # shares the run's predictor (model, graph), none of its index state
+        fork.entities = self.run.entities.fork()
         names, prefixes = self._warmed(fork)  # before the swap, not by the first query after it
         with self.lock:
-            self.run.adopt_search(fork)
+            self.run.entities = fork.entities  # one assignment, ordered with queries by the lock
             self._names, self._prefixes = names, prefixes
 
     def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
         """Test triples in both directions, shuffled: ``POST /predict`` of (head id, relation label, inverse)."""
         import numpy as np
 
-        graph = self.run.graph()
+        graph = self.run.predictor.graph()
         split = "test" if len(graph.splits["test"]) else "train"
         q = graph.both_directions(split)
         order = np.random.default_rng(seed).permutation(len(q))
@@ -371,7 +373,7 @@ class LinkPredServing(Serving):
 
         @router.get("/relations", summary="Every relation: label and text")
         def relations() -> list[dict]:
-            graph = self.run.graph()
+            graph = self.run.predictor.graph()
             return [{"relation": graph.relations[r], "text": graph.relation_texts[r]}
                     for r in range(graph.num_relations)]
 

@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kgc.errors import KGCError
 from kgc.linkpred.answer.entities import EntityIndex
-from kgc.linkpred.answer.topk import Answers, Query, answer_records, known_splits
+from kgc.linkpred.answer.topk import Answers, Query, answer_records
 from kgc.linkpred.answer.predictor import Predictor
 from kgc.linkpred.answer.query import QueryOptions
 from kgc.training.run import CHECKPOINTS, ExplainInputs, Run, RunDir
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-    from kgc.data.graph import KnowledgeGraph
-    from kgc.linkpred.model import LinkPredictor
     from kgc.linkpred.evaluation.ranking import Evaluation
 
 
@@ -50,8 +47,12 @@ def find_latest_run(root: str | Path = "runs") -> Path:
 
 
 class LinkPredRun(Run):
-    """A link-prediction run: ``evaluate`` / ``evaluation``, ``predict`` / ``answer``, ``index``, ``add_entities``,
-    ``train_structure``, ``embed_entities``, ``embed_queries``. ``predictor`` and ``entities`` are its parts."""
+    """A link-prediction run, its user verbs: ``evaluate`` / ``evaluation``, ``predict`` / ``answer`` (and
+    ``resolve`` / ``answer_many`` / ``answer_records`` / ``predict_file``: many questions at once, as records), ``index``, ``add_entities``,
+    ``train_structure``, ``embed_entities``, ``embed_queries``, ``explain_inputs``, ``serving``. The rest is on its
+    two parts: ``run.predictor`` (the model, graph, tokenizer and structural model, loaded once: ``.model()``,
+    ``.graph()``, ``.tokenizer()``, ``.resolve_head``, ``.nearest_entities``) and ``run.entities`` (the index:
+    ``.searcher()``, ``.query_engine()``, ``.ensure()``)."""
 
     task = "linkpred"
     command = "kgc predict RUN --head … --relation …"
@@ -61,20 +62,6 @@ class LinkPredRun(Run):
         self.predictor = p = Predictor(self.dir, self.device, echo=self.echo)
         self.entities = EntityIndex(self.dir, self.device, model=p.model, graph=p.graph, tokenizer=p.tokenizer,
                                     batch_size=self.recipe.eval.batch_size, echo=self.echo)
-
-    def graph(self) -> "KnowledgeGraph":
-        """The run's own dataset (loaded once, as the model is, by :attr:`predictor`)."""
-        return self.predictor.graph()
-
-    def model(self) -> "LinkPredictor":
-        """The trained model over the run's own graph, in eval mode on the run's device, loaded once."""
-        return self.predictor.model()
-
-    def model_for(self, graph: "KnowledgeGraph") -> "LinkPredictor":
-        return self.predictor.model_for(graph)
-
-    def tokenizer(self):
-        return self.predictor.tokenizer()
 
     def evaluation(self, split: str | None = None, **options: Any) -> "Evaluation":
         """Filtered ranks of ``split`` (test or dev), both directions, in PyKEEN's layout (``.results``, ``.ranks``,
@@ -120,20 +107,6 @@ class LinkPredRun(Run):
         fields (:func:`kgc.linkpred.answer.topk.answer_records`)."""
         return answer_records(self, queries, answers)
 
-    def known_splits(self, q: Query, entities: list[str]) -> list[str]:
-        """For each answer entity (id) of ``q``, the split that holds (head, relation, entity) if the graph has
-        it: "dev" or "test" when a held-out split does, else "train" (meaningful for known answers only)."""
-        return known_splits(self.graph(), self.searcher()[1], q, entities)
-
-    def resolve_head(self, head: str, graph: "KnowledgeGraph", *, free_text: bool = False) -> int | None:
-        return self.predictor.resolve_head(head, graph, free_text=free_text)
-
-    def nearest_entities(self, texts: str | Sequence[str], n: int = 5) -> list[list[str]]:
-        return self.predictor.nearest_entities(texts, self.entities, n)
-
-    def free_text_note(self, head: str) -> str:
-        return self.predictor.free_text_note(head, self.entities)
-
     def predict_file(self, path: str | Path, out: str | Path | None = None, **options: Any) -> dict:
         """``kgc predict RUN --input FILE`` (:func:`kgc.linkpred.answer.topk.predict_file`): ``head<TAB>relation``
         lines or JSONL objects (each may set its own options), one model load, ``batch_size`` questions per pass;
@@ -141,15 +114,6 @@ class LinkPredRun(Run):
         from kgc.linkpred.answer.topk import predict_file
 
         return predict_file(self, path, out, **options)
-
-    def ensure_index(self, *, progress: bool = True) -> None:
-        self.entities.ensure(progress=progress)
-
-    def searcher(self, *, progress: bool = False) -> tuple:
-        return self.entities.searcher(progress=progress)
-
-    def query_engine(self):
-        return self.entities.query_engine()
 
     def index(self, *, type: str | None = None, force: bool = False, progress: bool = True, nproc: int | None = None,
               **params: int | None) -> dict:
@@ -163,20 +127,9 @@ class LinkPredRun(Run):
                      keep_loaded: bool = False) -> dict:
         """Embed the entities of a TSV (``id<TAB>name<TAB>description``) and append them to the index in one
         transaction, under the run's lock (``kgc index --add``); returns index/meta.json. ``guard``: each batch runs
-        inside ``guard()``; ``keep_loaded``: keep the loaded index (the caller swaps in :meth:`fork_search`'s)."""
+        inside ``guard()``; ``keep_loaded``: keep the loaded index (the caller swaps in a fork of ``run.entities``)."""
         return self.entities.add(path, progress=progress, guard=guard, keep_loaded=keep_loaded,
                                  batch_size=batch_size or self.recipe.eval.batch_size)
-
-    def fork_search(self) -> "LinkPredRun":
-        """A shallow copy sharing this run's predictor but none of its index state: warm it off the query path,
-        then :meth:`adopt_search` it (``kgc serve`` after an add: no query waits for the index to load)."""
-        fork = copy.copy(self)
-        fork.entities = self.entities.fork()
-        return fork
-
-    def adopt_search(self, fork: "LinkPredRun") -> None:
-        """Take ``fork``'s index state (one assignment); the caller orders it with queries."""
-        self.entities = fork.entities
 
     def train_structure(self, overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
                         progress: bool = True, **kwargs: Any) -> dict:

@@ -198,11 +198,12 @@ def answer_records(run, queries: Sequence[Query], answers: Sequence[Answers]) ->
     an answer not known) and, for a free-text head, its ``nearest`` entities by embedding (found for all of them in
     one pass)."""
     texts = list(dict.fromkeys(q.head for q in queries if q.h is None))
-    nearest = dict(zip(texts, run.nearest_entities(texts))) if texts else {}
+    nearest = dict(zip(texts, run.predictor.nearest_entities(texts, run.entities))) if texts else {}
+    graph, seen = run.predictor.graph(), run.entities.searcher()[1]  # the run's graph; the index's (added entities)
     out = []
     for q, a in zip(queries, answers):
         rec = {"run": str(run.path), **a.to_json()}
-        splits = run.known_splits(q, [p["entity"] for p in rec["predictions"]])
+        splits = known_splits(graph, seen, q, [p["entity"] for p in rec["predictions"]])
         for p, split in zip(rec["predictions"], splits):
             p["known_split"] = split if p["known"] else None
         if q.h is None:

@@ -26,7 +26,7 @@ time and memory (``log(t₂/t₁) / log(n₂/n₁)``: 1 is linear, 0 a constant)
 of its output, and the stages that need it are skipped; the bench itself goes on to the next size.
 
 ``--recipe R`` adds, per size, what each stage of *that* recipe would need on a graph of that size, here and on a GPU
-(:func:`kgc.training.stages.stage_memory`; nothing is loaded).
+(:func:`kgc.linkpred.bench.memory.stage_memory`; nothing is loaded).
 """
 
 from __future__ import annotations
@@ -590,9 +590,9 @@ class _Bench:
         self.__dict__.update(kw)
 
     def estimate(self, entities: int, graph: dict) -> dict:
-        """What each stage of ``--recipe`` would need at this size, here and on a GPU (kgc.training.stages)."""
+        """What each stage of ``--recipe`` would need at this size, here and on a GPU (kgc.linkpred.bench.memory)."""
         try:
-            from kgc.training.stages import stage_memory, stage_table
+            from kgc.linkpred.bench.memory import stage_memory, stage_table
         except ImportError as exc:  # the estimator is not there: say so, measure the rest
             return {"error": f"no stage estimate: {exc}"}
         from kgc.recipe import load_recipe

@@ -54,7 +54,7 @@ from kgc.profiling import collect, section
 from kgc.recipe import load_recipe
 from kgc.registry import CONDITIONERS
 from kgc.training.common import make_optimizer, seed_everything
-from kgc.training.task import task_class
+from kgc.linkpred.task import LinkPredTraining
 
 
 @torch.no_grad()
@@ -124,14 +124,14 @@ def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5,
                                            *(overrides or [])])
         if graph is None:  # both modes read the same data section
             graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
-        task = task_class(recipe.task)(recipe, graph=graph)  # its model (a tail tower that does not train is frozen),
+        task = LinkPredTraining(recipe, graph=graph)  # its model (a tail tower that does not train is frozen),
         # objective
         seed_everything(recipe.train.seed)
         rng = np.random.default_rng(recipe.train.seed)
         batches = [task.examples[rng.choice(len(task.examples), batch_size, replace=False)] for _ in range(steps)]
         model, _ = task.build_model(resolve_backbone(recipe.model.backbone))
         model.attach_layer_cache(recipe)
-        criterion = task.make_loss()
+        criterion = task.make_loss(torch.device("cpu"))
         optimizer = make_optimizer([model, criterion], recipe.train.lr, recipe.train.weight_decay)
         model.train()
         start = time.perf_counter()
@@ -187,7 +187,7 @@ def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = N
                overrides: list[str] | None = None, echo=print) -> dict:
     recipe = load_recipe(recipe_path, overrides or [])
     graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
-    task = task_class(recipe.task)(recipe, graph=graph)  # its objective, as training makes it
+    task = LinkPredTraining(recipe, graph=graph)  # its objective, as training makes it
     b = batch_size or recipe.train.batch_size
     keys = torch.as_tensor(graph.train_keys)
     r2, n, dim = 2 * graph.num_relations, graph.num_entities, 384
@@ -199,7 +199,7 @@ def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = N
     vectors = [(unit(b), unit(b), unit(b)) for _ in range(steps)]
     figures, losses = {}, {}
     for name, context in (("binary search", contextlib.nullcontext), ("torch.isin", _isin_masks)):
-        criterion = task.make_loss()
+        criterion = task.make_loss(torch.device("cpu"))
         criterion.set_table(table)
         out = []
         with context():
@@ -321,10 +321,10 @@ def _step_sections(recipe, graph, backbone: Path, batches, *, ahead: bool) -> di
     GPU), and the whole."""
     from kgc.training.prefetch import Prefetcher
 
-    task = task_class(recipe.task)(recipe, graph=graph)
+    task = LinkPredTraining(recipe, graph=graph)
     model, _ = task.build_model(backbone)
     _as_on_a_gpu(model, recipe)
-    criterion = task.make_loss()
+    criterion = task.make_loss(torch.device("cpu"))
     model.train()
     optimizer = make_optimizer([model, criterion], recipe.train.lr, recipe.train.weight_decay, fused=True)
     times: dict[str, float] = {}
@@ -341,7 +341,7 @@ def _step_sections(recipe, graph, backbone: Path, batches, *, ahead: bool) -> di
             loss.backward()
             t3 = time.perf_counter()
             optimizer.step()
-            task.after_step(criterion)
+            criterion.after_step()
         t4 = time.perf_counter()
         if i == 0:
             continue  # the first step's one-off work (allocations) left out
@@ -382,11 +382,11 @@ def bench_inputs(recipe_path: Path, *, steps: int = 10, batch_size: int | None =
     batches = [train[rng.integers(0, len(train), b)] for _ in range(steps)]
     with tempfile.TemporaryDirectory() as tmp:
         tiny = _tiny_backbone(recipe, Path(tmp) / "tiny")
-        task = task_class(recipe.task)(recipe.model_copy(update={"model": recipe.model.model_copy(
+        task = LinkPredTraining(recipe.model_copy(update={"model": recipe.model.model_copy(
             update={"backbone": str(tiny)})}), graph=graph)
         model, _ = task.build_model(tiny)
         _as_on_a_gpu(model, recipe)
-        criterion = task.make_loss()
+        criterion = task.make_loss(torch.device("cpu"))
         figures, built = {}, {}
         ways = (("one at a time", lambda h, r, t: _one_at_a_time(bank, h, t, [bank.relation_ids[int(x)] for x in r], m)),
                 ("before (in the step)", lambda h, r, t: _before(bank, h, t, [bank.relation_ids[int(x)] for x in r], m)),
@@ -724,7 +724,7 @@ def structure_table(result: dict, run_results: dict | None = None) -> str:
 def added_entities_request(run: Any, n: int, seed: int = 0) -> tuple[str, dict, str]:
     """(path, body, what it does) of the write ``kgc bench serve --add N`` makes while the clients query: ``n``
     entities to add, with texts as long as the graph's (an entity's name and description, renamed)."""
-    graph = run.graph()
+    graph = run.predictor.graph()
     rows = np.random.default_rng(seed).integers(0, graph.num_entities, n)
     entities = [{"id": f"kgc-bench-added-{i}", "name": f"{graph.names[e]} {i}"[:1000],
                  "description": (graph.descriptions[e] or "")[:10_000]} for i, e in enumerate(rows.tolist())]

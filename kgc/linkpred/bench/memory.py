@@ -27,12 +27,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from kgc.recipe import Recipe
 from kgc.training import estimate as est
 from kgc.training.cache_plan import CachedTexts, plan
+from kgc.training.task import Counts
 
 GPU_MEMORY = 80e9  # an 80 GB GPU (A100/H100) unless told
 
@@ -53,10 +53,11 @@ class Stage:
         return asdict(self)
 
 
-def _counts(entities: int, relations: int, triples: int, batch: int) -> SimpleNamespace:
-    """The task as :func:`kgc.training.estimate.workload` reads it: entity and relation counts, batches per epoch."""
-    graph = SimpleNamespace(num_entities=entities, num_relations=relations)
-    return SimpleNamespace(graph=graph, steps_per_epoch=max(1, math.ceil(2 * triples / batch)), b=batch)
+def _counts(entities: int, relations: int, triples: int, batch: int) -> Counts:
+    """The task's data as :func:`kgc.training.estimate.workload` reads it: every train triple both ways, batches of
+    ``batch``."""
+    return Counts(examples=max(1, 2 * triples), batch=min(batch, max(1, 2 * triples)), entities=entities,
+                  relations=relations)
 
 
 def _with_encoder(recipe: Recipe, **values) -> Recipe:
@@ -83,7 +84,7 @@ def stage_memory(recipe: Recipe, *, entities: int, triples: int, relations: int 
     tc, L = recipe.train, recipe.data.max_tokens
     tokens = float(min(L, mean_tokens if mean_tokens is not None else L))
     counts = _counts(entities, relations, triples, tc.batch_size)
-    examples = counts.steps_per_epoch * tc.epochs * tc.batch_size
+    examples = max(1, math.ceil(2 * triples / tc.batch_size)) * tc.epochs * tc.batch_size
     if tc.max_steps:
         examples = min(examples, tc.max_steps * tc.batch_size)
 
@@ -122,9 +123,9 @@ def stage_memory(recipe: Recipe, *, entities: int, triples: int, relations: int 
     here = est.estimate(recipe, counts, device="cpu", shape=shape, available_bytes=available)
     gpu = est.estimate(recipe, counts, device="cuda", shape=shape, available_bytes=int(gpu_memory))
     big = ", ".join(f"{k} {v / est.GB:.1f} GB" for k, v in sorted(here.parts.items(), key=lambda kv: -kv[1])[:3])
-    lo = getattr(recipe, "loss", None)
+    lo = recipe.loss
     table = ""
-    if getattr(lo, "table_negatives", None):
+    if lo.table_negatives:
         scored = entities if not lo.table_sample or lo.table_sample >= entities else lo.table_sample
         table = (f"; each query against {scored:,} table rows a step" + (" (sampled)" if scored < entities else "")
                  + (f", in chunks of {lo.table_chunk:,}" if scored > lo.table_chunk else ""))
@@ -133,7 +134,7 @@ def stage_memory(recipe: Recipe, *, entities: int, triples: int, relations: int 
                              f"{device} (largest: {big}){table}; on a GPU its device memory", parts=here.parts))
 
     embeddings = 4 * shape.hidden * entities
-    scores = int(getattr(recipe.eval, "max_score_bytes", 0) or 0)
+    scores = int(recipe.eval.max_score_bytes or 0)
     evaluation = embeddings + scores
     stages.append(Stage("evaluation", evaluation, fits(evaluation, available), evaluation,
                         fits(evaluation, gpu_memory),
