@@ -4,13 +4,18 @@ A recipe file may start from another and list only the keys it changes::
 
     # kgc train recipes/wn18rr_cpu_hadamard.yaml
     extends: wn18rr_cpu_biencoder.yaml     # a path relative to this file's folder; chains are allowed
-    about: "CPU, ~10 min: tri-encoder h_s ⊙ W h_c; test MRR 0.1072"
+    about: "CPU, ~10 min: tri-encoder h_s ⊙ W h_c"
+    measured:
+      - {split: test, metric: MRR, value: "0.1072", hardware: "2 CPU cores", budget: "about 10 minutes",
+         page: "docs/results/wn18rr-cpu-table.md"}
     model:
       conditioner: hadamard
 
 :func:`load_tree` reads it as the base's keys with the file's deep-merged over them: mappings merge key by key,
-lists and scalars replace, ``null`` sets null. ``extends`` and ``about`` (one line for ``kgc recipes list``) are
-file-level keys, not recipe keys: they are removed. ``name`` is the file's own (default: its stem), never the
+lists and scalars replace, ``null`` sets null. ``extends``, ``about`` (one line for ``kgc recipes list``) and
+``measured`` (:class:`Measured`: the figures measured with this very file, never inherited: the results as data
+that ``kgc recipes list``, the README's results rows and docs/choosing.md are checked against) are file-level keys,
+not recipe keys: they are removed. ``name`` is the file's own (default: its stem), never the
 base's. Nothing here knows the recipe schema: :func:`kgc.recipe.validate_recipe` checks the resolved tree.
 """
 
@@ -28,7 +33,7 @@ import yaml
 from kgc.errors import KGCError
 from kgc.fileio import write_text
 
-FILE_KEYS = ("extends", "about")  # file-level keys of a recipe file: not recipe keys, removed by load_tree
+FILE_KEYS = ("extends", "about", "measured")  # file-level keys of a recipe file: not recipe keys, removed by load_tree
 _FIX = ("Recipes start from one of recipes/*.yaml: copy one (e.g. recipes/umls_biencoder.yaml) and change its "
         "keys; `kgc recipes keys` lists them all")
 
@@ -61,6 +66,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     if about is not None and not isinstance(about, str):
         raise KGCError(f"{path}: about: {about!r} is not text. `about:` is one line for `kgc recipes list`, e.g. "
                        "about: \"CPU, 10 min: the bi-encoder row of the WN18RR CPU table\"")
+    Measured.read(path, tree.get("measured"))
     return tree
 
 
@@ -122,6 +128,7 @@ def _resolve(path: Path, chain: tuple[Path, ...], child: Path | None = None) -> 
             raise
         raise KGCError(f"{child}: extends {_shown(path)}, which is not a recipe it can start from: {exc}") from None
     tree.pop("about", None)
+    tree.pop("measured", None)  # a file's own figures: a recipe that extends it measured nothing yet
     _data_path_beside(path, tree)
     if "extends" not in tree:
         return tree
@@ -163,12 +170,13 @@ def load_tree(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
-    """``{"extends": Path | None, "about": str}`` of one recipe file (only its own file-level keys: nothing
-    resolved), for listing."""
+    """``{"extends": Path | None, "about": str, "measured": [Measured]}`` of one recipe file (only its own
+    file-level keys: nothing resolved), for listing."""
     path = Path(path)
     tree = _read_mapping(path)
     extends = _base_path(path, tree["extends"]) if "extends" in tree else None
-    return {"extends": extends, "about": " ".join((tree.get("about") or "").split())}
+    return {"extends": extends, "about": " ".join((tree.get("about") or "").split()),
+            "measured": Measured.read(path, tree.get("measured"))}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -183,6 +191,55 @@ def recipe_folder() -> Path:
     return Path(__file__).resolve().parents[1] / "recipes"  # kgc/../recipes (not `import kgc`: a core module)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One figure measured with a recipe file, as its ``measured:`` list gives it: ``value`` as written (its
+    digits are the page's), on ``split`` by ``metric`` (MRR, H@10, Spearman …), on ``hardware`` within ``budget``,
+    reported on ``page`` (a docs page of this repository, which must show it); ``source``: who measured it when
+    not kgc (a paper's figure for the protocol the recipe follows); ``note``: what goes with it."""
+    split: str
+    metric: str
+    value: str
+    hardware: str
+    budget: str
+    page: str
+    source: str = "kgc"
+    note: str = ""
+
+    FIELDS = ("split", "metric", "value", "hardware", "budget", "page", "source", "note")
+
+    @classmethod
+    def read(cls, path: Path, raw: Any) -> "list[Measured]":
+        """The ``measured:`` list of the file at ``path``; anything else is one KGCError naming the entry."""
+        if raw is None:
+            return []
+        example = ('measured:\n  - {split: test, metric: MRR, value: "0.6961", hardware: "2 CPU cores", budget: '
+                   '"one epoch", page: "docs/results/umls.md"}')
+        if not isinstance(raw, list):
+            raise KGCError(f"{path}: measured: a list of figures, e.g.\n{example}")
+        out = []
+        for i, item in enumerate(raw, 1):
+            where = f"{path}: measured, entry {i}"
+            if not isinstance(item, dict):
+                raise KGCError(f"{where}: {item!r} is not a mapping, e.g.\n{example}")
+            unknown = sorted(set(item) - set(cls.FIELDS))
+            missing = [k for k in cls.FIELDS[:6] if k not in item]
+            if unknown or missing:
+                raise KGCError(f"{where}: " + "; ".join(
+                    ([f"unknown key(s) {', '.join(unknown)}"] if unknown else [])
+                    + ([f"missing {', '.join(missing)}"] if missing else []))
+                    + f" (keys: {', '.join(cls.FIELDS)}; source and note optional)")
+            value = item["value"]
+            if not isinstance(value, str) or not value.replace(".", "", 1).isdigit():
+                raise KGCError(f"{where}: value {value!r}: write the figure as text, with the page's digits "
+                               "(value: \"0.2960\"): a YAML number would drop its trailing zeros")
+            out.append(cls(**{k: str(v) for k, v in item.items()}))
+        return out
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+
 @dataclass
 class RecipeEntry:
     """One recipe file of a family: its name (the file's stem), path, ``about`` line, the recipe it extends
@@ -192,10 +249,26 @@ class RecipeEntry:
     about: str = ""
     extends: str | None = None
     depth: int = 0
+    measured: list[Measured] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """The about line with the first figures kgc measured under one hardware and budget, else a paper's (what
+        ``kgc recipes list`` prints): ``about; test MRR 0.6961, H@10 0.8979 [2 CPU cores, one epoch …]``."""
+        ours = [m for m in self.measured if m.source == "kgc"]
+        shown = [m for m in ours if (m.hardware, m.budget) == (ours[0].hardware, ours[0].budget)][:2] if ours \
+            else self.measured[:1]
+        if not shown:
+            return self.about
+        figures = ", ".join(f"{m.split} {m.metric} {m.value}" if i == 0 else f"{m.metric} {m.value}"
+                            for i, m in enumerate(shown))
+        first = shown[0]
+        by = f"[{first.hardware}, {first.budget}]" if first.source == "kgc" else f"[{first.source}, {first.budget}]"
+        return f"{self.about}; {figures} {by}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "path": str(self.path), "about": self.about, "extends": self.extends,
-                "depth": self.depth}
+        return {"name": self.name, "path": str(self.path), "about": self.about, "summary": self.summary,
+                "measured": [m.to_dict() for m in self.measured], "extends": self.extends, "depth": self.depth}
 
 
 @dataclass
@@ -243,7 +316,7 @@ def families(folder: str | os.PathLike | None = None) -> list[Family]:
         h = headers[key]
         base = h["extends"]
         return RecipeEntry(name=h["path"].stem, path=h["path"], about=h["about"],
-                           extends=base.stem if base is not None else None, depth=depth)
+                           extends=base.stem if base is not None else None, depth=depth, measured=h["measured"])
 
     out = []
     for root in sorted(roots, key=lambda k: headers[k]["path"].stem):

@@ -34,8 +34,8 @@ recipe_app.command("keys")(recipe_keys)  # `kgc recipe keys`, the earlier name
 @recipes_app.command("list")
 def recipes_list(as_json: bool = typer.Option(False, "--json", help="print one JSON list: each family's root with "
                                                                     "its variants")) -> None:
-    """Every shipped recipe by family: a root (every setting written out) with its about line, then the recipes
-    that extend it, indented under the one they start from (each writes only the keys it changes). The folder is
+    """Every shipped recipe by family: a root (every setting written out) with its about line and what was
+    measured with it (its measured: figures), then the recipes that extend it, indented under the one they start from (each writes only the keys it changes). The folder is
     the recipes/ beside kgc, or $KGC_RECIPES."""
     from kgc import api
 
@@ -43,15 +43,15 @@ def recipes_list(as_json: bool = typer.Option(False, "--json", help="print one J
     if as_json:
         typer.echo(json.dumps(families, indent=2, ensure_ascii=False))
         return
-    rows = [(f["name"], f["about"]) for f in families]
-    rows += [("  " * v["depth"] + v["name"], v["about"]) for f in families for v in f["variants"]]
+    rows = [(f["name"], f["summary"]) for f in families]
+    rows += [("  " * v["depth"] + v["name"], v["summary"]) for f in families for v in f["variants"]]
     width = max(len(name) for name, _ in rows) if rows else 0
     for i, family in enumerate(families):
         if i:
             _echo("")
-        _echo(f"{family['name']:<{width}}  {family['about']}".rstrip())
+        _echo(f"{family['name']:<{width}}  {family['summary']}".rstrip())
         for v in family["variants"]:
-            _echo(f"{'  ' * v['depth'] + v['name']:<{width}}  {v['about']}".rstrip())
+            _echo(f"{'  ' * v['depth'] + v['name']:<{width}}  {v['summary']}".rstrip())
 
 @recipes_app.command("copy")
 def recipes_copy(name: str = typer.Argument(..., help="a recipe: its name (wn18rr_csr), file name or path"),
