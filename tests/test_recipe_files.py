@@ -82,7 +82,16 @@ def test_every_recipe_resolves_to_what_it_said_before(path):
         before["name"] = path.stem
     if not Path(before.get("data", {}).get("path") or "/").is_absolute():  # read from the checkout's root before,
         before["data"] = {**before["data"], "path": str((ROOT / before["data"]["path"]).resolve())}  # beside it now
-    assert tree == before
+    if tree == before:
+        return
+    # a root that became a child (issue 53: wn18rr_hadamard, fb15k237_laptop, wn18rr_fused) writes fewer keys:
+    # what it means is the same, every key resolved, but the re-ranking's settings when re-ranking is off
+    now, then = (validate_recipe({**t, "version": CURRENT}, source=str(path)).model_dump(mode="json")
+                 for t in (tree, before))
+    for resolved in (now, then):
+        if not resolved["eval"]["rerank"]["enabled"]:
+            resolved["eval"]["rerank"] = {"enabled": False}
+    assert now == then
     assert tree["name"] == path.stem
     validate_recipe(load_tree(path), source=str(path))  # every resolved recipe still validates
 
@@ -125,7 +134,10 @@ def test_families_of_the_shipped_recipes():
     assert top2.extends == "wn18rr_cpu_router_top" and top2.depth == 3 and "0.1286" in top2.summary
     order = [v.name for v in cpu.variants]  # a variant comes right after the recipe it extends
     assert order.index("wn18rr_cpu_router") + 1 == order.index("wn18rr_cpu_router_top")
-    assert {"wn18rr_csr", "wn18rr_csr_k1"} <= {v.name for v in found["wn18rr_hadamard"].variants}
+    gpu = {v.name: v for v in found["wn18rr_biencoder"].variants}  # SimKGC's protocol, and what starts from it
+    assert {"wn18rr_hadamard", "wn18rr_fused", "wn18rr_csr", "wn18rr_csr_k1"} <= set(gpu)
+    assert gpu["wn18rr_csr"].extends == "wn18rr_hadamard" and gpu["wn18rr_csr"].depth == 2
+    assert "fb15k237_laptop" in {v.name for v in found["wn18rr_laptop"].variants}
     assert recipe_folder() == ROOT / "recipes"
 
 
@@ -252,7 +264,7 @@ def test_kgc_recipes_list():
     assert {line.split()[0] for line in lines if line and not line.startswith(" ")} == roots
     row = next(line for line in lines if line.strip().startswith("wn18rr_cpu_router_top2 "))
     assert row.startswith("      wn18rr_cpu_router_top2") and "0.1286" in row  # three levels below its root
-    assert any(line.startswith("  wn18rr_csr_k1 ") for line in lines)
+    assert any(line.startswith("    wn18rr_csr_k1 ") for line in lines)  # under wn18rr_hadamard, under the bi-encoder
     listed = json.loads(cli("recipes", "list", "--json").stdout)
     assert [f["name"] for f in listed] == sorted(roots)
     assert sum(1 + len(f["variants"]) for f in listed) == len(RECIPES)
