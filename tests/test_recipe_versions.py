@@ -113,3 +113,48 @@ def test_each_member_owns_its_keys():
         load_recipe(None, ["loss.mse_weight=2"])
     with pytest.raises(KGCError, match=r"model.shared_towers: not read by task csts"):
         load_recipe(None, ["task=csts", "data.dataset=synth-csts", "model.shared_towers=true"])
+
+
+# ---------------------------------------------------------------- runs saved at efc2a8e (before issue 53)
+
+OLD = json.loads((ROOT / "tests" / "data" / "runs_at_efc2a8e.json").read_text())
+
+
+def _digest(path: Path) -> dict:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_runs", ROOT / "tests" / "data" / "make_runs_at_efc2a8e.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.digest(path)
+
+
+@pytest.mark.parametrize("case", sorted(OLD["cases"]))
+def test_a_run_saved_at_efc2a8e_loads_and_answers_the_same(case, toy, tiny_bert, tmp_path):
+    """tests/data/runs_at_efc2a8e.json (tests/data/make_runs_at_efc2a8e.py): a run efc2a8e trained. Today's code
+    trains the same weights, tensor by tensor (so best.pt is the file that commit wrote); the run's files as that
+    commit wrote them (recipe.yaml, train_summary.json but its record of best.pt's bytes, the index's meta, the rules) replace
+    today's, and the run loads, answers the same top 3 and evaluates to the same MRR."""
+    import kgc
+    from kgc.recipe import load_recipe
+    from kgc.training.loop import train
+
+    before = OLD["cases"][case]
+    run = tmp_path / case
+    recipe = load_recipe(None, [f"data.path={toy}", f"model.backbone={tiny_bert}"] + OLD["common"] + before["sets"]
+                         + [f"name={case}"])
+    train(recipe, out=run, progress=False, echo=lambda m: None)
+    assert _digest(run / "best.pt") == before["best"]  # the weights efc2a8e wrote, every tensor and entry
+    files_now = json.loads((run / "train_summary.json").read_text())["files"]
+    for name, text in before["files"].items():  # the run as efc2a8e left it, with this machine's paths
+        text = text.replace(before["paths"]["data"], str(toy)).replace(before["paths"]["backbone"], str(tiny_bert))
+        if name == "train_summary.json":  # best.pt's sha256 and size: of this file (a staged write's archive
+            text = json.dumps({**json.loads(text), "files": files_now})  # names differ from one save to the next)
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(text)
+    loaded = kgc.load(run, echo=None)
+    answers = loaded.predict("e_dog", "hypernym", top_k=3)
+    assert [[e, round(float(s), 5)] for e, s in zip(answers["entity"], answers["score"])] == \
+        [[e, pytest.approx(s, abs=2e-5)] for e, s in before["answers"]]
+    results = loaded.evaluate("test")
+    assert results["both"]["realistic"]["inverse_harmonic_mean_rank"] == pytest.approx(before["mrr"], abs=1e-6)
