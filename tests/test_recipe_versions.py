@@ -133,8 +133,8 @@ def _digest(path: Path) -> dict:
 def test_a_run_saved_at_efc2a8e_loads_and_answers_the_same(case, toy, tiny_bert, tmp_path):
     """tests/data/runs_at_efc2a8e.json (tests/data/make_runs_at_efc2a8e.py): a run efc2a8e trained. Today's code
     trains the same weights, tensor by tensor (so best.pt is the file that commit wrote); the run's files as that
-    commit wrote them (recipe.yaml, train_summary.json but its record of best.pt's bytes, the index's meta, the rules) replace
-    today's, and the run loads, answers the same top 3 and evaluates to the same MRR."""
+    commit wrote them (recipe.yaml, train_summary.json but its record of best.pt's bytes, the index's meta, the
+    rules) replace today's, and the run loads, answers the same top 3 and evaluates to the same MRR."""
     import kgc
     from kgc.recipe import load_recipe
     from kgc.training.loop import train
