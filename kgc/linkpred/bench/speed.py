@@ -54,7 +54,7 @@ from kgc.profiling import collect, section
 from kgc.recipe import load_recipe
 from kgc.registry import CONDITIONERS
 from kgc.training.common import make_optimizer, seed_everything
-from kgc.linkpred.task import LinkPredTraining
+from kgc.training.task import task_class
 
 
 @torch.no_grad()
@@ -124,7 +124,7 @@ def bench_train(recipe_path: Path, *, trainable_layers: int = 2, steps: int = 5,
                                            *(overrides or [])])
         if graph is None:  # both modes read the same data section
             graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
-        task = LinkPredTraining(recipe, graph=graph)  # its model (a tail tower that does not train is frozen),
+        task = task_class(recipe.task).training(recipe, graph=graph)  # its model (a tail tower that does not train is frozen),
         # objective
         seed_everything(recipe.train.seed)
         rng = np.random.default_rng(recipe.train.seed)
@@ -187,7 +187,7 @@ def bench_loss(recipe_path: Path, *, steps: int = 20, batch_size: int | None = N
                overrides: list[str] | None = None, echo=print) -> dict:
     recipe = load_recipe(recipe_path, overrides or [])
     graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
-    task = LinkPredTraining(recipe, graph=graph)  # its objective, as training makes it
+    task = task_class(recipe.task).training(recipe, graph=graph)  # its objective, as training makes it
     b = batch_size or recipe.train.batch_size
     keys = torch.as_tensor(graph.train_keys)
     r2, n, dim = 2 * graph.num_relations, graph.num_entities, 384
@@ -321,7 +321,7 @@ def _step_sections(recipe, graph, backbone: Path, batches, *, ahead: bool) -> di
     GPU), and the whole."""
     from kgc.training.prefetch import Prefetcher
 
-    task = LinkPredTraining(recipe, graph=graph)
+    task = task_class(recipe.task).training(recipe, graph=graph)
     model, _ = task.build_model(backbone)
     _as_on_a_gpu(model, recipe)
     criterion = task.make_loss(torch.device("cpu"))
@@ -382,7 +382,7 @@ def bench_inputs(recipe_path: Path, *, steps: int = 10, batch_size: int | None =
     batches = [train[rng.integers(0, len(train), b)] for _ in range(steps)]
     with tempfile.TemporaryDirectory() as tmp:
         tiny = _tiny_backbone(recipe, Path(tmp) / "tiny")
-        task = LinkPredTraining(recipe.model_copy(update={"model": recipe.model.model_copy(
+        task = task_class(recipe.task).training(recipe.model_copy(update={"model": recipe.model.model_copy(
             update={"backbone": str(tiny)})}), graph=graph)
         model, _ = task.build_model(tiny)
         _as_on_a_gpu(model, recipe)
