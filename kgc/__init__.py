@@ -29,10 +29,9 @@ def __getattr__(name: str):
 
         return Run
     if not name.startswith("_"):
-        from kgc.registry import TASKS
+        from kgc.training.task import public_name
 
-        for task in TASKS:
-            names = TASKS[task].public_names()
-            if name in names:
-                return names[name]
+        found = public_name(name)
+        if found is not None:
+            return found
     raise AttributeError(f"module 'kgc' has no attribute {name!r}")

@@ -454,12 +454,11 @@ def __getattr__(name: str) -> Any:
     ``kgc.api.QueryOptions``, a link-prediction question's options (``run.predict``'s, ``kgc predict``'s, ``POST
     /predict``'s: defaults, help and checks stated once)."""
     if not name.startswith("_"):
-        from kgc.registry import TASKS
+        from kgc.training.task import public_name
 
-        for task in TASKS:
-            names = TASKS[task].public_names()
-            if name in names:
-                return names[name]
+        found = public_name(name)
+        if found is not None:
+            return found
     raise AttributeError(f"module 'kgc.api' has no attribute {name!r}")
 
 

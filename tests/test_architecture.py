@@ -283,3 +283,20 @@ def name_problems_of(names: list[str]) -> list[str]:
         for n in names:
             (Path(tmp) / f"{n}.py").write_text("")
         return [p.split(": ", 1)[1] for p in name_problems(Path(tmp))]
+
+
+def test_a_command_that_needs_no_model_imports_no_torch():
+    """``kgc --help``, a command's ``--help`` and ``kgc recipes list`` start in about a second: nothing on their way
+    imports torch, transformers or pykeen (a task's recipe options are pydantic alone; its public names and the
+    flat index import torch when used). Reading a whole recipe still does: the conditioners' options live beside
+    their modules."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom kgc.cli import app\nimport typer.testing\nrunner = typer.testing.CliRunner()\n"
+             "for args in (['--help'], ['recipes', 'list'], ['predict', '--help'], ['train', '--help']):\n"
+             "    assert runner.invoke(app, args).exit_code == 0, args\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'pykeen', 'faiss') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -89,6 +89,10 @@ class CSTSTask(Task):
         return CSTSRun
 
     @classmethod
+    def public_names(cls):
+        return {"CSTSRun": "kgc.csts.run:CSTSRun"}
+
+    @classmethod
     def datasets(cls) -> list:
         """The official C-STS CSVs (encrypted upstream) and the synthetic set kgc generates."""
         from kgc.data.catalog import CatalogEntry

@@ -11,8 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from kgc.linkpred.index.types import IndexOptions, index_options, index_union
-from kgc.linkpred.structure.rules import RulesOptions
-from kgc.linkpred.structure.pykeen import PykeenOptions
+from kgc.linkpred.structure.options import PykeenOptions, RulesOptions
 from kgc.recipe import DataConfig, EvalConfig, Recipe, Section
 
 

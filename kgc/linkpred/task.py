@@ -147,10 +147,8 @@ class LinkPredTask(Task):
 
     @classmethod
     def public_names(cls):
-        from kgc.linkpred.answer.topk import Answers
-        from kgc.linkpred.answer.query import QueryOptions
-
-        return {**super().public_names(), "Answers": Answers, "QueryOptions": QueryOptions}
+        return {"LinkPredRun": "kgc.linkpred.answer.run:LinkPredRun", "Answers": "kgc.linkpred.answer.topk:Answers",
+                "QueryOptions": "kgc.linkpred.answer.query:QueryOptions"}
 
     @classmethod
     def api_hooks(cls):

@@ -158,10 +158,10 @@ class Task(ABC):
         return ApiHooks()
 
     @classmethod
-    def public_names(cls) -> dict[str, Any]:
-        """Classes ``import kgc`` offers for this task (``kgc.<name>``, loaded on first use): its run class …"""
-        run_class = cls.run_class()
-        return {run_class.__name__: run_class}
+    def public_names(cls) -> dict[str, str]:
+        """Names ``import kgc`` and ``kgc.api`` offer for this task (``kgc.<name>``), each as ``"module:attribute"``,
+        imported on first use only (:func:`public_name`): its run class …"""
+        return {}
 
     # ------------------------------------------------------------ the memory estimate's figures
 
@@ -280,6 +280,18 @@ class StepShape:
     @property
     def trained(self) -> float:
         return self.query_sequences + (self.other_sequences if self.other_trains else 0.0)
+
+
+def public_name(name: str) -> Any:
+    """The object a task offers as ``name`` (:meth:`Task.public_names`), imported now; None when no task does."""
+    import importlib
+
+    for task in TASKS:
+        where = TASKS[task].public_names().get(name)
+        if where is not None:
+            module, _, attribute = where.partition(":")
+            return getattr(importlib.import_module(module), attribute)
+    return None
 
 
 def task_class(name: str) -> type[Task]:

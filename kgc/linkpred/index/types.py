@@ -26,15 +26,17 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Optional, Union
 
 import numpy as np
-import torch
 from pydantic import Field, TypeAdapter, ValidationError
 
 from kgc.errors import KGCError
 from kgc.recipe import Section
 from kgc.registry import INDEX_TYPES
+
+if TYPE_CHECKING:
+    import torch
 
 
 class IndexOptions(Section):
@@ -119,6 +121,8 @@ class ExactIndex:
     is_trained = True
 
     def __init__(self, table: np.ndarray | torch.Tensor, device: str | torch.device | None = None) -> None:
+        import torch
+
         if isinstance(table, np.ndarray):  # shares the array's memory: a memory-mapped entities.npy stays mapped
             table = np.ascontiguousarray(table, dtype=np.float32)
             with warnings.catch_warnings():  # a read-only map: torch warns that writes would reach it; none do
@@ -142,19 +146,23 @@ class ExactIndex:
         return ExactIndex(self.table, device)
 
     def add(self, vectors: np.ndarray) -> None:
+        import torch
+
         new = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).to(self.device)  # (new, dim)
         self.table = torch.cat([self.table, new])
 
-    @torch.no_grad()
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, ids)``, both (queries, k), best first; ``queries`` (queries, dim) unit rows, k ≤ ntotal."""
+        import torch
+
         q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(self.device)  # (queries, dim)
         rows = max(1, self.BLOCK_SCORES // max(1, self.ntotal))
         scores, ids = [], []
-        for start in range(0, len(q), rows):
-            s, i = _topk(q[start: start + rows] @ self.table.T, k)  # (rows, k) each
-            scores.append(s)
-            ids.append(i)
+        with torch.no_grad():
+            for start in range(0, len(q), rows):
+                s, i = _topk(q[start: start + rows] @ self.table.T, k)  # (rows, k) each
+                scores.append(s)
+                ids.append(i)
         if not scores:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
         return torch.cat(scores).cpu().numpy(), torch.cat(ids).cpu().numpy().astype(np.int64)
@@ -167,6 +175,8 @@ _PIECES = 256
 def _topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(scores, k, dim=1)``; a row of more than :data:`SPLIT_TOPK` scores is cut into pieces whose top k
     are taken in parallel, then the top k of those (the same values; measured on 2 cores at 5M scores: 65 → 30 ms)."""
+    import torch
+
     rows, n = scores.shape
     if n <= SPLIT_TOPK or k > n // _PIECES:
         return torch.topk(scores, k, dim=1)
@@ -430,6 +440,8 @@ def gpu_available(kind: str = "ivf") -> bool:
     """An index of type ``kind`` can run on a GPU here: torch sees a CUDA device (flat), or FAISS was built with
     GPU support and sees a GPU (the FAISS types)."""
     if kind == "flat":
+        import torch
+
         return torch.cuda.is_available()
     faiss = faiss_module()
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0

@@ -24,16 +24,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
 
 import numpy as np
 import torch
-from pydantic import Field, ValidationInfo, model_validator
 
 from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
 from kgc.fileio import write_json, write_with
-from kgc.linkpred.structure.options import FusionOptions
+from kgc.linkpred.structure.options import FusionOptions, PykeenOptions  # noqa: F401  (its options: kgc.linkpred.structure.options)
 
 FORMULA = ("fused = alpha * z(text cosine) + (1 - alpha) * z(structural score); z standardises each query's "
            "scores over all entities (mean 0, population std 1); alpha chosen on dev by filtered MRR")
@@ -45,47 +43,6 @@ def has_structure(folder: Path) -> bool:
     from kgc.linkpred.structure.rules import RULES_FILE
 
     return (Path(folder) / "model.pt").is_file() or (Path(folder) / RULES_FILE).is_file()
-
-
-class PykeenOptions(FusionOptions):
-    """``structure.model``: a PyKEEN model trained beside the text model on the same train triples (its own
-    pipeline: ``pipeline_kwargs``); checked against PyKEEN's resolvers when a recipe is made."""
-    dim: int = Field(200, ge=1, description="embedding_dim")
-    epochs: int = Field(100, ge=1, description="the structural model's training epochs")
-    batch_size: int = Field(256, ge=1, description="its training batch")
-    lr: float = Field(1e-3, gt=0, description="Adam's learning rate")
-    loss: Optional[str] = Field(None, description="a PyKEEN loss name (e.g. NSSALoss); default: the model's own")
-    loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {margin: 9, adversarial_temperature: 1}")
-    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="further model options besides dim")
-    training_loop: Literal["lcwa", "slcwa"] = Field(
-        "lcwa", description="lcwa: every (h, r) scored against all entities (fast on small graphs); slcwa: "
-                            "sampled negatives (structure.negatives)")
-    negatives: int = Field(32, ge=1, description="slcwa: negatives per positive (basic sampler)")
-    seed: Optional[int] = Field(None, description="default: train.seed")
-    device: Optional[str] = Field(None, description="default: train.device")
-
-    @classmethod
-    def selected_by(cls, tree: dict) -> bool:
-        return str(tree.get("model", "RotatE")).lower() != "rules"
-
-    @model_validator(mode="after")
-    def _known_to_pykeen(self, info: ValidationInfo) -> "PykeenOptions":
-        if (info.context or {}).get("saved"):  # a run's own recipe: checked when it was made (and pykeen is slow to
-            return self                          # import; `kgc predict` on a fused run does not need it)
-        from pykeen.losses import loss_resolver
-        from pykeen.models import model_resolver
-
-        for kind, resolver, name in (("model", model_resolver, self.model), ("loss", loss_resolver, self.loss)):
-            if name is None:
-                continue
-            try:
-                resolver.lookup(name)
-            except (KeyError, ValueError):
-                raise ValueError(f"structure.{kind}={name!r} is not a PyKEEN {kind}. Choose one of: "
-                                 f"{', '.join(sorted(c.__name__ for c in resolver))}"
-                                 + (" (or rules: mined from the train graph)" if kind == "model" else "")) from None
-        return self
-
 
 
 def _factory(triples: np.ndarray, graph: KnowledgeGraph, inverse: bool = True):

@@ -38,54 +38,19 @@ import time
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Literal, Optional
 
 import numpy as np
 import scipy.sparse as sp
 import torch
-from pydantic import Field, field_validator
 
 from kgc.errors import KGCError
 from kgc.fileio import write_npy, write_tsv
-from kgc.linkpred.structure.options import FusionOptions
+from kgc.linkpred.structure.options import RulesOptions  # noqa: F401  (its options: kgc.linkpred.structure.options)
 
 AGGREGATIONS = ("noisy_or", "max")
 TABLE_BYTES = 64 << 20  # every relation's (entities, entities) float32 score table kept below this (UMLS: 13 MB)
 RULES_FILE, EDGES_FILE = "rules.tsv", "edges.npy"
 COLUMNS = ["relation", "body", "support", "body_pairs", "confidence", "relation_id", "body_ids"]
-
-
-class RulesOptions(FusionOptions):
-    """``structure.model: rules``: closed path rules counted from the train graph (no training), fused as any
-    structural model is."""
-    model: Literal["rules"] = Field("rules", description="rules: closed path rules counted from the train graph "
-                                                         "(AnyBURL's form), no training")
-    rule_length: int = Field(2, ge=1, le=2, description="the longest rule body (1: r(x,y) ⇐ b(x,y); 2: also "
-                                                        "r(x,y) ⇐ b1(x,z) ∧ b2(z,y))")
-    rule_min_support: int = Field(2, ge=1, description="a rule is kept when its body and head hold together on at "
-                                                       "least this many train pairs")
-    rule_unseen: float = Field(5.0, ge=0, description="confidence = support / (body pairs + this) (AnyBURL's "
-                                                      "constant)")
-    rule_min_confidence: float = Field(0.01, ge=0, le=1, description="rules below it are dropped")
-    rule_max_per_relation: Optional[int] = Field(50, ge=1, description="the most confident rules kept per relation "
-                                                                       "(unset: all)")
-    rule_aggregation: Literal["noisy_or", "max"] = Field(
-        "noisy_or", description="an entity's score from the rules that reach it: 1 − Π(1 − conf) (noisy_or) or the "
-                                "highest conf (max)")
-
-    @classmethod
-    def selected_by(cls, tree: dict) -> bool:
-        return str(tree.get("model", "")).lower() == "rules"
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _any_case(cls, value):
-        return value.lower() if isinstance(value, str) else value
-
-    @property
-    def is_rules(self) -> bool:
-        return True
-
 
 
 @dataclass(frozen=True)
