@@ -1,5 +1,5 @@
-"""A package outside kgc adds a conditioner, an index type and a tracker through entry points, and a recipe uses
-all three: tests/plugin_demo/ is installed into a temporary folder (the package and a ``.dist-info`` with its
+"""A package outside kgc adds a conditioner, an index type, a tracker and a dataset through entry points, and a
+recipe uses all four: tests/plugin_demo/ is installed into a temporary folder (the package and a ``.dist-info`` with its
 ``entry_points.txt``, as pip would leave it) and put on ``PYTHONPATH`` of real ``kgc`` processes. Without it the
 same recipe is refused, naming what is registered."""
 
@@ -30,8 +30,8 @@ def install(site: Path) -> Path:
     return site
 
 
-def kgc(*args, site: Path | None, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
+def kgc(*args, site: Path | None, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {}), "PYTHONPATH": os.pathsep.join(
         [str(ROOT)] + ([str(site)] if site is not None else []))}
     return subprocess.run([sys.executable, "-m", "kgc", *map(str, args)], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
@@ -68,6 +68,29 @@ def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tin
 
     alone = kgc("recipes", "check", recipe, "--no-data", "-q", site=None, cwd=tmp_path)  # the plugin not installed
     assert alone.returncode == 2 and "'gated'" in alone.stderr and "hadamard" in alone.stderr, alone.stderr
+
+
+def test_a_plugins_dataset_is_listed_fetched_checked_and_trained_on(tiny_bert, tmp_path):
+    site = install(tmp_path / "site")
+    home = tmp_path / "home"
+    env = {"KGC_DATA_HOME": str(home)}
+    listed = kgc("data", "list", site=site, cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.split()[:2] == ["pets", "missing"] for line in listed.stdout.splitlines()), listed.stdout
+    fetched = kgc("data", "fetch", "pets", "--dest", home, site=site, cwd=tmp_path, env=env)
+    assert fetched.returncode == 0, fetched.stderr[-2000:]
+    assert sorted(p.name for p in (home / "Pets").iterdir()) == ["dev.tsv", "entity2text.txt", "relation2text.txt",
+                                                                 "test.tsv", "train.tsv"]
+    checked = kgc("data", "check", "pets", site=site, cwd=tmp_path, env=env)
+    assert checked.returncode == 0 and "no problems found" in checked.stdout, checked.stdout
+    assert "/home/Pets (KG-BERT" in checked.stdout and checked.stdout.split("entities")[1].split()[0] == "6"
+    trained = kgc("train", "recipes/umls_biencoder.yaml", "--out", tmp_path / "run", "--no-progress", "--set",
+                  "data.dataset=pets", "--set", f"model.backbone={tiny_bert}", "--set", "train.max_steps=2",
+                  "--set", "train.batch_size=4", "--set", "data.neighbor_text=false", site=site, cwd=ROOT, env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "finished 2 steps" in trained.stdout
+    unknown = kgc("data", "fetch", "pets", "--dest", home, site=None, cwd=tmp_path, env=env)  # not installed
+    assert unknown.returncode == 2 and "pets" in unknown.stderr, unknown.stderr
 
 
 def test_a_plugin_that_fails_to_load_is_one_message_naming_it(tmp_path):

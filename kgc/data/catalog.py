@@ -4,7 +4,9 @@
 The entries here are KG-BERT or PyKEEN label-TSV folders, the format this layer reads (Wikidata5M's own layout is
 converted to KG-BERT's by its fetch, :mod:`kgc.data.wikidata5m`). A task adds the datasets only it reads
 (:meth:`kgc.training.task.Task.datasets`, e.g. the C-STS CSVs, fetched from the authors' encrypted archive with the
-password they give on request). Which task a dataset is for is the task whose ``dataset_files`` mark its folder.
+password they give on request), and another package may add its own through the ``kgc.datasets`` entry point
+group (:data:`kgc.registry.DATASETS`: a :class:`CatalogEntry`, or a module that registers some). Which task a
+dataset is for is the task whose ``dataset_files`` mark its folder.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Callable
 
 from kgc.errors import KGCError
 from kgc.fileio import atomic_dir, sha256_file
-from kgc.registry import TASKS
+from kgc.registry import DATASETS, TASKS
 
 KGBERT = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
 KGBERT_FILES = ("train.tsv", "train.txt")  # a KG-BERT or a PyKEEN label-TSV folder holds one (kgc.data.graph)
@@ -100,8 +102,11 @@ CATALOG: dict[str, CatalogEntry] = {
 
 
 def entries() -> dict[str, CatalogEntry]:
-    """The whole catalog: this layer's entries (:data:`CATALOG`), then each registered task's own."""
+    """The whole catalog: this layer's entries (:data:`CATALOG`), those another package adds
+    (:data:`kgc.registry.DATASETS`, its ``kgc.datasets`` entry points), then each registered task's own."""
     found = dict(CATALOG)
+    for name in DATASETS:
+        found.setdefault(name, DATASETS[name])
     for name in TASKS:
         for entry in TASKS[name].datasets():
             found.setdefault(entry.name, entry)
