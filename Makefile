@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
+.PHONY: install quickstart test test-heavy test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
 
 install: $(VENV)/.installed
 
@@ -34,10 +34,16 @@ TEST_WORKERS ?= 2
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # after pytest: its exit code, but 5 ("no tests ran") is a failure
 COLLECTED = rc=$$?; if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
-# the suite but the GPU job's CPU rehearsal (marked rehearsal, every phase, ~5.5 min: `make test-rehearsal`; .ci/run runs both)
+# the suite but the GPU job's CPU rehearsal (marked rehearsal, every phase, ~5.5 min: `make test-rehearsal`) and the
+# heavy checks (`make test-heavy`); .ci/run runs all three
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal"; $(COLLECTED)
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal and not heavy"; $(COLLECTED)
+
+# the heavy checks `make test` leaves out (tests/conftest.py HEAVY: killed and resumed processes, process groups,
+# many-trial studies, learning outcomes; about 6 minutes); .ci/run runs them after `make test`
+test-heavy: install
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "heavy and not rehearsal"; $(COLLECTED)
 
 test-rehearsal: install
 	$(BIN)/python -m pytest -q -m rehearsal tests/test_gpu_job.py; $(COLLECTED)
@@ -49,7 +55,7 @@ test-faults: install
 
 # the suite once more, writing each test file's seconds to tests/durations.json (the order `make test` starts them in)
 test-durations: install
-	KGC_TEST_DURATIONS=tests/durations.json $(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal"
+	KGC_TEST_DURATIONS=tests/durations.json $(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal and not heavy"
 
 # The documentation site (mkdocs.yml, docs/): built into site/ with --strict, as .ci/run builds it (a broken link or
 # anchor, a missing page, an unknown name in an API reference fails); docs-serve rebuilds on change, on 127.0.0.1 only

@@ -180,9 +180,48 @@ def linkpred_model(run_dir):
 DURATIONS = ROOT / "tests" / "durations.json"
 
 
+# The heavy checks: real processes killed and resumed, process groups, studies of many trials, learning outcomes —
+# each 15 s or more on 2 cores (seconds measured there in brackets). `make test` leaves them to `make test-heavy`,
+# which .ci/run runs as well, so the suite gives its answer in minutes. A node id here marks that test (every case
+# of a parametrised one), a file name every test of the file.
+HEAVY: dict[str, str] = {
+    "tests/test_csts_learn.py": "a C-STS conditioner learns what the blind baseline cannot (79 s)",
+    "tests/test_distributed.py": "torchrun groups: steps equal one process's, a killed group resumes (115 s)",
+    "tests/test_plugins.py": "a plugin package installed and used by real kgc processes (75 s)",
+    "tests/test_docs.py::test_page_examples_run[docs/structure.md]": "a fused UMLS run, as the page shows it (61 s)",
+    "tests/test_tune.py::test_two_worker_processes_share_one_study": "two processes on one study (37 s)",
+    "tests/test_tune.py::test_a_killed_study_continues_the_same_study": "a study killed, then continued (35 s)",
+    "tests/test_tune.py::test_a_study_of_eight_trials_writes_the_best_recipe_the_table_and_the_plots": "(31 s)",
+    "tests/test_tune.py::test_a_continued_study_never_draws_a_point_again": "3 then 5 trials (22 s)",
+    "tests/test_tune.py::test_a_study_database_that_fails_mid_study_is_one_message_and_keeps_its_trials": "(16 s)",
+    "tests/test_evaluate.py::test_peak_memory_stays_within_the_score_budget": "a measured peak (28 s)",
+    "tests/test_sharded_index.py::test_two_processes_one_killed_then_resumed_build_the_one_process_index": "(22 s)",
+    "tests/test_end_to_end.py::test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run": "(20 s)",
+    "tests/test_end_to_end.py::test_sigkill_mid_refresh_then_resume_reproduces_the_run": "(16 s)",
+    "tests/test_run_errors.py::test_any_damaged_file_of_a_finished_run_ends_in_kgcerror_or_the_right_answer": "(18 s)",
+    "tests/test_serve_guard.py::test_sigterm_under_load_answers_every_request_and_resets_none": "(18 s)",
+    "tests/test_serve_guard.py::test_idle_half_sent_and_trickling_connections_starve_nobody": "(15 s)",
+    "tests/test_serve_process.py::test_bench_serve_drives_a_real_server_and_stops": "(17 s)",
+    "tests/test_serve_limits.py::test_a_real_server_bounds_non_reading_clients_and_stops_an_add_on_sigterm": "(17 s)",
+    "tests/test_router_routes.py::test_a_tiny_trained_router_puts_w_on_the_token_its_relation_needs": "(17 s)",
+    "tests/test_exact_index.py::test_kgc_runs_a_flat_index_without_faiss": "a process without FAISS (16 s)",
+    "tests/test_tune.py::test_a_full_disk_under_a_study_is_one_message": "a study on a full disk, two ways (27 s)",
+    "tests/test_durability.py::test_a_kill_during_an_add_leaves_the_run_consistent": "killed adds (12 s a case)",
+    "tests/test_durability.py::test_a_real_file_size_limit_in_the_writers_themselves": "RLIMIT_FSIZE in a process (11 s)",
+}
+
+
+def _heavy(nodeid: str) -> bool:
+    return any(nodeid == name or nodeid.startswith((name + "::", name + "[")) for name in HEAVY)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     import json
 
+    for item in items:
+        if _heavy(item.nodeid):
+            item.add_marker(pytest.mark.heavy)
     try:
         weight = json.loads(DURATIONS.read_text(encoding="utf-8"))
     except (OSError, ValueError):
