@@ -1,5 +1,5 @@
-"""Registries: name → member, one per pluggable family — tasks, conditioners, index types, trackers, datasets —
-kept in the bottom layer: the one resolver every family is looked up through.
+"""Registries: name → member, one per pluggable family — tasks, conditioners, index types, structural models,
+trackers, datasets — kept in the bottom layer: the one resolver every family is looked up through.
 
 A registry sits below everything that registers into it, so a lower layer can look a member up without
 importing the layer that defines it: the recipe builds its unions (``model`` on ``conditioner``, a task's own,
@@ -7,7 +7,8 @@ such as link prediction's ``index`` on ``type``) and checks ``train.trackers`` h
 check a fetched folder. Members register themselves when their module is imported (``@CONDITIONERS.register``);
 on the first lookup a registry imports its built-in modules, named here — the one place that lists them (no
 import statement, so the layer contract in pyproject.toml sees no upward import) — and then every entry point of
-its group (``kgc.conditioners``, ``kgc.index_types``, ``kgc.trackers``, ``kgc.tasks``, ``kgc.datasets``): another package adds a
+its group (``kgc.conditioners``, ``kgc.index_types``, ``kgc.structures``, ``kgc.trackers``, ``kgc.tasks``,
+``kgc.datasets``): another package adds a
 member by naming, in its own ``pyproject.toml``, a module that registers it or the member itself::
 
     [project.entry-points."kgc.conditioners"]
@@ -122,3 +123,6 @@ TRACKERS: Registry = Registry("tracker", "train.trackers", ("kgc.training.tracke
 # datasets another package adds to the catalog: kgc.data.catalog.CatalogEntry instances (the built-in entries are
 # kgc.data.catalog.CATALOG, a task's own its Task.datasets(); all three are what `kgc data list` and fetch read)
 DATASETS: Registry = Registry("dataset", "data.dataset", (), group="kgc.datasets")
+# structural models beside the text model: kgc.linkpred.structure.kinds.StructureKind instances (pykeen, rules)
+STRUCTURES: Registry = Registry("structural model", "structure.model", ("kgc.linkpred.structure.kinds",),
+                                default="pykeen", group="kgc.structures")

@@ -1,5 +1,5 @@
-"""A package outside kgc adds a conditioner, an index type, a tracker and a dataset through entry points, and a
-recipe uses all four: tests/plugin_demo/ is installed into a temporary folder (the package and a ``.dist-info`` with its
+"""A package outside kgc adds a conditioner, an index type, a kind of structural model, a tracker and a dataset
+through entry points, and recipes use them all: tests/plugin_demo/ is installed into a temporary folder (the package and a ``.dist-info`` with its
 ``entry_points.txt``, as pip would leave it) and put on ``PYTHONPATH`` of real ``kgc`` processes. Without it the
 same recipe is refused, naming what is registered."""
 
@@ -48,7 +48,8 @@ def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tin
         "train: {batch_size: 32, max_steps: 3, lr: 1.0e-3, warmup_steps: 1, log_every: 1, num_threads: 1, "
         "trackers: [jsonl_copy, csv]}\n"
         "eval: {batch_size: 128, dev_queries: 40}\n"
-        "index: {type: sq8}\n")
+        "index: {type: sq8}\n"
+        "structure: {model: popularity, smoothing: 0.5, alphas: [0.0, 0.5, 1.0]}\n")
     keys = kgc("recipes", "keys", "model.conditioner", site=site, cwd=tmp_path)
     assert keys.returncode == 0 and "gated" in keys.stdout, keys.stderr
     trained = kgc("train", recipe, "--out", "run", "--no-progress", site=site, cwd=tmp_path)
@@ -65,6 +66,11 @@ def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tin
                  site=site, cwd=tmp_path)
     assert answer.returncode == 0, answer.stderr[-3000:]
     assert len(json.loads(answer.stdout)["predictions"]) == 3
+    assert json.loads((run / "structure" / "meta.json").read_text())["params"]["smoothing"] == 0.5
+    evaluated = kgc("evaluate", "run", "--no-progress", site=site, cwd=tmp_path)  # fused with the plugin's kind
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    fused = json.loads((run / "results.json").read_text())["kgc"]["structure"]
+    assert fused["model"] == "popularity" and fused["alpha"] in (0.0, 0.5, 1.0), fused
 
     alone = kgc("recipes", "check", recipe, "--no-data", "-q", site=None, cwd=tmp_path)  # the plugin not installed
     assert alone.returncode == 2 and "'gated'" in alone.stderr and "hadamard" in alone.stderr, alone.stderr

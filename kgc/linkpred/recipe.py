@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from kgc.linkpred.index.types import IndexOptions, index_options, index_union
+from kgc.linkpred.structure.kinds import structure_tag, structure_union
 from kgc.linkpred.structure.options import PykeenOptions, RulesOptions
 from kgc.recipe import DataConfig, EvalConfig, Recipe, Section
 
@@ -79,17 +80,10 @@ class LinkPredEval(EvalConfig):
                                  "score block evaluation forms; entity blocks when one row is larger")
 
 
-def _structure_tag(value: Any) -> str:
-    model = value.get("model", "RotatE") if isinstance(value, dict) else getattr(value, "model", "RotatE")
-    return "rules" if str(model).lower() == "rules" else "pykeen"
-
-
-_structure_tag.key = "model"  # type: ignore[attr-defined]  # the key it reads (kgc.recipe's key reference)
-
-
-# ``structure:``: a PyKEEN model, or mined rules (chosen by ``structure.model``)
+# ``structure:``: a PyKEEN model, or mined rules, or a plugin's kind (chosen by ``structure.model``): the union of the
+# registered kinds' options (kgc.linkpred.structure.kinds; the built-ins here, a plugin's through member_unions)
 StructureConfig = Annotated[Union[Annotated[PykeenOptions, Tag("pykeen")], Annotated[RulesOptions, Tag("rules")]],
-                            Discriminator(_structure_tag)]
+                            Discriminator(structure_tag)]
 
 
 class LinkPredRecipe(Recipe):
@@ -107,9 +101,12 @@ class LinkPredRecipe(Recipe):
 
     @classmethod
     def member_unions(cls) -> dict[str, tuple[Any, Any]]:
-        """``index``: the union of every registered index type's options (plugins' too), on ``type``."""
+        """``index``: the union of every registered index type's options (plugins' too), on ``type``;
+        ``structure``: of every registered kind of structural model's, on ``model``."""
         return {"index": (index_union(), Field(default_factory=index_options,
-                                               description=cls.model_fields["index"].description))}
+                                               description=cls.model_fields["index"].description)),
+                "structure": (Optional[structure_union()], Field(None, description=cls.model_fields[
+                    "structure"].description))}
 
     @model_validator(mode="before")
     @classmethod

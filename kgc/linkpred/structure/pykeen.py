@@ -39,10 +39,12 @@ EPS = 1e-12
 
 
 def has_structure(folder: Path) -> bool:
-    """``folder`` (a run's ``structure/``) holds a trained structural model (PyKEEN's or mined rules)."""
+    """``folder`` (a run's ``structure/``) holds a trained structural model: the ``meta.json`` each kind writes
+    last (or, as before kinds, PyKEEN's model.pt or the mined rules)."""
     from kgc.linkpred.structure.rules import RULES_FILE
 
-    return (Path(folder) / "model.pt").is_file() or (Path(folder) / RULES_FILE).is_file()
+    folder = Path(folder)
+    return any((folder / name).is_file() for name in ("meta.json", "model.pt", RULES_FILE))
 
 
 def _factory(triples: np.ndarray, graph: KnowledgeGraph, inverse: bool = True):
@@ -75,12 +77,20 @@ def pipeline_kwargs(config: PykeenOptions, *, seed: int, device, progress: bool)
 
 def train_structure(config: FusionOptions, graph: KnowledgeGraph, folder: str | Path, *, seed: int = 0,
                     device: str = "auto", progress: bool = False, echo=print) -> dict:
-    """Train ``config.model`` with PyKEEN's pipeline on ``graph``'s train triples (kgc's ids), evaluate it on dev
-    (PyKEEN's filtered evaluation), save ``RUN/structure/{model.pt, meta.json}``; return the meta."""
+    """Train the structural model ``config`` describes — its kind's (:mod:`kgc.linkpred.structure.kinds`: a PyKEEN
+    model, mined rules, or a plugin's) — on ``graph``'s train triples into ``folder`` (the run's ``structure/``);
+    return the ``meta.json`` it wrote."""
+    from kgc.linkpred.structure.kinds import kind_of
+
     folder = Path(folder)  # the run's structure/ folder (RunDir.structure)
     folder.mkdir(parents=True, exist_ok=True)
-    if config.is_rules:
-        return _mine_rules(config, graph, folder, echo=echo)
+    return kind_of(config).train(config, graph, folder, seed=seed, device=device, progress=progress, echo=echo)
+
+
+def train_pykeen(config: PykeenOptions, graph: KnowledgeGraph, folder: Path, *, seed: int = 0,
+                 device: str = "auto", progress: bool = False, echo=print) -> dict:
+    """Train ``config.model`` with PyKEEN's pipeline on ``graph``'s train triples (kgc's ids), evaluate it on dev
+    (PyKEEN's filtered evaluation), save ``RUN/structure/{model.pt, meta.json}``; return the meta."""
     import pykeen
     from pykeen.pipeline import pipeline
 
@@ -111,7 +121,7 @@ def train_structure(config: FusionOptions, graph: KnowledgeGraph, folder: str | 
     return meta
 
 
-def _mine_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
+def mine_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
     """``structure.model: rules``: mine, save and rank dev with the rules alone (kgc's filtered protocol)."""
     from kgc.linkpred.structure.rules import mine, rule_summary
 
@@ -218,10 +228,13 @@ def load_structure(folder: Path, device: str | torch.device = "cpu") -> Structur
     meta = read_json(folder / "meta.json", fix)
     if not isinstance(meta, dict) or any(k not in meta for k in ("model", "entities", "relations", "params")):
         raise KGCError(f"{folder / 'meta.json'}: not the description kgc writes of a structural model. {fix}")
-    if meta["model"] == "rules":
-        from kgc.linkpred.structure.rules import RuleModel
+    from kgc.linkpred.structure.kinds import kind_named
 
-        return RuleStructure(model=RuleModel.load(folder, meta, fix), meta=meta)
+    return kind_named(str(meta["model"])).load(folder, meta, device, fix)
+
+
+def load_pykeen(folder: Path, meta: dict, device: str | torch.device, fix: str) -> Structure:
+    """The PyKEEN model of ``folder/model.pt``."""
     try:
         model = torch.load(folder / "model.pt", map_location=device, weights_only=False).eval()
     except Exception as exc:  # truncated file, pickle error: torch raises many kinds
