@@ -140,7 +140,8 @@ def rules_run(tiny_bert, tmp_path_factory, data_home):
 def test_alpha_per_relation_is_each_relations_best_on_dev(rules_run):
     from kgc.linkpred.evaluation.scoring import evaluate
     from kgc.linkpred.answer.run import LinkPredRun
-    from kgc.linkpred.structure.pykeen import RelationAlphas, alpha_of, choose_alpha, fused_scorer, load_structure
+    from kgc.linkpred.structure.kinds import load_structure
+    from kgc.linkpred.structure.pykeen import RelationAlphas, alpha_of, choose_alpha, fused_scorer
 
     run = LinkPredRun(rules_run, device="cpu", echo=None)
     model, graph, st = run.predictor.model(), run.predictor.graph(), load_structure(run.dir.structure)
@@ -175,7 +176,8 @@ def test_alpha_per_relation_is_each_relations_best_on_dev(rules_run):
 
 def test_rules_fused_through_the_cli(rules_run):
     from kgc.linkpred.answer.run import LinkPredRun
-    from kgc.linkpred.structure.pykeen import load_structure, rank_structure
+    from kgc.linkpred.structure.kinds import load_structure
+    from kgc.linkpred.structure.pykeen import rank_structure
 
     meta = json.loads((rules_run / "structure" / "meta.json").read_text())
     assert meta["model"] == "rules" and meta["rules"] > 0 and 0 < meta["dev"]["mrr"] <= 1

@@ -47,7 +47,7 @@ def test_structure_trained_and_saved(fused_run):
 
 def _loaded(run_dir):
     from kgc.linkpred.answer.run import LinkPredRun
-    from kgc.linkpred.structure.pykeen import load_structure
+    from kgc.linkpred.structure.kinds import load_structure
 
     run = LinkPredRun(run_dir, device="cpu", echo=None)
     return run, run.predictor.model(), run.predictor.graph(), load_structure(run.dir.structure)

@@ -382,7 +382,7 @@ class LinkPredTraining(Training):
     def after_training(self, run_dir: Path, *, progress: bool, echo) -> None:
         if self.recipe.structure is None:
             return
-        from kgc.linkpred.structure.pykeen import train_structure
+        from kgc.linkpred.structure.kinds import train_structure
         from kgc.training.run import RunDir
 
         train_structure(self.recipe.structure, self.graph, RunDir(run_dir).structure, seed=self.recipe.train.seed,

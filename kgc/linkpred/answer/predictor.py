@@ -92,7 +92,7 @@ class Predictor:
 
     def structure(self) -> "Structure":
         """The structural model, loaded once on the run's device."""
-        from kgc.linkpred.structure.pykeen import load_structure
+        from kgc.linkpred.structure.kinds import load_structure
 
         return self._once("structure", lambda: load_structure(self.dir.structure, self.device))
 
@@ -116,7 +116,7 @@ class Predictor:
         overrides (see :meth:`kgc.linkpred.answer.run.LinkPredRun.train_structure`); the next answer reloads it and
         chooses α again."""
         from kgc.fileio import run_lock
-        from kgc.linkpred.structure.pykeen import train_structure
+        from kgc.linkpred.structure.kinds import train_structure
         from kgc.recipe import override_keys, resolve_recipe
 
         changes = override_keys(overrides, kwargs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kgc.errors import KGCError
 from kgc.linkpred.structure.options import FusionOptions, PykeenOptions, RulesOptions
 from kgc.registry import STRUCTURES
 
@@ -72,9 +73,9 @@ class RulesKind(StructureKind):
     Options = RulesOptions
 
     def train(self, config, graph, folder, *, seed, device, progress, echo):
-        from kgc.linkpred.structure.pykeen import mine_rules
+        from kgc.linkpred.structure.pykeen import train_rules
 
-        return mine_rules(config, graph, folder, echo=echo)
+        return train_rules(config, graph, folder, echo=echo)
 
     def load(self, folder, meta, device, fix):
         from kgc.linkpred.structure.pykeen import RuleStructure
@@ -119,3 +120,29 @@ def structure_union() -> Any:
 
     members = tuple(Annotated[STRUCTURES[k].Options, Tag(k)] for k in STRUCTURES)
     return Annotated[Union[members], Discriminator(structure_tag)]  # type: ignore[valid-type]
+
+
+def train_structure(config: FusionOptions, graph: "KnowledgeGraph", folder: str | Path, *, seed: int = 0,
+                    device: str = "auto", progress: bool = False, echo=print) -> dict:
+    """Train the structural model ``config`` describes — its kind's (:mod:`kgc.linkpred.structure.kinds`: a PyKEEN
+    model, mined rules, or a plugin's) — on ``graph``'s train triples into ``folder`` (the run's ``structure/``);
+    return the ``meta.json`` it wrote."""
+    folder = Path(folder)  # the run's structure/ folder (RunDir.structure)
+    folder.mkdir(parents=True, exist_ok=True)
+    return kind_of(config).train(config, graph, folder, seed=seed, device=device, progress=progress, echo=echo)
+
+
+def load_structure(folder: Path, device: Any = "cpu") -> "Structure":
+    """The structural model in a run's ``structure/`` folder; a missing or unreadable file is one KGCError."""
+    from kgc.linkpred.structure.pykeen import has_structure
+    from kgc.training.run import read_json
+
+    folder = Path(folder)
+    run = folder.parent
+    if not has_structure(folder):
+        raise KGCError(f"{run} has no structural model; train one with `kgc structure {run}`")
+    fix = f"Retrain the structural model with `kgc structure {run}`."
+    meta = read_json(folder / "meta.json", fix)
+    if not isinstance(meta, dict) or any(k not in meta for k in ("model", "entities", "relations", "params")):
+        raise KGCError(f"{folder / 'meta.json'}: not the description kgc writes of a structural model. {fix}")
+    return kind_named(str(meta["model"])).load(folder, meta, device, fix)

@@ -75,18 +75,6 @@ def pipeline_kwargs(config: PykeenOptions, *, seed: int, device, progress: bool)
                 device=device, **kwargs)
 
 
-def train_structure(config: FusionOptions, graph: KnowledgeGraph, folder: str | Path, *, seed: int = 0,
-                    device: str = "auto", progress: bool = False, echo=print) -> dict:
-    """Train the structural model ``config`` describes — its kind's (:mod:`kgc.linkpred.structure.kinds`: a PyKEEN
-    model, mined rules, or a plugin's) — on ``graph``'s train triples into ``folder`` (the run's ``structure/``);
-    return the ``meta.json`` it wrote."""
-    from kgc.linkpred.structure.kinds import kind_of
-
-    folder = Path(folder)  # the run's structure/ folder (RunDir.structure)
-    folder.mkdir(parents=True, exist_ok=True)
-    return kind_of(config).train(config, graph, folder, seed=seed, device=device, progress=progress, echo=echo)
-
-
 def train_pykeen(config: PykeenOptions, graph: KnowledgeGraph, folder: Path, *, seed: int = 0,
                  device: str = "auto", progress: bool = False, echo=print) -> dict:
     """Train ``config.model`` with PyKEEN's pipeline on ``graph``'s train triples (kgc's ids), evaluate it on dev
@@ -121,7 +109,7 @@ def train_pykeen(config: PykeenOptions, graph: KnowledgeGraph, folder: Path, *, 
     return meta
 
 
-def mine_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
+def train_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, echo=print) -> dict:
     """``structure.model: rules``: mine, save and rank dev with the rules alone (kgc's filtered protocol)."""
     from kgc.linkpred.structure.rules import mine, rule_summary
 
@@ -214,23 +202,6 @@ def rank_structure(structure: Structure, graph: KnowledgeGraph, split: str, *, b
                                  graph.num_entities)
             record_ranks(evaluator, target, ranks, graph.num_entities)
     return evaluator.finalize().to_dict()
-
-
-def load_structure(folder: Path, device: str | torch.device = "cpu") -> Structure:
-    """The structural model in a run's ``structure/`` folder; a missing or unreadable file is one KGCError."""
-    from kgc.training.run import read_json
-
-    folder = Path(folder)
-    run = folder.parent
-    if not has_structure(folder):
-        raise KGCError(f"{run} has no structural model; train one with `kgc structure {run}`")
-    fix = f"Retrain the structural model with `kgc structure {run}`."
-    meta = read_json(folder / "meta.json", fix)
-    if not isinstance(meta, dict) or any(k not in meta for k in ("model", "entities", "relations", "params")):
-        raise KGCError(f"{folder / 'meta.json'}: not the description kgc writes of a structural model. {fix}")
-    from kgc.linkpred.structure.kinds import kind_named
-
-    return kind_named(str(meta["model"])).load(folder, meta, device, fix)
 
 
 def load_pykeen(folder: Path, meta: dict, device: str | torch.device, fix: str) -> Structure:
