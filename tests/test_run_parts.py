@@ -164,15 +164,16 @@ def test_a_bad_top_k_is_one_message_in_python_cli_files_and_http(lp_run, tmp_pat
 
 
 def test_alpha_is_chosen_once_and_again_after_retraining(tiny_bert, tmp_path, monkeypatch, data_home):
+    from kgc.linkpred.structure import kinds
     from kgc.linkpred.structure import pykeen as structure
     from kgc.linkpred.answer.run import LinkPredRun
     from tests.test_structure import STRUCTURE, train_fused
 
     fused, _ = train_fused(tiny_bert, tmp_path, STRUCTURE)
     calls, loads = [], []
-    choose, load = structure.choose_alpha, structure.load_structure
+    choose, load = structure.choose_alpha, kinds.load_structure
     monkeypatch.setattr(structure, "choose_alpha", lambda *a, **k: calls.append(1) or choose(*a, **k))
-    monkeypatch.setattr(structure, "load_structure", lambda *a, **k: loads.append(a[1:]) or load(*a, **k))
+    monkeypatch.setattr(kinds, "load_structure", lambda *a, **k: loads.append(a[1:]) or load(*a, **k))
     run = LinkPredRun(fused, device="cpu", echo=None)
     ev = run.evaluation()
     top = run.predict("acquired_abnormality", "location_of", top_k=3)
