@@ -12,6 +12,11 @@ ignored another index type's or structural model's keys — so this step drops t
 version-1 default (a changed value there was refused by version 1 too, and still is, with the member that reads
 it named); under ``index:`` and ``structure:`` whatever their value (version 1 never read them).
 
+Version 2 → 3 (2026-11-29): ``model.shared_towers`` and ``model.tail_map_rank`` became link prediction's own model
+keys (``LinkPredModelKeys``), no longer in every task's ``model:``. Version 2 accepted them in a C-STS recipe at
+their defaults (and ignored them), so this step drops them at those defaults where the task's model does not read
+them; another value was refused by version 2 too, and still is, with the task that reads them named.
+
 Saved runs of version 1 also carry the vintages before it, told apart by which keys they list (each described at
 :func:`_saved_v1`).
 """
@@ -23,7 +28,7 @@ from typing import Any, Callable
 
 from kgc.errors import KGCError
 
-CURRENT = 2
+CURRENT = 3
 
 # version 1's defaults of the model keys that became one conditioner's own (the flat ModelConfig, 2026-11-25)
 V1_MODEL_DEFAULTS: dict[str, Any] = {
@@ -39,6 +44,9 @@ V1_SECTION_KEYS: dict[str, frozenset[str]] = {
                             "training_loop", "negatives", "seed", "device", "alphas", "alpha_per", "alpha_min_queries",
                             "rule_length", "rule_min_support", "rule_unseen", "rule_min_confidence",
                             "rule_max_per_relation", "rule_aggregation"})}
+
+# version 2's defaults of the model keys that became link prediction's own (LinkPredModelKeys, 2026-11-29)
+V2_MODEL_DEFAULTS: dict[str, Any] = {"shared_towers": False, "tail_map_rank": None}
 
 # which keys a member of a union section reads: (recipe type, section, that section's mapping) -> field names,
 # or None when the tag names no member (validation then says so, listing the members)
@@ -114,6 +122,17 @@ def _v1_to_v2(tree: dict, recipe_type: type, keys_of: MemberKeys) -> None:
                     del sub[key]
 
 
+def _v2_to_v3(tree: dict, recipe_type: type, keys_of: MemberKeys) -> None:
+    """Link prediction's model keys at their version-2 defaults dropped where the task's model does not read them."""
+    model = tree.get("model")
+    if isinstance(model, dict):
+        mine = keys_of(recipe_type, "model", model)
+        if mine is not None:
+            for key in [k for k in model if k not in mine and k in V2_MODEL_DEFAULTS]:
+                if model[key] == V2_MODEL_DEFAULTS[key]:
+                    del model[key]
+
+
 def version_of(tree: dict, source: str) -> int:
     version = tree.get("version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -135,5 +154,7 @@ def upgrade(tree: dict, *, source: str, saved: bool, recipe_type: type, keys_of:
         if saved:
             _saved_v1(tree)
         _v1_to_v2(tree, recipe_type, keys_of)
+    if version <= 2:
+        _v2_to_v3(tree, recipe_type, keys_of)
     tree["version"] = CURRENT
     return tree

@@ -57,13 +57,6 @@ class ModelConfig(Section):
     backbone: str = Field(DEFAULT_BACKBONE, description="Hugging Face id or local folder")
     conditioner: str = Field(description="how the relation conditions the head (a registered conditioner: "
                                          "`kgc recipes keys model.` lists each one's keys)")
-    shared_towers: bool = Field(False, description="link prediction: one encoder for query and tail towers "
-                                                   "(SimKGC: separate)")
-    tail_map_rank: Optional[int] = Field(
-        None, ge=1, description="link prediction: a trainable low-rank residual map after the tail tower, "
-                                "t' = normalise(t + U Vᵀ t) of rank r (U starts at 0: the identity); with a tail "
-                                "tower that does not train (loss.table_tails) the one part of the tail side that "
-                                "learns, applied to the whole entity table at every step (unset: none)")
     pooling: Literal["mean", "cls", "s2sent"] = Field("mean", description="token states to one vector: mean, [CLS], "
                                                   "or S²Sent (the last blocks fused, kgc/encoding/pooling.py)")
     s2sent_blocks: int = Field(3, ge=1, description="s2sent: the last n blocks fused")
@@ -77,8 +70,18 @@ class ModelConfig(Section):
         return (tree.get("conditioner") or CONDITIONERS.default) == tag
 
     def options(self) -> dict[str, Any]:
-        """This member's own keys (the conditioner's options) with their values."""
-        return {k: getattr(self, k) for k in type(self).model_fields if k not in ModelConfig.model_fields}
+        """This member's own keys (the conditioner's options) with their values: neither the keys every conditioner
+        reads nor those the task adds (:class:`TaskModelKeys`)."""
+        task = {k for base in type(self).__mro__ if isinstance(base, type) and issubclass(base, TaskModelKeys)
+                and not issubclass(base, ModelConfig) for k in base.model_fields}
+        return {k: getattr(self, k) for k in type(self).model_fields
+                if k not in ModelConfig.model_fields and k not in task}
+
+
+class TaskModelKeys(Section):
+    """Keys a task adds to ``model:`` whatever the conditioner (link prediction's ``shared_towers``), declared
+    beside the task and named by its recipe class (``Recipe.model_keys``): :func:`recipe_type` joins them to every
+    conditioner's options in that task's recipe, so another task's recipe does not have them."""
 
 
 class EncoderConfig(Section):
@@ -241,7 +244,7 @@ class Recipe(Section):
     ``structure``) in a subclass it registers (``Task.recipe_class``), and ``model`` is the union of the registered
     conditioners' options (:func:`recipe_type` joins them); :func:`validate_recipe` and :func:`load_recipe` pick
     the class a tree's ``task`` names."""
-    ignored_model_keys: ClassVar[frozenset[str]] = frozenset()  # ModelConfig keys this task does not read
+    model_keys: ClassVar[Optional[type[TaskModelKeys]]] = None  # keys this task adds to every conditioner's model:
 
     @classmethod
     def member_unions(cls) -> dict[str, tuple[Any, Any]]:
@@ -273,22 +276,9 @@ class Recipe(Section):
             raise ValueError(f"model.conditioner {name!r}: unknown conditioner. Available: {', '.join(CONDITIONERS)}")
         return data
 
-    @model_validator(mode="after")
-    def _model_keys_of_this_task(self) -> "Recipe":
-        fields = ModelConfig.model_fields
-        wrong = sorted(k for k in self.ignored_model_keys
-                       if k in self.model.model_fields_set and getattr(self.model, k) != fields[k].default)
-        if wrong:
-            raise ValueError(f"{', '.join('model.' + k for k in wrong)}: not read by task {self.task}. Remove "
-                             f"{'it' if len(wrong) == 1 else 'them'} (or set task).")
-        return self
-
     def to_yaml(self) -> str:
         """The fully resolved recipe (every key this task and these members read, with its value)."""
-        tree = self.model_dump(mode="json")
-        for key in self.ignored_model_keys:
-            tree["model"].pop(key, None)
-        return yaml.safe_dump(tree, sort_keys=False)
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
 _TYPES: dict[tuple[str, tuple[str, ...]], type[Recipe]] = {}
@@ -296,20 +286,29 @@ _TYPES: dict[tuple[str, tuple[str, ...]], type[Recipe]] = {}
 
 def recipe_type(task: str | None = None) -> type[Recipe]:
     """The concrete recipe class of ``task`` (default: the registry's): the task's registered class with ``model``
-    the discriminated union (on ``conditioner``) of every registered conditioner's options."""
+    the discriminated union (on ``conditioner``) of every registered conditioner's options, each with the keys the
+    task adds to ``model:`` (``model_keys``)."""
     task_class = TASKS.lookup(task or TASKS.default)
     base = task_class.recipe_class
     extra = base.member_unions()  # the task's own unions over registries (link prediction's index types)
     names = tuple(CONDITIONERS)
     key = (task_class.name, names, tuple((f, tuple((_union(a) or ("", {}))[1])) for f, (a, _) in sorted(extra.items())))
     if key not in _TYPES:
-        members = tuple(CONDITIONERS[n].Options for n in names)
+        members = tuple(_with_task_keys(CONDITIONERS[n].Options, base.model_keys) for n in names)
         union = Annotated[Union[members], Field(discriminator="conditioner")]  # type: ignore[valid-type]
-        default = CONDITIONERS[CONDITIONERS.default].Options
+        default = members[names.index(CONDITIONERS.default)]
         _TYPES[key] = create_model(base.__name__, __base__=base, __module__=base.__module__,
                                    model=(union, Field(default_factory=default, description=Recipe.model_fields[
                                        "model"].description)), **extra)
     return _TYPES[key]
+
+
+def _with_task_keys(options: type[ModelConfig], keys: Optional[type[TaskModelKeys]]) -> type[ModelConfig]:
+    """A conditioner's options with a task's own model keys (their fields after the conditioner's)."""
+    if keys is None:
+        return options
+    return create_model(options.__name__, __base__=(keys, options), __module__=options.__module__,
+                        __doc__=options.__doc__)
 
 
 def _union(field: Any) -> tuple[str, dict[str, type[BaseModel]]] | None:

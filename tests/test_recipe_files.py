@@ -295,7 +295,7 @@ def test_kgc_recipes_check_reads_a_recipe_as_training_would_without_training(tmp
     assert lines[0].endswith("umls_biencoder.yaml, resolved") and "conditioner: biencoder" in res.stdout
     found = cli("recipes", "check", "umls_biencoder", "-q").stdout.splitlines()  # the findings alone
     assert lines[-len(found):] == found
-    assert found[0].endswith("a valid recipe (version 2, task linkpred, conditioner biencoder, backbone "
+    assert found[0].endswith(f"a valid recipe (version {CURRENT}, task linkpred, conditioner biencoder, backbone "
                              "sentence-transformers/all-MiniLM-L6-v2)")
     assert found[1].startswith("data: umls read as training reads it: ") and " triples an epoch" in found[1]
     assert found[2].startswith("memory: ~") and len(found) == 3

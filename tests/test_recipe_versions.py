@@ -111,8 +111,36 @@ def test_each_member_owns_its_keys():
         load_recipe(None, ["structure.model=RotatE", "structure.rule_length=1"])
     with pytest.raises(KGCError, match=r"loss.mse_weight: read only by task csts"):
         load_recipe(None, ["loss.mse_weight=2"])
-    with pytest.raises(KGCError, match=r"model.shared_towers: not read by task csts"):
+    with pytest.raises(KGCError, match=r"model.shared_towers: read only by task linkpred, and this recipe has task "
+                                       r"csts"):
         load_recipe(None, ["task=csts", "data.dataset=synth-csts", "model.shared_towers=true"])
+
+
+def test_link_prediction_owns_its_model_keys(tmp_path):
+    """shared_towers and tail_map_rank are link prediction's (LinkPredModelKeys) under every conditioner, not in a
+    C-STS recipe; a version-2 C-STS recipe that listed them at their defaults loads (migration 2 -> 3), one that set
+    them is refused as version 2 refused it."""
+    from kgc.recipe import load_recipe
+
+    for cond in ("biencoder", "router", "hypernet"):
+        lp = load_recipe(None, [f"model.conditioner={cond}", "model.shared_towers=true", "model.tail_map_rank=3"])
+        assert lp.model.shared_towers is True and lp.model.tail_map_rank == 3
+        assert not {"shared_towers", "tail_map_rank"} & set(lp.model.options())  # not a conditioner's option
+    cs = load_recipe(None, ["task=csts", "data.dataset=synth-csts"])
+    assert not {"shared_towers", "tail_map_rank"} & set(cs.model.model_dump())
+    assert "shared_towers" not in cs.to_yaml()
+    old = tmp_path / "csts_v2.yaml"
+    old.write_text("version: 2\ntask: csts\ndata: {dataset: synth-csts}\n"
+                   "model: {conditioner: hadamard, shared_towers: false, tail_map_rank: null}\n")
+    recipe = load_recipe(old)
+    assert recipe.version == CURRENT and "shared_towers" not in recipe.model.model_dump()
+    old.write_text("version: 2\ntask: csts\ndata: {dataset: synth-csts}\nmodel: {shared_towers: true}\n")
+    with pytest.raises(KGCError, match=r"model.shared_towers: read only by task linkpred"):
+        load_recipe(old)
+    current = tmp_path / "lp_v3.yaml"  # the keys' own place today: a link-prediction recipe keeps them, any version
+    for version in (2, CURRENT):
+        current.write_text(f"version: {version}\nmodel: {{shared_towers: true, tail_map_rank: 2}}\n")
+        assert load_recipe(current).model.tail_map_rank == 2
 
 
 # ---------------------------------------------------------------- runs saved at efc2a8e (before issue 53)

@@ -1,11 +1,12 @@
 """C-STS's part of a recipe: the generated set's options and Hyper-CL's objective (MSE + a contrastive term).
 
-The task registers :class:`CSTSRecipe` (``CSTSTask.recipe_class``). The model's link-prediction keys
-(``shared_towers``, ``tail_map_rank``) mean nothing here: a recipe that sets them is refused."""
+The task registers :class:`CSTSRecipe` (``CSTSTask.recipe_class``). It adds no keys to ``model:`` (link
+prediction's ``shared_towers`` and ``tail_map_rank`` are link prediction's own: a C-STS recipe that sets them is
+refused, naming the task that reads them)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -34,7 +35,6 @@ class CSTSLoss(Section):
 
 class CSTSRecipe(Recipe):
     """A conditional-STS recipe (``task: csts``)."""
-    ignored_model_keys: ClassVar[frozenset[str]] = frozenset({"shared_towers", "tail_map_rank"})
     task: Literal["csts"] = Field("csts", description="a registered task: linkpred (link prediction) or csts "
                                                       "(conditional STS)")
     data: CSTSData = CSTSData()

@@ -2,7 +2,8 @@
 the entity index (a union on ``index.type``) and the structural side (a union on ``structure.model``).
 
 The task registers :class:`LinkPredRecipe` (``LinkPredTask.recipe_class``); ``kgc.recipe`` validates a recipe
-whose ``task`` is ``linkpred`` with it, the ``model:`` union of the registered conditioners added."""
+whose ``task`` is ``linkpred`` with it, the ``model:`` union of the registered conditioners added, each with link
+prediction's own model keys (:class:`LinkPredModelKeys`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ from pydantic import Discriminator, Field, Tag, model_validator
 from kgc.linkpred.index.types import IndexOptions, index_options, index_union
 from kgc.linkpred.structure.kinds import structure_tag, structure_union
 from kgc.linkpred.structure.options import PykeenOptions, RulesOptions
-from kgc.recipe import DataConfig, EvalConfig, Recipe, Section
+from kgc.recipe import DataConfig, EvalConfig, Recipe, Section, TaskModelKeys
+
+
+class LinkPredModelKeys(TaskModelKeys):
+    """Link prediction's own ``model:`` keys, whatever the conditioner: how the two towers relate."""
+    shared_towers: bool = Field(False, description="one encoder for the query and tail towers (SimKGC: separate)")
+    tail_map_rank: Optional[int] = Field(
+        None, ge=1, description="a trainable low-rank residual map after the tail tower, t' = normalise(t + U Vᵀ t) of "
+                                "rank r (U starts at 0: the identity); with a tail tower that does not train "
+                                "(loss.table_tails) the one part of the tail side that learns, applied to the whole "
+                                "entity table at every step (unset: none)")
 
 
 class LinkPredData(DataConfig):
@@ -88,7 +99,7 @@ StructureConfig = Annotated[Union[Annotated[PykeenOptions, Tag("pykeen")], Annot
 
 class LinkPredRecipe(Recipe):
     """A link-prediction recipe (``task: linkpred``)."""
-    ignored_model_keys: ClassVar[frozenset[str]] = frozenset()
+    model_keys: ClassVar[Optional[type[TaskModelKeys]]] = LinkPredModelKeys
     task: Literal["linkpred"] = Field("linkpred", description="a registered task: linkpred (link prediction) or "
                                                               "csts (conditional STS)")
     data: LinkPredData = LinkPredData()
