@@ -7,7 +7,7 @@ The Python API (the CLI answers the same questions)::
     run.evaluate()                     # PyKEEN's results dict (results.json)
     run.predict("virus", "causes")     # DataFrame: rank, entity, text, score
 
-The tools are ``kgc.api.export`` / ``compare`` / ``explain`` / ``bench_*``. ``kgc.train`` / ``kgc.load`` return the
+The tools are ``kgc.api.export`` / ``compare`` / ``explain`` / ``bench``. ``kgc.train`` / ``kgc.load`` return the
 task's run class — :class:`LinkPredRun` or :class:`CSTSRun`, both a
 :class:`Run`. Nothing heavy loads at import (torch, transformers and pykeen load on first use), so
 ``import kgc`` stays fast.

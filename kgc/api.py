@@ -235,68 +235,26 @@ def app(run: "str | Path | Run", **options: Any):
     return create_app(load(run, echo=None) if isinstance(run, (str, Path)) else run, **options)
 
 
-def bench_inference(**options: Any) -> dict:
-    """``kgc bench inference``: queries/s of each conditioner, entity embeddings cached (kgc.bench)."""
+def bench(command: str, *args: Any, **options: Any) -> dict:
+    """``kgc bench COMMAND``: run a benchmark and return its figures (the dict ``--out`` writes). ``args`` and
+    ``options`` are its function's (``kgc.bench.commands()[command].target`` names it), e.g. ``bench("train",
+    "recipes/umls_biencoder.yaml", steps=2, echo=None)``, ``bench("serve", "runs/x", clients=[1, 8])``, ``bench(
+    "index", entities=100_000, dim=64)``. A path among ``args`` may be a string. Every task's benchmarks are here:
+    ``kgc.bench.commands()`` lists them (inference, train, loss, inputs, rules, structure, index, scale, serve).
+    ``kgc.api.bench_train(...)`` and the like still answer, as ``bench("train", ...)``."""
     from kgc.bench import run_bench
 
-    return run_bench("inference", **options)
+    if options.get("echo", print) is None:
+        options["echo"] = _silent
+    return run_bench(command, *(Path(a) if isinstance(a, str) else a for a in args), **options)
 
 
-def bench_train(recipe: str | Path, **options: Any) -> dict:
-    """``kgc bench train``: training triples/s, full fine-tuning vs the top n layers over the layer cache."""
-    from kgc.bench import run_bench
+def bench_commands() -> dict:
+    """Every benchmark ``kgc bench`` runs, by name: its :class:`kgc.training.task.BenchCommand` (what it measures,
+    its parameters; ``kgc.cli.bench`` makes the commands from them)."""
+    from kgc.bench import commands
 
-    return run_bench("train", Path(recipe), **options)
-
-
-def bench_loss(recipe: str | Path, **options: Any) -> dict:
-    """``kgc bench loss``: the objective's s/step, masks by binary search against ``torch.isin`` (kgc.bench)."""
-    from kgc.bench import run_bench
-
-    return run_bench("loss", Path(recipe), **options)
-
-
-def bench_inputs(recipe: str | Path, **options: Any) -> dict:
-    """``kgc bench inputs``: the host's ms per training step building the batch's token inputs (kgc.bench)."""
-    from kgc.bench import run_bench
-
-    return run_bench("inputs", Path(recipe), **options)
-
-
-def bench_rules(recipe: str | Path, **options: Any) -> dict:
-    """``kgc bench rules``: mined rules scoring a split, per-relation tables against per-batch rows (kgc.bench)."""
-    from kgc.bench import run_bench
-
-    return run_bench("rules", Path(recipe), **options)
-
-
-def bench_serve(run_dir: str | Path, **options: Any) -> dict:
-    """``kgc bench serve``: answers/s and latency of ``kgc serve RUN`` under 1, 8, 32 … concurrent clients."""
-    from kgc.bench import bench_serve as run
-
-    return run(Path(run_dir), **options)
-
-
-def bench_index(**options: Any) -> dict:
-    """``kgc bench index``: the index types on synthetic vectors (build, size, queries/s, recall@k)."""
-    from kgc.bench import run_bench
-
-    return run_bench("index", **options)
-
-
-def bench_structure(recipe: str | Path, **options: Any) -> dict:
-    """``kgc bench structure``: PyKEEN alone on its own copy of the recipe's dataset."""
-    from kgc.bench import run_bench
-
-    return run_bench("structure", Path(recipe), **options)
-
-
-def bench_scale(**options: Any) -> dict:
-    """``kgc bench scale``: every stage of the path (check, tokenise, train, index, evaluate, serve, add) as its own
-    process on generated graphs of growing size: wall time, peak RSS, bytes per entity, growth (kgc.bench)."""
-    from kgc.bench import run_bench
-
-    return run_bench("scale", **options)
+    return commands()
 
 
 def table(kind: str, result: Any, *extra: Any) -> str:
@@ -310,13 +268,9 @@ def table(kind: str, result: Any, *extra: Any) -> str:
 
 def results(run: "str | Path | Run", split: str = "test") -> dict:
     """A run's evaluation of ``split`` as written by ``kgc evaluate`` (results[.split].json)."""
-    from kgc.training.run import RunDir, read_json
+    from kgc.training.run import read_results
 
-    folder = run.dir if not isinstance(run, (str, Path)) else RunDir(run)
-    f = folder.results(split)
-    if not f.is_file():
-        raise KGCError(f"{f}: not found; evaluate the run first (`kgc evaluate {folder.path}`)")
-    return read_json(f, f"Evaluate the run again: `kgc evaluate {folder.path}`.")
+    return read_results(run, split)
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -452,7 +406,15 @@ def write_pairs(path: str | Path | None, rows: list[dict], echo: Echo = print) -
 def __getattr__(name: str) -> Any:
     """A task's public names, imported on first use (:meth:`kgc.training.task.Task.public_names`): e.g.
     ``kgc.api.QueryOptions``, a link-prediction question's options (``run.predict``'s, ``kgc predict``'s, ``POST
-    /predict``'s: defaults, help and checks stated once)."""
+    /predict``'s: defaults, help and checks stated once); and ``bench_NAME``, :func:`bench` with that command (the
+    names before the benchmarks were generated: ``kgc.api.bench_train(...)`` is ``bench("train", ...)``)."""
+    if name.startswith("bench_"):
+        import functools
+
+        from kgc.bench import commands
+
+        if name.removeprefix("bench_") in commands():
+            return functools.partial(bench, name.removeprefix("bench_"))
     if not name.startswith("_"):
         from kgc.training.task import public_name
 

@@ -1,9 +1,13 @@
 """``kgc bench``: the benchmarks behind the performance claims, each run as ratios inside one process.
 
-The benchmarks of one task live in its package and are found through its hooks
+A benchmark is a :class:`BenchCommand`: its name, the function that measures and returns the figures (named as
+``"module:function"``, imported when it runs), its parameters (:class:`Param`, typer-free) and how its result is
+shown. The benchmarks of one task live in its package and are found through its hooks
 (:meth:`kgc.training.task.Task.bench_commands`, :meth:`~kgc.training.task.Task.bench_tables`): ``kgc bench
-inference / train / loss / index / structure`` are link prediction's. ``kgc bench serve`` is every task's: it drives
-``kgc serve RUN`` with the requests the run's own ``Serving`` makes from its test data.
+inference / train / loss / inputs / rules / index / structure / scale`` are link prediction's. ``kgc bench serve`` is
+every task's: it drives ``kgc serve RUN`` with the requests the run's own ``Serving`` makes from its test data. The
+command line (:mod:`kgc.cli.bench`) and the API (:func:`kgc.api.bench`) are generated from these descriptions, so a
+task (or a plugin's task) adds a benchmark in one place.
 """
 
 from __future__ import annotations
@@ -14,14 +18,44 @@ from typing import Any, Callable
 
 from kgc.errors import KGCError
 from kgc.registry import TASKS
+from kgc.training.task import BenchCommand, Param
+
+__all__ = ["BenchCommand", "Param", "bench_serve", "commands", "run_bench", "tables"]
+
+SERVE = BenchCommand(
+    "serve", "kgc.bench:bench_serve",
+    "Start `kgc serve RUN` on 127.0.0.1, drive it with N concurrent clients, report answers/s and latency.",
+    (Param("run_dir", "path", help="a trained run (its index is built first if missing)", required=True),
+     Param("clients", "ints", "1,8,32", ("--clients",), "concurrent clients, one row each"),
+     Param("seconds", "float", 20.0, ("--seconds",), "per row", min=0.1),
+     Param("max_requests", "int", 100_000, ("--max-requests",), "per row, at most", min=1),
+     Param("max_batch", "int", None, ("--max-batch",), "the server's", min=1),
+     Param("max_wait_ms", "float", None, ("--max-wait-ms",), "the server's", min=0),
+     Param("threads", "int", None, ("--threads",), "the server's torch threads", min=1),
+     Param("add", "int", 0, ("--add",), "then one more row: the most clients while one more adds this many entities "
+                                        "(on a linked copy of RUN)", min=0)),
+    adapt="kgc.bench:serve_arguments", show="kgc.bench:show_serve")
 
 
-def commands() -> dict[str, Callable[..., dict]]:
+def serve_arguments(values: dict[str, Any]) -> tuple[list, dict]:
+    """``kgc bench serve``'s server options (``--max-batch`` …) as the ``kgc serve`` arguments it starts with."""
+    values = dict(values)
+    server = {"--max-batch": values.pop("max_batch"), "--max-wait-ms": values.pop("max_wait_ms"),
+              "--threads": values.pop("threads")}
+    values["server_args"] = [f"{flag}={v}" for flag, v in server.items() if v is not None]
+    return [values.pop("run_dir")], values
+
+
+def show_serve(result: dict, values: dict, echo: Callable[[str], None]) -> None:
+    echo(f"server stopped (exit {result['server_exit']}); batches: {result['batching']}")
+
+
+def commands() -> dict[str, BenchCommand]:
     """Every task's benchmarks by name (``kgc bench NAME``), ``serve`` included."""
-    found: dict[str, Callable[..., dict]] = {"serve": bench_serve}
+    found: dict[str, BenchCommand] = {"serve": SERVE}
     for name in TASKS:
-        for command, fn in TASKS[name].bench_commands().items():
-            found.setdefault(command, fn)
+        for command, spec in TASKS[name].bench_commands().items():
+            found.setdefault(command, spec)
     return found
 
 
@@ -30,7 +64,7 @@ def run_bench(command: str, *args: Any, **options: Any) -> dict:
     known = commands()
     if command not in known:
         raise KGCError(f"kgc bench {command}: no such benchmark. Available: {', '.join(sorted(known))}")
-    return known[command](*args, **options)
+    return known[command].run(*args, **options)
 
 
 def tables() -> dict[str, Callable[..., str]]:

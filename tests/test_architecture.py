@@ -300,3 +300,40 @@ def test_a_command_that_needs_no_model_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_kgc_bench_is_generated_from_what_the_tasks_contribute():
+    """Every benchmark a task describes (BenchCommand) is a `kgc bench` command whose options reach its function:
+    each command's defaults, parsed and adapted as the command line does, bind to the measuring function's own
+    signature; every flag is in the command's --help; `kgc.api.bench_NAME` is `bench("NAME", …)`."""
+    import inspect
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import kgc.api
+    from kgc.cli import app
+    from kgc.cli.bench import _parsed
+    from kgc.training.task import _load
+
+    specs = kgc.api.bench_commands()
+    assert {"serve", "inference", "train", "loss", "inputs", "rules", "structure", "index", "scale"} <= set(specs)
+    listing = CliRunner().invoke(app, ["bench", "--help"], terminal_width=200).stdout
+    for name, spec in specs.items():
+        assert f" {name} " in listing, name
+        values = {p.name: (Path("x") if p.required else p.default) for p in spec.params}
+        parsed = _parsed(spec.params, values)
+        if spec.adapt:
+            args, kwargs = _load(spec.adapt)(parsed)
+        else:
+            positional = [p.name for p in spec.params if not p.flags]
+            args, kwargs = [parsed[n] for n in positional], {k: v for k, v in parsed.items() if k not in positional}
+        kwargs.pop("out", None)
+        inspect.signature(_load(spec.target)).bind(*args, **kwargs, echo=print)  # TypeError: a lost option
+        helped = CliRunner().invoke(app, ["bench", name, "--help"], terminal_width=400).stdout
+        for p in spec.params:
+            for flag in p.flags:
+                assert flag.split("/")[0] in helped, (name, flag)
+        assert kgc.api.bench_train.args == ("train",) or name != "train"
+    bad = CliRunner().invoke(app, ["bench", "index", "--entities", "600", "--nprobe", "8,x"])
+    assert bad.exit_code != 0

@@ -262,7 +262,7 @@ def test_sigterm_ends_the_server_cleanly(server):  # last of the tests that use 
 
 
 def test_bench_serve_drives_a_real_server_and_stops(lp_run):
-    result = kgc.api.bench_serve(lp_run.path, clients=[1, 4], seconds=1.5, warmup=4, echo=lambda m: None)
+    result = kgc.api.bench("serve", lp_run.path, clients=[1, 4], seconds=1.5, warmup=4, echo=lambda m: None)
     assert [r["clients"] for r in result["rows"]] == [1, 4]
     for row in result["rows"]:
         assert row["answers"] > 0 and row["errors"] == 0 and row["seconds"] < 30

@@ -2,7 +2,7 @@
 
 One module per command group: :mod:`~kgc.cli.train` (train, compare, tune, curves), :mod:`~kgc.cli.evaluate`
 (evaluate, similarity, structure, export, explain), :mod:`~kgc.cli.answer` (index, predict, serve),
-:mod:`~kgc.cli.recipes`, :mod:`~kgc.cli.data`, :mod:`~kgc.cli.bench` and :mod:`~kgc.cli.scale` (``kgc bench``);
+:mod:`~kgc.cli.recipes`, :mod:`~kgc.cli.data` and :mod:`~kgc.cli.bench` (``kgc bench``, generated from the tasks' benchmarks);
 :mod:`~kgc.cli.common` holds the Typer apps they register on."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 from kgc.cli import train  # noqa: F401, I001
 from kgc.cli import evaluate  # noqa: F401
 from kgc.cli import answer  # noqa: F401
-from kgc.cli import recipes, data, bench, scale  # noqa: F401
+from kgc.cli import recipes, data, bench  # noqa: F401
 from kgc.cli.common import ENTRY, app
 from kgc.errors import KGCError
 

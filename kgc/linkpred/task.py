@@ -204,7 +204,7 @@ class LinkPredTask(Task):
 
     @classmethod
     def bench_commands(cls):
-        from kgc.linkpred.bench.speed import commands
+        from kgc.linkpred.bench.commands import commands
 
         return commands()
 

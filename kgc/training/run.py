@@ -35,6 +35,15 @@ def silent(msg: str) -> None:
     """An ``echo`` that says nothing."""
 
 
+def read_results(run: "str | Path | Run", split: str = "test") -> dict:
+    """A run's evaluation of ``split`` as written by ``kgc evaluate`` (results[.split].json)."""
+    folder = run.dir if not isinstance(run, (str, Path)) else RunDir(run)
+    f = folder.results(split)
+    if not f.is_file():
+        raise KGCError(f"{f}: not found; evaluate the run first (`kgc evaluate {folder.path}`)")
+    return read_json(f, f"Evaluate the run again: `kgc evaluate {folder.path}`.")
+
+
 def read_json(path: Path, fix: str) -> Any:
     """A JSON file the toolkit wrote; an unreadable one is one KGCError naming the file and ``fix``."""
     try:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kgc.conditioning.base import Conditioner, conditioner_class
+from kgc.conditioning.base import Conditioner
 from kgc.encoding.backbone import TextEncoder, load_backbone, resolve_backbone
 from kgc.recipe import Recipe
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from pathlib import Path
+import importlib
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from kgc.errors import KGCError
@@ -135,9 +136,10 @@ class Task(ABC):
         raise KGCError(f"{run.path} is a {cls.name} run; kgc export has nothing to write for it")
 
     @classmethod
-    def bench_commands(cls) -> dict[str, Callable[..., dict]]:
-        """The task's benchmarks, ``kgc bench NAME`` → a function returning the figures (``kgc.bench`` finds them
-        here; ``kgc bench serve`` is every task's)."""
+    def bench_commands(cls) -> dict[str, Any]:
+        """The task's benchmarks, ``kgc bench NAME`` → its :class:`kgc.bench.BenchCommand` (the function that returns
+        the figures, its parameters, how its result is shown): the command line and ``kgc.api.bench`` are made from
+        them (``kgc bench serve`` is every task's). Import nothing heavy here: ``kgc --help`` reads them."""
         return {}
 
     @classmethod
@@ -230,6 +232,70 @@ class Training(ABC):
 
     def after_training(self, run_dir: Path, *, progress: bool, echo: Echo) -> None:
         """Work that follows the text model's training (main process only), e.g. a structural model beside it."""
+
+
+# ---------------------------------------------------------------- a benchmark, as a task contributes it
+
+KINDS = ("int", "float", "str", "path", "flag", "ints", "strs", "repeat")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a benchmark as the command line takes it. ``name``: the keyword it becomes (of the
+    benchmark's function, or of its ``adapt``); ``flags``: its options (``("--steps",)``, ``("--full/--no-full",)``
+    for a flag pair), none for a positional argument (``required`` unless it has a default); ``kind``: int, float,
+    str, path, flag, ints / strs (comma-separated, e.g. ``--clients 1,8,32``: a list; ``min`` bounds each int),
+    repeat (a repeatable option: a list of strings)."""
+    name: str
+    kind: str = "str"
+    default: Any = None
+    flags: tuple[str, ...] = ()
+    help: str = ""
+    min: float | None = None
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise KGCError(f"bench parameter {self.name}: kind {self.kind!r}, not one of {', '.join(KINDS)}")
+
+
+def _load(target: str) -> Callable:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class BenchCommand:
+    """``kgc bench NAME``: ``target`` (``"module:function"``) measures and returns the figures (a JSON-able dict;
+    it says its progress through an ``echo`` keyword); ``params`` are what the command line takes (``--out FILE``,
+    the figures as JSON, is added to every command that declares no ``out``); ``adapt`` (``"module:function"``,
+    optional) turns the parsed values into the target's ``(args, kwargs)`` where they differ (default: the
+    positional arguments in order, the options as keywords); ``show`` (optional) prints the result after the
+    target's own lines: ``show(result, values, echo)``."""
+    name: str
+    target: str
+    help: str
+    params: tuple[Param, ...] = ()
+    adapt: str | None = None
+    show: str | None = None
+
+    def run(self, *args: Any, **options: Any) -> dict:
+        """The figures: the target called with ``args`` and ``options`` as they are (the API's way in)."""
+        return _load(self.target)(*args, **options)
+
+    def call(self, values: dict[str, Any], echo: Callable[[str], None]) -> dict:
+        """The figures for the command line's parsed ``values`` (``out`` aside), shown with ``echo``."""
+        values = {k: v for k, v in values.items() if k != "out"}
+        if self.adapt:
+            args, kwargs = _load(self.adapt)(values)
+        else:
+            positional = [p.name for p in self.params if not p.flags]
+            args = [values[n] for n in positional]
+            kwargs = {k: v for k, v in values.items() if k not in positional}
+        result = self.run(*args, **kwargs, echo=echo)
+        if self.show:
+            _load(self.show)(result, values, echo)
+        return result
 
 
 @dataclass(frozen=True)

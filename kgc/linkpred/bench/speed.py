@@ -1,5 +1,6 @@
 """Link prediction's benchmarks (``kgc bench inference / train / loss / index / structure``), each run as ratios
-inside one process; :mod:`kgc.bench` finds them through ``LinkPredTask.bench_commands``.
+inside one process; :mod:`kgc.bench` finds them through ``LinkPredTask.bench_commands``, which reads their
+command-line descriptions in :mod:`kgc.linkpred.bench.commands`.
 
 ``kgc bench inference``: answer every test query of a dataset in both directions with each
 conditioner on the same backbone, entity embeddings already cached (computed once and shared). Each
@@ -654,11 +655,7 @@ STRUCTURE_METRICS = {"mrr": "inverse_harmonic_mean_rank", "hits_at_1": "hits_at_
 
 def bench_structure(recipe_path: Path, *, overrides: list[str] | None = None, seeds=(0,), progress: bool = True,
                     echo=print) -> dict:
-    """``kgc bench inputs``: the host's share of a training step (:func:`bench_inputs`): a batch's inputs built one entity
-at a time, as before in the step, and as ``task.prepare`` builds them a step ahead, checked equal; then steps with a
-tiny BERT, inputs in the step against prefetched.
-
-``kgc bench structure``: PyKEEN alone, as a PyKEEN user runs it — ``pipeline(dataset=<its own bundled
+    """``kgc bench structure``: PyKEEN alone, as a PyKEEN user runs it — ``pipeline(dataset=<its own bundled
     copy>, …)`` with the recipe's ``structure:`` settings and inverse triples, evaluated by PyKEEN on test
     (filtered, both directions, realistic ranks) — the reference for the structure-only row of ``kgc evaluate``
     on a run of the same recipe (kgc trains the same pipeline on its own ids)."""
@@ -729,15 +726,6 @@ def added_entities_request(run: Any, n: int, seed: int = 0) -> tuple[str, dict, 
     entities = [{"id": f"kgc-bench-added-{i}", "name": f"{graph.names[e]} {i}"[:1000],
                  "description": (graph.descriptions[e] or "")[:10_000]} for i, e in enumerate(rows.tolist())]
     return "/entities", {"entities": entities}, f"adding {n} entities"
-
-
-def commands() -> dict:
-    """``kgc bench NAME`` → its function, for :meth:`kgc.linkpred.task.LinkPredTask.bench_commands`."""
-    from kgc.linkpred.bench.scale import bench_scale
-
-    return {"inference": bench_inference, "train": bench_train, "loss": bench_loss, "index": bench_index,
-            "structure": bench_structure, "scale": bench_scale,
-            "inputs": bench_inputs, "rules": bench_rules}
 
 
 def tables() -> dict:

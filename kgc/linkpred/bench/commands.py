@@ -1,0 +1,193 @@
+"""Link prediction's ``kgc bench`` commands as data (:class:`kgc.training.task.BenchCommand`): what each measures, its
+parameters and how its result is shown. ``kgc bench`` and ``kgc.api.bench`` are generated from them; the measuring
+functions live in :mod:`~kgc.linkpred.bench.speed` and :mod:`~kgc.linkpred.bench.scale` and are imported only when
+a benchmark runs (this module imports neither torch nor numpy: ``kgc --help`` stays light)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kgc.training.task import BenchCommand, Param
+from kgc.errors import KGCError
+
+SPEED = "kgc.linkpred.bench.speed"
+SETS = Param("overrides", "repeat", [], ("--set",), "a recipe key, e.g. --set train.lr=3e-5 (repeatable)")
+PROGRESS = Param("progress", "flag", True, ("--progress/--no-progress",), "progress bars")
+
+
+def _recipe(example: str) -> Param:
+    return Param("recipe_path", "path", help=f"e.g. {example}", required=True)
+
+
+COMMANDS = (
+    BenchCommand(
+        "inference", f"{SPEED}:bench_inference",
+        "Answer every test query (both directions) per conditioner, entity embeddings cached.",
+        (Param("dataset", "str", "wn18rr", ("--dataset",)),
+         Param("conditioners", "repeat", [], ("--conditioner",), "repeatable (default: every registered one); "
+               "options after a colon, e.g. router:cross_attend=top,router_layers=2"),
+         Param("limit", "int", None, ("--limit",), "only the first N test triples"), SETS, PROGRESS),
+        show=f"{__name__}:show_inference"),
+    BenchCommand(
+        "train", f"{SPEED}:bench_train", "Training triples/s: full fine-tuning vs the top n layers over the layer cache.",
+        (_recipe("recipes/wn18rr_csr.yaml"),
+         Param("trainable_layers", "int", 2, ("--trainable-layers",)),
+         Param("steps", "int", 5, ("--steps",)), Param("batch_size", "int", 32, ("--batch-size",)), SETS,
+         Param("full", "flag", True, ("--full/--no-full",), "--no-full: only the top-n row (a recipe's own pace), "
+                                                             "no speed-up"))),
+    BenchCommand(
+        "loss", f"{SPEED}:bench_loss",
+        "The objective alone: false-negative masks by binary search (training's) against torch.isin, s/step.",
+        (_recipe("recipes/wn18rr_laptop.yaml"), Param("steps", "int", 20, ("--steps",), min=1),
+         Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
+    BenchCommand(
+        "inputs", f"{SPEED}:bench_inputs",
+        "The host's share of a training step: a batch's inputs one entity at a time, as built before in the step, "
+        "and prepared a step ahead; then steps with a tiny BERT, inputs in the step against prefetched.",
+        (_recipe("recipes/wn18rr_biencoder.yaml"), Param("steps", "int", 10, ("--steps",), min=1),
+         Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
+    BenchCommand(
+        "rules", f"{SPEED}:bench_rules",
+        "Mined rules scoring a split's queries: per-relation tables (small graphs) against per-batch rows, s.",
+        (_recipe("recipes/umls_biencoder.yaml (its data: and structure: sections, structure.model=rules)"),
+         Param("split", "str", "test", ("--split",), "test, dev or train: whose queries are scored"),
+         Param("batch_size", "int", 64, ("--batch-size",), min=1), SETS)),
+    BenchCommand(
+        "structure", f"{SPEED}:bench_structure",
+        "PyKEEN alone on its own copy of the dataset (its pipeline, the recipe's structure: settings): test MRR and "
+        "Hits@k beside kgc's structure-only and fused rows.",
+        (Param("recipe_path", "path", help="a recipe with a structure: section, on a dataset PyKEEN ships (umls, "
+                                           "kinships, nations)", required=True),
+         Param("seeds", "ints", "0", ("--seeds",), "comma-separated seeds; the table shows the mean", min=0),
+         Param("run", "path", None, ("--run",), "a run of the recipe, evaluated: its text, structure and fused rows "
+                                                "beside PyKEEN's"), SETS, PROGRESS),
+        adapt=f"{__name__}:structure_arguments", show=f"{__name__}:show_structure"),
+    BenchCommand(
+        "index", f"{SPEED}:bench_index",
+        "Index types on synthetic clustered unit vectors: build time, size, queries/s, recall@10 vs exact.",
+        (Param("entities", "int", 1_000_000, ("--entities",), min=1), Param("dim", "int", 384, ("--dim",), min=1),
+         Param("queries", "int", 1000, ("--queries",), min=1),
+         Param("types", "strs", "flat,ivf,hnsw,ivfpq", ("--types",), "comma-separated index types"),
+         Param("nprobe", "ints", "8,16,32,64,128", ("--nprobe",), "ivf, ivfpq: the values to sweep"),
+         Param("ef_search", "ints", "16,32,64,128", ("--ef-search",), "hnsw: the values to sweep"),
+         Param("rescore", "ints", "1,10", ("--rescore",), "ivfpq: the exact re-scoring factors to sweep (1: plain PQ "
+                                                          "scores)"),
+         Param("nlist", "int", None, ("--nlist",), "ivf, ivfpq (default 4·√entities)"),
+         Param("hnsw_m", "int", None, ("--hnsw-m",)), Param("ef_construction", "int", None, ("--ef-construction",)),
+         Param("pq_bytes", "int", None, ("--pq-bytes",)), Param("train_size", "int", None, ("--train-size",)),
+         Param("clusters", "int", 2000, ("--clusters",), "Gaussian clusters in the synthetic set", min=1),
+         Param("seed", "int", 0, ("--seed",)),
+         Param("threads", "int", None, ("--threads",), "FAISS threads (default: every core)", min=1),
+         Param("repeats", "int", 3, ("--repeats",), "searches per setting; the fastest counts", min=1)),
+        adapt=f"{__name__}:index_arguments", show=f"{__name__}:show_index"),
+    BenchCommand(
+        "scale", "kgc.linkpred.bench.scale:bench_scale",
+        "The whole path at each size: generate a graph, then check, tokenise, train a few steps, index, evaluate, "
+        "serve (head by name) and add entities, each stage its own process: wall time, peak RSS, bytes per entity, "
+        "growth.",
+        (Param("recipe_file", "path", None, help="the same as --recipe (e.g. recipes/wikidata5m_biencoder.yaml)"),
+         Param("entities", "ints", "50000,500000", ("--entities",), "comma-separated sizes, e.g. "
+                                                                   "50000,500000,5000000"),
+         Param("work", "path", None, ("--work",), "folder for the graphs, runs and logs (default: a temporary one)"),
+         Param("keep", "flag", False, ("--keep",), "keep each size's graph, run and logs (a later bench in the same "
+                                                   "--work reuses the graphs)"),
+         Param("queries", "int", 1000, ("--queries",), "test (and dev) triples of the generated graphs: evaluated in "
+                                                       "both directions", min=1),
+         Param("requests", "int", 200, ("--requests",), "head-by-name requests to the server, every fourth misspelt "
+                                                        "(did you mean)", min=1),
+         Param("add", "int", 10_000, ("--add",), "entities added at the end (kgc index --add)", min=1),
+         Param("model", "str", "tiny", ("--model",), "tiny: a random 2-layer, 32-wide BERT made in the work folder; "
+                                                     "else a model name or folder"),
+         Param("steps", "int", 2, ("--steps",), "training steps (the run folder's cost)", min=1),
+         Param("stages", "strs", None, ("--stages",), "only these stages, comma-separated (default: all)"),
+         Param("overrides", "repeat", [], ("--set",), "a key of the measured run's recipe, e.g. --set "
+                                                       "data.neighbor_text=true"),
+         Param("recipe", "path", None, ("--recipe",), "also say what each stage of this recipe would need at each "
+                                                      "size, here and on a GPU"),
+         Param("recipe_overrides", "repeat", [], ("--recipe-set",), "a key of --recipe, e.g. --recipe-set "
+                                                                     "train.batch_size=256"),
+         Param("stage_timeout", "float", None, ("--stage-timeout",), "seconds a stage may take before it is killed",
+               min=1),
+         Param("index_type", "str", None, ("--index-type",), "kgc index --type: flat (default), ivf, hnsw or ivfpq"),
+         Param("max_memory_gb", "float", None, ("--max-memory",), "GB of resident memory past which a stage is "
+                                                                  "killed (and reported), before the OOM killer acts",
+               min=0.1),
+         Param("seed", "int", 0, ("--seed",)), Param("plot", "path", None, ("--plot",), "a PNG of time and memory per "
+                                                                                       "stage"),
+         Param("out", "path", None, ("--json", "--out"), "write the figures as JSON")),
+        adapt=f"{__name__}:scale_arguments", show=f"{__name__}:show_scale"),
+)
+
+
+def commands() -> dict[str, BenchCommand]:
+    """``kgc bench NAME`` → its description, for :meth:`kgc.linkpred.task.LinkPredTask.bench_commands`."""
+    return {c.name: c for c in COMMANDS}
+
+
+# ---------------------------------------------------------------- what the command line hands over, and shows
+
+
+def show_inference(result: dict, values: dict, echo: Callable[[str], None]) -> None:
+    for row in result["rows"]:
+        ratio, reference = next(((v, k.removeprefix("speedup_vs_")) for k, v in row.items()
+                                 if k.startswith("speedup_vs_")), (None, ""))
+        echo(f"{row['conditioner']:<24} {row['queries_per_s']:>10.1f} queries/s" +
+             (f"   {ratio:>7.1f}x {reference}" if ratio is not None else ""))
+
+
+def structure_arguments(values: dict[str, Any]) -> tuple[list, dict]:
+    values = dict(values)
+    values.pop("run")  # shown beside the result (show_structure), not measured
+    return [values.pop("recipe_path")], values
+
+
+def show_structure(result: dict, values: dict, echo: Callable[[str], None]) -> None:
+    from kgc.linkpred.bench.speed import structure_table
+    from kgc.training.run import read_results
+
+    echo(structure_table(result, None if values.get("run") is None else read_results(values["run"])))
+
+
+BUILD = ("nlist", "hnsw_m", "ef_construction", "pq_bytes", "train_size")
+
+
+def index_arguments(values: dict[str, Any]) -> tuple[list, dict]:
+    """The build options (``--nlist`` …) as the one ``build`` mapping :func:`bench_index` takes."""
+    values = dict(values)
+    values["build"] = {k: values.pop(k) for k in BUILD}
+    return [], values
+
+
+def show_index(result: dict, values: dict, echo: Callable[[str], None]) -> None:
+    from kgc.linkpred.bench.speed import index_table
+
+    echo(index_table(result))
+    best = result["fastest_at_recall_0.95"]
+    if best is not None:
+        params = ", ".join(f"{k}={v}" for k, v in best["params"].items() if k != "type")
+        echo(f"fastest at recall@{result['k']} >= 0.95: {best['type']} ({params}), {best['speedup_vs_flat']}× flat")
+    small = result["smallest_at_recall_0.95"]
+    if small is not None:
+        params = ", ".join(f"{k}={v}" for k, v in small["params"].items() if k != "type")
+        k = result["k"]
+        echo(f"least RAM at recall@{k} >= 0.95: {small['type']} ({params}), {small['bytes_per_entity']:,.0f} bytes "
+             f"per entity, recall {small[f'recall_at_{k}']}, {small['speedup_vs_flat']}× flat")
+
+
+def scale_arguments(values: dict[str, Any]) -> tuple[list, dict]:
+    """The recipe given as the argument or as ``--recipe`` (not two different ones)."""
+    values = dict(values)
+    given = values.pop("recipe_file")
+    if given is not None and values["recipe"] is not None and given != values["recipe"]:
+        raise KGCError(f"two recipes: {given} and --recipe {values['recipe']}; give one")
+    values["recipe"] = values["recipe"] or given
+    return [], values
+
+
+def show_scale(result: dict, values: dict, echo: Callable[[str], None]) -> None:
+    from kgc.linkpred.bench.scale import scale_table
+
+    if any(r["status"] != "skipped" for s in result["sizes"] for r in s["stages"]):
+        echo(scale_table(result))
+    for n, names in {s["entities"]: s["failed"] for s in result["sizes"] if s["failed"]}.items():
+        echo(f"warning: at {n:,} entities {', '.join(names)} did not complete (see the notes)")
