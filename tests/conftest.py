@@ -204,6 +204,8 @@ HEAVY: dict[str, str] = {
     "tests/test_serve_process.py::test_bench_serve_drives_a_real_server_and_stops": "(17 s)",
     "tests/test_serve_limits.py::test_a_real_server_bounds_non_reading_clients_and_stops_an_add_on_sigterm": "(17 s)",
     "tests/test_router_routes.py::test_a_tiny_trained_router_puts_w_on_the_token_its_relation_needs": "(17 s)",
+    "tests/test_router_routes.py::test_minilm_router_routes_where_the_condition_decides_and_the_old_routing_does_not":
+        "MiniLM routers trained on UMLS, old and new routing compared (71 s)",
     "tests/test_exact_index.py::test_kgc_runs_a_flat_index_without_faiss": "a process without FAISS (16 s)",
     "tests/test_tune.py::test_a_full_disk_under_a_study_is_one_message": "a study on a full disk, two ways (27 s)",
     "tests/test_durability.py::test_a_kill_during_an_add_leaves_the_run_consistent": "killed adds (12 s a case)",

@@ -213,3 +213,54 @@ def test_tri_encoder_compositions(encoder, special):
         cat = build_conditioner("concat", encoder=encoder, special=special, max_tokens=24).eval()
         ref = F.normalize(F.gelu(cat.proj(torch.cat([hs, hc], -1))), dim=-1)
         torch.testing.assert_close(cat(SENTS, CONDS), ref, atol=1e-6, rtol=0)
+
+
+def test_backbones_built_side_by_side_leave_torch_initialisation_alone(tiny_bert):
+    """load_backbone(weights=False) skips initialisation through transformers' no_init_weights, which swaps
+    torch.nn.init's functions for no-ops process-wide and restores what it found: two threads inside it at once left
+    the no-ops in place for good, and every nn.Linear made later in the process started from uninitialised memory
+    (the conditioners' equation tests above then saw NaN when a threaded test ran before them in one worker). Forced
+    here: A inside, B asks to enter, A leaves, B leaves — B must have waited for A (else B put back A's no-ops)."""
+    import threading
+    import time
+
+    import transformers  # noqa: F401 — its lazy names imported here, not first from two threads at once
+    from transformers import AutoConfig, AutoModel  # noqa: F401
+
+    from kgc.encoding import backbone
+
+    modules = [m for m in (torch.nn.init, torch.nn.modules.linear, torch.nn.modules.sparse)]
+    real = {(m, n): getattr(m, n) for m in modules for n in ("kaiming_uniform_", "normal_", "uniform_", "zeros_")
+            if hasattr(m, n)}
+    inside, asked = threading.Event(), threading.Event()
+
+    def first():
+        with backbone._no_init():
+            inside.set()
+            asked.wait(5)
+            time.sleep(0.3)  # the second would be inside by now were it let in
+
+    def second():
+        inside.wait(5)
+        asked.set()
+        with backbone._no_init():
+            time.sleep(0.6)  # leaves after the first (unless it waited for the first to leave)
+
+    def built():
+        for _ in range(3):
+            load_backbone(tiny_bert, weights=False)
+
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        threads += [threading.Thread(target=built) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert all(getattr(m, n) is f for (m, n), f in real.items()), "torch.nn.init left patched"
+        torch.manual_seed(0)
+        weight = torch.nn.Linear(64, 64).weight
+        assert torch.isfinite(weight).all() and 0.01 < float(weight.std()) < 0.2  # kaiming_uniform_, bound 1/8
+    finally:
+        for (m, n), f in real.items():  # a failure here must not spoil every later test of this worker
+            setattr(m, n, f)

