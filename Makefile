@@ -41,7 +41,7 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not rehearsal and not heavy"; $(COLLECTED)
 
 # the heavy checks `make test` leaves out (tests/conftest.py HEAVY: killed and resumed processes, process groups,
-# many-trial studies, learning outcomes; about 6 minutes); .ci/run runs them after `make test`
+# many-trial studies, learning outcomes; about 10 minutes); .ci/run runs them after `make test`
 test-heavy: install
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "heavy and not rehearsal"; $(COLLECTED)
 

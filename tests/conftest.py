@@ -210,6 +210,13 @@ HEAVY: dict[str, str] = {
     "tests/test_tune.py::test_a_full_disk_under_a_study_is_one_message": "a study on a full disk, two ways (27 s)",
     "tests/test_durability.py::test_a_kill_during_an_add_leaves_the_run_consistent": "killed adds (12 s a case)",
     "tests/test_durability.py::test_a_real_file_size_limit_in_the_writers_themselves": "RLIMIT_FSIZE in a process (11 s)",
+    "tests/test_durability.py::test_train_on_a_full_disk_is_one_message_then_one_way_forward": "(16 s; the fault "
+        "matrix's train cells stay in make test)",
+    "tests/test_fault_matrix.py::test_a_kill_at_each_write": "SIGKILL at an add's middle write, then the next "
+        "command (25 s)",
+    "tests/test_tune.py::test_a_studys_trials_are_child_runs_of_one_mlflow_run": "a study in MLflow (14 s)",
+    "tests/test_tune.py::test_a_study_with_another_budget_or_space_is_another_study": "two studies (13 s)",
+    "tests/test_tune.py::test_a_study_optimises_the_metric_asked_in_its_direction": "two studies, two metrics (14 s)",
 }
 
 
