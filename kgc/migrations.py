@@ -104,15 +104,21 @@ def _saved_v1(tree: dict) -> None:
         model["case_head"] = "legacy"  # a CASE run from before the paper's heads: its weights are the old heads'
 
 
-def _v1_to_v2(tree: dict, recipe_type: type, keys_of: MemberKeys) -> None:
-    """The union sections keep only their member's keys (see the module docstring)."""
+def _drop_unread_defaults(tree: dict, recipe_type: type, keys_of: MemberKeys, defaults: dict[str, Any]) -> None:
+    """Under ``model:``, the keys of ``defaults`` that the selected member does not read, where they hold that
+    default (another value stays, and validation refuses it naming who reads it)."""
     model = tree.get("model")
     if isinstance(model, dict):
         mine = keys_of(recipe_type, "model", model)
         if mine is not None:
-            for key in [k for k in model if k not in mine and k in V1_MODEL_DEFAULTS]:
-                if model[key] == V1_MODEL_DEFAULTS[key]:
+            for key in [k for k in model if k not in mine and k in defaults]:
+                if model[key] == defaults[key]:
                     del model[key]
+
+
+def _v1_to_v2(tree: dict, recipe_type: type, keys_of: MemberKeys) -> None:
+    """The union sections keep only their member's keys (see the module docstring)."""
+    _drop_unread_defaults(tree, recipe_type, keys_of, V1_MODEL_DEFAULTS)
     for section in ("index", "structure"):
         sub = tree.get(section)
         if isinstance(sub, dict):
@@ -124,13 +130,7 @@ def _v1_to_v2(tree: dict, recipe_type: type, keys_of: MemberKeys) -> None:
 
 def _v2_to_v3(tree: dict, recipe_type: type, keys_of: MemberKeys) -> None:
     """Link prediction's model keys at their version-2 defaults dropped where the task's model does not read them."""
-    model = tree.get("model")
-    if isinstance(model, dict):
-        mine = keys_of(recipe_type, "model", model)
-        if mine is not None:
-            for key in [k for k in model if k not in mine and k in V2_MODEL_DEFAULTS]:
-                if model[key] == V2_MODEL_DEFAULTS[key]:
-                    del model[key]
+    _drop_unread_defaults(tree, recipe_type, keys_of, V2_MODEL_DEFAULTS)
 
 
 def version_of(tree: dict, source: str) -> int:
