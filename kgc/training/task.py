@@ -14,10 +14,10 @@ Adding a task is one package that defines both and registers the description in 
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from pathlib import Path
-import importlib
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from kgc.errors import KGCError
@@ -137,7 +137,7 @@ class Task(ABC):
 
     @classmethod
     def bench_commands(cls) -> dict[str, Any]:
-        """The task's benchmarks, ``kgc bench NAME`` → its :class:`kgc.bench.BenchCommand` (the function that returns
+        """The task's benchmarks, ``kgc bench NAME`` → its :class:`BenchCommand` (the function that returns
         the figures, its parameters, how its result is shown): the command line and ``kgc.api.bench`` are made from
         them (``kgc bench serve`` is every task's). Import nothing heavy here: ``kgc --help`` reads them."""
         return {}
