@@ -207,6 +207,30 @@ def test_rules_fused_through_the_cli(rules_run):
     assert bad.returncode != 0 and "rule_aggregation" in bad.stdout + bad.stderr
 
 
+def test_a_structural_model_is_replaced_whole_or_not_at_all(rules_run, monkeypatch):
+    """train_structure hands the kind a new empty folder that replaces structure/ when it is done: a training that
+    fails half-way (a file written, then an error) leaves the previous model's files as they were, and no staged
+    folder behind."""
+    import kgc
+    from kgc.linkpred.structure.kinds import PykeenKind, train_structure
+    from kgc.recipe import resolve_recipe
+
+    folder = rules_run / "structure"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert "meta.json" in before
+
+    def half_way(self, config, graph, into, **options):
+        (into / "model.pt").write_bytes(b"half")
+        raise RuntimeError("the structural model's training failed")
+
+    monkeypatch.setattr(PykeenKind, "train", half_way)
+    config = resolve_recipe({"task": "linkpred", "structure": {"model": "TransE", "dim": 4, "epochs": 1}}).structure
+    with pytest.raises(RuntimeError, match="training failed"):
+        train_structure(config, kgc.load(rules_run, echo=None).predictor.graph(), folder, echo=lambda m: None)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert [p.name for p in rules_run.iterdir() if "structure" in p.name] == ["structure"]  # nothing staged left
+
+
 def test_bench_rules_compares_tables_and_rows_on_the_same_scores(tmp_path):
     from tests.conftest import TOY_TEST, write_toy
 

@@ -35,8 +35,9 @@ class StructureKind:
 
     def train(self, config: FusionOptions, graph: "KnowledgeGraph", folder: Path, *, seed: int, device: str,
               progress: bool, echo) -> dict[str, Any]:
-        """Fit ``config`` on ``graph``'s train triples into ``folder`` (every file through :mod:`kgc.fileio`, the
-        ``meta.json`` last, with ``model``, ``entities``, ``relations`` and ``params``); return that meta."""
+        """Fit ``config`` on ``graph``'s train triples into ``folder``, a new empty folder that becomes the run's
+        ``structure/`` when this returns (every file through :mod:`kgc.fileio`; a ``meta.json`` with ``model``,
+        ``entities``, ``relations`` and ``params``); return that meta."""
         raise NotImplementedError
 
     def load(self, folder: Path, meta: dict, device: Any, fix: str) -> "Structure":
@@ -53,7 +54,7 @@ class PykeenKind(StructureKind):
     Options = PykeenOptions
 
     def selects(self, model: str) -> bool:
-        return not any(STRUCTURES[k].selects(model) for k in STRUCTURES if k != self.name)
+        return kind_named(model) is self
 
     def train(self, config, graph, folder, *, seed, device, progress, echo):
         from kgc.linkpred.structure.pykeen import train_pykeen
@@ -126,10 +127,16 @@ def train_structure(config: FusionOptions, graph: "KnowledgeGraph", folder: str 
                     device: str = "auto", progress: bool = False, echo=print) -> dict:
     """Train the structural model ``config`` describes — its kind's (:mod:`kgc.linkpred.structure.kinds`: a PyKEEN
     model, mined rules, or a plugin's) — on ``graph``'s train triples into ``folder`` (the run's ``structure/``);
-    return the ``meta.json`` it wrote."""
+    return the ``meta.json`` it wrote. The kind writes into a new, empty folder that replaces ``folder`` whole once
+    it is done (:func:`kgc.fileio.atomic_dir`): nothing of the previous model (another kind's files, its chosen α)
+    is left beside the new one, and a training that fails leaves the previous model as it was."""
+    from kgc.fileio import atomic_dir
+
     folder = Path(folder)  # the run's structure/ folder (RunDir.structure)
-    folder.mkdir(parents=True, exist_ok=True)
-    return kind_of(config).train(config, graph, folder, seed=seed, device=device, progress=progress, echo=echo)
+    with atomic_dir(folder, replace=True) as fresh:
+        meta = kind_of(config).train(config, graph, fresh, seed=seed, device=device, progress=progress, echo=echo)
+    echo(f"structural model saved in {folder}")
+    return meta
 
 
 def load_structure(folder: Path, device: Any = "cpu") -> "Structure":

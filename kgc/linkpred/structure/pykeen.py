@@ -102,10 +102,8 @@ def train_pykeen(config: PykeenOptions, graph: KnowledgeGraph, folder: Path, *, 
                     "filtered_with": "train and dev (PyKEEN's pipeline; kgc evaluate also filters test triples)"},
             "entities": graph.num_entities, "relations": graph.num_relations, "device": str(dev),
             "pykeen_version": pykeen.get_version(), "trained_at": time.time()}
-    for stale in ("alpha.json", "rules.tsv", "edges.npy"):  # the previous structural model's
-        (folder / stale).unlink(missing_ok=True)
     write_json(folder / "meta.json", meta)
-    echo(f"structural model trained in {seconds:.1f}s, dev MRR {meta['dev']['mrr']:.4f} (PyKEEN) → {folder}")
+    echo(f"structural model trained in {seconds:.1f}s, dev MRR {meta['dev']['mrr']:.4f} (PyKEEN)")
     return meta
 
 
@@ -113,8 +111,6 @@ def train_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, e
     """``structure.model: rules``: mine, save and rank dev with the rules alone (kgc's filtered protocol)."""
     from kgc.linkpred.structure.rules import mine, rule_summary
 
-    for stale in ("alpha.json", "model.pt"):  # the previous structural model's
-        (folder / stale).unlink(missing_ok=True)
     model, seconds = mine(config, graph, folder, echo=echo)
     meta = {"model": "rules", "params": config.model_dump(mode="json"), "seed": None,
             "train_seconds": round(seconds, 2), "seconds": round(seconds, 2), "rules": len(model.rules),
@@ -132,7 +128,7 @@ def train_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, e
     for line in rule_summary(model, graph):
         echo(f"  {line}")
     dev = f", dev MRR {meta['dev']['mrr']:.4f} alone" if "dev" in meta else ""
-    echo(f"{len(model.rules)} rules mined in {seconds:.1f}s{dev} → {folder}")
+    echo(f"{len(model.rules)} rules mined in {seconds:.1f}s{dev}")
     return meta
 
 

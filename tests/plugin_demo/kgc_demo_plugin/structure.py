@@ -26,8 +26,6 @@ class Popularity(StructureKind):
     Options = PopularityOptions
 
     def train(self, config, graph, folder, *, seed, device, progress, echo):
-        for stale in ("alpha.json", "model.pt", "rules.tsv", "edges.npy"):  # another kind's, trained before
-            (folder / stale).unlink(missing_ok=True)
         both = graph.both_directions("train")  # (head, relation in 0..2R-1, answer)
         counts = np.full((2 * graph.num_relations, graph.num_entities), config.smoothing, dtype=np.float32)
         np.add.at(counts, (both[:, 1], both[:, 2]), 1.0)
@@ -35,7 +33,7 @@ class Popularity(StructureKind):
         meta = {"model": self.name, "params": config.model_dump(mode="json"), "entities": graph.num_entities,
                 "relations": graph.num_relations, "trained_at": time.time()}
         write_json(folder / "meta.json", meta)
-        echo(f"popularity counted over {len(both)} train directions → {folder}")
+        echo(f"popularity counted over {len(both)} train directions")
         return meta
 
     def load(self, folder, meta, device, fix):
