@@ -23,7 +23,13 @@ and, only when named in --phases:
    its share of the minutes.
 
 Training phases share what is left after the smoke test by weight (``WEIGHTS``); each keeps a reserve for its
-setup and evaluation. Nothing is copied back but the summary, the metrics and the logs (8 files at most).
+setup and evaluation.
+
+``--rehearsal`` (gpu/rehearse.py passes it): each phase is bounded by its steps, not by the wall clock. A rehearsal
+checks that every phase runs and reports on a CPU that may be slower, or busier, than the one the budgets were set
+on, so no phase is skipped for want of time, no command is killed at its share of the minutes (only a hang, past
+REHEARSAL_CAP seconds, is killed), and a training phase gets at least MIN_TRAIN_MINUTES of training (its
+``train.max_steps`` or its minutes end it, as on the GPU). Nothing is copied back but the summary, the metrics and the logs (8 files at most).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ PROFILE_STEPS = 30
 RESERVE_SECONDS = 100  # per training phase: process start, data and tokenisation, the test evaluation
 SMOKE_SECONDS = 120  # 35 s in the rehearsal on 2 loaded CPU cores; room for five processes starting CUDA
 MIN_TRAIN_MINUTES = 0.5  # a training phase with less than this left is skipped (said in the summary)
+REHEARSAL_CAP = 1500.0  # seconds: in a rehearsal a command ends by its steps; this only ends a hang
 COLUMNS = ("phase", "status", "GPU", "minutes", "epochs", "triples/s", "MRR", "H@1", "H@3", "H@10",
            "peak GPU memory", "GPU busy", "of bf16 peak", "seconds")
 
@@ -88,9 +95,18 @@ class Job:
         self.overrides = [f"model.backbone={args.backbone}"] if args.backbone else []
         self.overrides += args.set or []
         self.python = sys.executable
+        self.rehearsal = bool(getattr(args, "rehearsal", False))
 
     def left(self) -> float:
         return self.deadline - time.time()
+
+    def out_of_time(self, needed: float) -> bool:
+        """Whether fewer than ``needed`` seconds are left: never in a rehearsal (its phases end by their steps)."""
+        return not self.rehearsal and self.left() < needed
+
+    def cap(self, seconds: float) -> float:
+        """A command's time limit: ``seconds`` on the GPU; in a rehearsal at least REHEARSAL_CAP (a hang's)."""
+        return max(seconds, REHEARSAL_CAP) if self.rehearsal else seconds
 
     # ------------------------------------------------------------------ output, written at once
 
@@ -105,7 +121,8 @@ class Job:
         lines = ["# kgc GPU job", "", f"{self.env.get('gpu', 'no GPU')} · torch {self.env.get('torch', '?')} "
                  f"(CUDA {self.env.get('cuda', '—')}) · transformers {self.env.get('transformers', '?')} · "
                  f"bf16 matrix product {fmt(self.env.get('bf16_tflops'), '.0f')} TFLOP/s measured · "
-                 f"built from {self.env.get('built_from', '?')[:12]} · --minutes {self.args.minutes:g}", "",
+                 f"built from {self.env.get('built_from', '?')[:12]} · --minutes {self.args.minutes:g}"
+                 + (" · a rehearsal: each phase bounded by its steps, not the clock" if self.rehearsal else ""), "",
                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         for r in self.rows:
             lines.append("| " + " | ".join(str(r.get(key(c), "")) for c in COLUMNS) + " |")
@@ -124,7 +141,8 @@ class Job:
 
     def run(self, phase: str, cmd: list[str], *, timeout: float, env: dict | None = None) -> int:
         """``cmd`` with its output appended to the phase's log; 124 when it ran past ``timeout`` (its process
-        group is killed)."""
+        group is killed; in a rehearsal ``timeout`` is raised to REHEARSAL_CAP)."""
+        timeout = self.cap(timeout)
         log = self.out / f"{phase}.log"
         with log.open("a") as f:
             f.write(f"\n$ {' '.join(cmd)}   [timeout {timeout:.0f}s]\n")
@@ -303,7 +321,7 @@ def smoke(job: Job) -> bool:
         steps.append(("predict", job.run("smoke", job.kgc("predict", str(run), "--head", head, "--relation",
                                                           relation, "--no-progress"), timeout=left())))
     if steps[-1][1] == 0:
-        steps.append(("serve", serve_round_trip(job, run, left())))
+        steps.append(("serve", serve_round_trip(job, run, job.cap(left()))))
     failed = [name for name, rc in steps if rc != 0]
     results = read_json(run / "results.json")
     job.record({"phase": "smoke", "status": "ok" if not failed else f"failed at {failed[0]}",
@@ -505,7 +523,7 @@ def pace(job: Job) -> None:
     chosen = job.args.pace_switches
     names = list(PACE_SWITCHES) if chosen == "all" else [n for n in chosen.split(",") if n] if chosen else PACE_DEFAULT
     for name in names:
-        if job.left() < 40:
+        if job.out_of_time(40):
             job.record({"phase": f"pace: {name}", "status": f"skipped ({job.left():.0f}s left)"})
             continue
         begun = time.time()
@@ -550,6 +568,8 @@ def main() -> int:
     parser.add_argument("--backbone", default="", help="model.backbone for every run (the rehearsal's tiny BERT)")
     parser.add_argument("--set", action="append", help="a recipe override for every run (the rehearsal's)")
     parser.add_argument("--train-set", action="append", default=[], help="a recipe override for the training phases")
+    parser.add_argument("--rehearsal", action="store_true",
+                        help="phases bounded by their steps, not the clock (gpu/rehearse.py on a CPU)")
     parser.add_argument("--pace-steps", type=int, default=60, help="the pace phase's training steps per switch")
     parser.add_argument("--pace-switches", default="", help="comma-separated names of PACE_SWITCHES, or all "
                                                             "(default PACE_DEFAULT)")
@@ -580,7 +600,9 @@ def main() -> int:
         weights = sum(WEIGHTS[p] for p in training[i:])
         share = (job.left() - RESERVE_SECONDS * (len(training) - i)) * WEIGHTS[phase] / weights
         minutes = share / 60
-        if minutes < MIN_TRAIN_MINUTES:
+        if job.rehearsal:
+            minutes = max(minutes, MIN_TRAIN_MINUTES)
+        elif minutes < MIN_TRAIN_MINUTES:
             job.record({"phase": phase, "status": f"skipped ({job.left():.0f}s left)"})
             continue
         train_phase(job, phase, minutes)
