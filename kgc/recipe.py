@@ -28,8 +28,40 @@ from kgc.registry import CONDITIONERS, TASKS, TRACKERS
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+# YAML 1.1 reads these bare words as booleans; an option whose values are words takes the word back
+_YAML_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
+
+
+def _word_choices(annotation: Any) -> tuple | None:
+    """The string values of a ``Literal`` annotation (also inside ``Optional``), None where it also takes a bool
+    (a bool there is meant as one) or has no Literal."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return tuple(a for a in args if isinstance(a, str))
+    if typing.get_origin(annotation) in (Union, types.UnionType) and bool not in args:
+        found = [c for a in args if (c := _word_choices(a))]
+        return tuple(w for c in found for w in c) if found else None
+    return None
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _words_yaml_read_as_booleans(cls, data: Any) -> Any:
+        """``amp: off`` (or ``--set train.amp=off``): YAML reads the bare word as ``false``; an option whose values
+        are words, one of them off/no/false (on/yes/true), takes that word back instead of refusing the bool."""
+        if not isinstance(data, dict):
+            return data
+        changed = None
+        for name, field in cls.model_fields.items():
+            value = data.get(name)
+            if isinstance(value, bool) and (choices := _word_choices(field.annotation)):
+                word = next((w for w in _YAML_WORDS[value] if w in choices), None)
+                if word is not None:
+                    changed = {**(changed or data), name: word}
+        return changed or data
 
 
 class DataConfig(Section):
@@ -117,7 +149,9 @@ class TrainConfig(Section):
     grad_clip: float = Field(10.0, gt=0, description="gradients clipped to this global norm")
     seed: int = Field(2022, description="seeds weights, batches and dropout: a run is reproducible")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
-    amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on CUDA; on a CPU bf16 where it has bf16 hardware and a probe of the step "
+                            "finds it faster, else fp32 (kgc.encoding.precision); off: fp32")
     num_threads: Union[int, Literal["auto"], None] = Field(
         "auto", description="CPU threads for torch: a number; auto: the cores not already busy (runnable tasks in "
                             "/proc/loadavg), at most $OMP_NUM_THREADS where set, so two runs on one machine do not "

@@ -33,6 +33,10 @@ def _data_env():
     with pytest.MonkeyPatch.context() as m:
         m.setenv("KGC_DATA_HOME", str(SHARED_DATA))
         m.setenv("HF_HUB_OFFLINE", "1")
+        import torch
+
+        if not torch.cuda.is_available():  # fp32 on every CPU: figures that do not depend on the machine's speed
+            m.setenv("KGC_AMP", "off")  # (train.amp=auto would probe bf16 both ways); tests/test_precision.py clears it
         yield
 
 

@@ -75,7 +75,10 @@ def test_defaults_scale_with_the_entity_count():
 
 
 class StandInModel:
-    """What the index reads of a LinkPredictor: the entity table, the text fingerprint, the entity count."""
+    """What the index reads of a LinkPredictor: the entity table, the text fingerprint, the entity count, the
+    precision the table is encoded in."""
+
+    precision = "fp32"
 
     def __init__(self, table: np.ndarray):
         self.table, self.embedded = table, 0

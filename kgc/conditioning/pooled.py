@@ -188,5 +188,5 @@ class HyperNet(PooledConditioner):
                 q = (hs @ w1) @ w2.t()
                 if self.form == "residual":
                     q = hs + q
-            out[rows] = q
+            out[rows] = q.to(out.dtype)  # under autocast the product is bf16, the sentence state fp32
         return F.normalize(out, dim=-1)

@@ -93,7 +93,7 @@ def evaluate(model: SimilarityModel, texts: Texts, data: CSTSData, split: str = 
     cache = model.layer_cache
     results["kgc"] = {"dataset": data.source, "evaluation_seconds": round(seconds, 3),
                       "sentences": int(len(s_used)), "conditions": int(len(c_used)),
-                      "sentence_condition_pairs": int(len(pairs)),
+                      "sentence_condition_pairs": int(len(pairs)), "precision": model.precision,
                       "encoder_passes": int(sum(engine.passes.values())),
                       "encoder_passes_by_kind": dict(engine.passes),
                       "condition_enters_at_layer": model.conditioner.entry_layer,

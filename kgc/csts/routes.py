@@ -40,7 +40,8 @@ class CSTSServing(Serving):
 
     def info(self) -> dict[str, Any]:
         model, _ = self.run.model()
-        return {"explainable": model.conditioner.explain_kind is not None}
+        return {"explainable": model.conditioner.explain_kind is not None,
+                "precision": model.precision_choice.record()}
 
     def sample_requests(self, n: int, seed: int = 0) -> list[tuple[str, Any]]:
         """Test pairs, shuffled: ``POST /similarity``."""

@@ -31,7 +31,9 @@ class CSTSRun(Run):
             model, tokenizer = build_model(self.recipe, self.dir.backbone, pretrained=self.dir.pretrained)
             self.dir.load_weights(model)
             model.attach_layer_cache(self.recipe)
-            self._model = (model.to(self.device).eval(), tokenizer)
+            model = model.to(self.device).eval()
+            model.choose_precision(self.recipe)  # train.amp on this machine
+            self._model = (model, tokenizer)
         return self._model
 
     def evaluation(self, split: str | None = None, *, batch_size: int | None = None, progress: bool = False,

@@ -256,7 +256,7 @@ class CSTSTraining(Training):
         from kgc.training.common import autocast
 
         sp, texts = self.split, self.texts
-        with autocast(model.device, self.recipe.train.amp):  # the encoder may run in bf16 on CUDA; the loss not
+        with autocast(model.device, model.precision):  # the encoder may run in bf16 on CUDA; the loss not
             cosine = model.similarity([texts.sentences[i] for i in sp.s1[batch]],
                                       [texts.sentences[i] for i in sp.s2[batch]],
                                       [texts.conditions[i] for i in sp.cond[batch]])  # (rows,) fp32

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kgc.encoding.precision import in_precision
 from kgc.errors import KGCError
 
 if TYPE_CHECKING:
@@ -192,6 +193,9 @@ class TextEncoder(nn.Module):
         self.length_bucket: int | str | None = "auto"  # auto: kgc.encoding.inputs.resolve_bucket, by device
         self.length_cap: int | None = None
         self._compiled = None  # torch.compile of _plain (train.compile), one graph per group width
+        # fp32, bf16 or fp16 (kgc.encoding.precision: train.amp's choice for this machine); forward, hidden_at,
+        # advance and run_from run under it and hand back fp32 (inside a training step's autocast: as they are)
+        self.precision = "fp32"
 
     def train(self, mode: bool = True) -> "TextEncoder":
         super().train(mode)
@@ -217,6 +221,7 @@ class TextEncoder(nn.Module):
         """K of a split at ``layer``: the state entering it plus the pooled layer outputs below it."""
         return layer - min(layer, self.num_layers - self.pooler.blocks + 1) + 1
 
+    @in_precision
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None, *,
                 dense: bool | None = None) -> torch.Tensor:
@@ -261,6 +266,7 @@ class TextEncoder(nn.Module):
         self._compiled = torch.compile(self._plain, **options)
         return self
 
+    @in_precision
     def hidden_at(self, batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
         """(batch, len, K, H): the states at ``layer`` (0 = embeddings output), K = :meth:`carried`."""
         if self.cache is not None and 0 < self.cache.layer <= layer:
@@ -274,6 +280,7 @@ class TextEncoder(nn.Module):
         hidden = embed(self.backbone, batch["input_ids"], batch.get("token_type_ids"))
         return self.advance(hidden.unsqueeze(2), batch["attention_mask"], 0, layer)
 
+    @in_precision
     def advance(self, states: torch.Tensor, attention_mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Carried states at ``start`` (batch, len, K_start, H) → carried states at ``end``."""
         from kgc.encoding.layers import run_layers
@@ -282,6 +289,7 @@ class TextEncoder(nn.Module):
         keep = ([states[:, :, i] for i in range(states.shape[2])] + outs)[-self.carried(end):]
         return keep[0].unsqueeze(2) if len(keep) == 1 else torch.stack(keep, 2)
 
+    @in_precision
     def run_from(self, states: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
                  pool_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Layers ``[layer, T)`` on the carried ``states`` (batch, len, K, H), then pool and normalise."""
@@ -289,7 +297,7 @@ class TextEncoder(nn.Module):
         return self._pool(states, attention_mask if pool_mask is None else pool_mask)
 
     def _pool(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.pooler(states, mask), dim=-1)  # (batch, H)
+        return F.normalize(self.pooler(states.float(), mask), dim=-1)  # (batch, H): pooled in fp32 whatever ran below
 
     def encode_unique(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Encode each distinct row once and scatter back (gradients flow to every use).

@@ -41,6 +41,7 @@ second term is SimKGC's symmetric tail → query direction.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -137,6 +138,7 @@ class SimKGCLoss(Objective):
         self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tail vectors (B, d), tail ids (B,))
         self.table_negatives = table_negatives  # refresh interval in steps (the task refreshes); None: no table
         self.table: torch.Tensor | None = None  # (E, d) every entity's tail-tower embedding, no gradient
+        self._probing = False  # inside probing(): a missing table is a stand-in of its shape
         self.table_tails = table_tails  # the batch's tails come from the table (no tail tower in the step)
         self.log_self_weight = math.log(self_negative_weight)  # the head counts as w negatives: its logit + log w
         self.table_chunk = table_chunk  # past this many table columns: the table's logsumexp in chunks
@@ -183,6 +185,9 @@ class SimKGCLoss(Objective):
         from kgc.training import distributed as dist
 
         table = self.table
+        if table is None and self.table_negatives and self._probing:  # Objective.probing
+            table = F.normalize(torch.randn(num_entities, query.size(1), generator=torch.Generator().manual_seed(0)),
+                                dim=-1).to(query.device)  # (E, d): the table's shape, for the probe's timing
         if table is not None and self.table_map is not None:
             table = self.table_map(table.to(query.dtype))  # (E, d): the tail map learns through every row
         whole = table is None or self._whole_table(table.size(0))  # else chunked or sampled: _table_logsumexp
@@ -304,6 +309,16 @@ class SimKGCLoss(Objective):
             else:
                 keep = torch.ones_like(positive)
         return logits.masked_fill(~keep, MASKED)
+
+    @contextlib.contextmanager
+    def probing(self):
+        """Objective.probing: a forward before the first step's table (``table_negatives``) scores a random stand-in
+        of the table's shape, (entities, d): the precision probe's step costs what a step costs."""
+        self._probing = True
+        try:
+            yield
+        finally:
+            self._probing = False
 
     @torch.no_grad()
     def set_table(self, table: torch.Tensor | None) -> None:

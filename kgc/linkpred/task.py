@@ -62,8 +62,7 @@ def prepare_batch(model, criterion: "SimKGCLoss", batch: "np.ndarray") -> StepBa
     return StepBatch(batch, ids, query, entities)
 
 
-def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray | StepBatch", train_keys: "torch.Tensor", *,
-               amp: str = "auto"):
+def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray | StepBatch", train_keys: "torch.Tensor"):
     """The SimKGC loss of one batch of (head, relation, tail) rows (or a :class:`StepBatch` built ahead): both
     towers, then the objective. Nothing in it reads a value back from the device."""
     from kgc.encoding.backbone import to_device
@@ -74,7 +73,7 @@ def batch_loss(model, criterion: "SimKGCLoss", batch: "np.ndarray | StepBatch", 
         batch = prepare_batch(model, criterion, batch)
     graph, device = model.bank.graph, model.device
     b = len(batch)
-    with autocast(device, amp):  # the encoders may run in bf16 on CUDA ...
+    with autocast(device, model.precision):  # the encoders may run in bf16 (train.amp's choice) ...
         with section("query tower forward"):
             query = model.conditioner.forward_prepared(batch.query)  # (B, d)
         if batch.entities is None:  # tails and heads are rows of the loss's entity table: no tail tower here
@@ -347,7 +346,7 @@ class LinkPredTraining(Training):
         return prepare_batch(model, criterion, batch)
 
     def batch_loss(self, model, criterion, batch):
-        return batch_loss(model, criterion, batch, self.train_keys, amp=self.recipe.train.amp)
+        return batch_loss(model, criterion, batch, self.train_keys)
 
     def validate(self, model):
         from kgc.linkpred.evaluation.scoring import evaluate

@@ -61,12 +61,14 @@ def resolve_threads(spec: int | str | None) -> int | None:
     return max(1, cores - busy_cores())
 
 
-def autocast(device: torch.device, amp: str):
-    """Mixed precision on CUDA only: on CPUs bf16 autocast is 4-16x slower than fp32, so it stays off."""
-    if device.type != "cuda" or amp == "off":
+def autocast(device: torch.device, precision: str):
+    """A training step's autocast in ``precision`` (fp32, bf16 or fp16: what :func:`kgc.encoding.precision.choose`
+    made of ``train.amp`` on this machine, ``model.precision``), on CUDA or the CPU; fp32: nothing."""
+    from kgc.encoding.precision import autocast as precision_autocast
+
+    if device.type not in ("cuda", "cpu"):
         return nullcontext()
-    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
-    return torch.autocast("cuda", dtype=dtype)
+    return precision_autocast(device.type, precision)
 
 
 def seed_everything(seed: int) -> None:

@@ -40,6 +40,7 @@ from kgc.training.setup import count_parameters, freezes_weights, pooling_parame
 
 
 PACE_STEPS, PACE_SECONDS = 20, 30.0  # the pace is judged once, after this many steps or seconds of training
+PROBE_ROWS = 64  # train.amp=auto on a CPU: the probe's step is the first batch's first rows (a step's shape, cheaply)
 ETA_STEPS = 5  # the pace and end time are said once, this many steps (or PACE_SECONDS) after the first step
 SLOW_EPOCH_SECONDS = 3600.0  # an epoch slower than this, with every layer training, is worth a word
 
@@ -85,6 +86,29 @@ class _Step(nn.Module):
 
     def forward(self, batch: np.ndarray) -> torch.Tensor:
         return self.task.batch_loss(self.model, self.criterion, batch)
+
+
+def probe_step(task: Training, model: nn.Module, criterion: nn.Module, rows: int) -> Callable[[], None]:
+    """A training step's forward and backward on the first ``rows`` examples of epoch 0, as a callable that can run
+    again and again and leaves no trace: no optimiser step, the gradients dropped, the objective's extra state (a
+    queue of negatives) put back after each call, and what the first step's preparation would set made do for
+    (:meth:`Objective.probing`). What ``train.amp: auto`` times in fp32 and bf16 on a CPU; the caller keeps the
+    random generators and the layer cache."""
+    prepared = task.prepare(model, criterion, task.epoch_batches(0)[0][:rows])
+    device = next(model.parameters()).device
+
+    def step() -> None:
+        kept = criterion.extra_state()
+        try:
+            with criterion.probing():
+                task.batch_loss(model, criterion, prepared).backward()
+        finally:
+            model.zero_grad(set_to_none=True)
+            criterion.zero_grad(set_to_none=True)
+            if kept is not None:
+                criterion.load_extra_state(kept, device)
+
+    return step
 
 
 def _on_main(fn):
@@ -285,6 +309,49 @@ class _Setup:
                                                   title=self.recipe.name, resume_step=self.step if ckpt else None)
             self.hold.callback(self.metrics.trackers.close)  # a failed run's trackers are closed (finished ones: no-op)
 
+    def choose_precision(self) -> None:
+        """What the step runs in on this machine (``train.amp``, :func:`kgc.encoding.precision.choose`): on a CPU
+        with bf16 hardware, ``auto`` times this recipe's own step (:func:`probe_step`, the first batch's
+        first PROBE_ROWS rows) both ways, once per machine and shape (cached); the probe's seconds count as
+        training time (``train.max_minutes``), and it leaves no trace: the random generators, the layer cache and
+        the objective's state are as they were. Said once; recorded in train_summary.json."""
+        from kgc.encoding.precision import choose, encoder_shape
+
+        recipe, model, tc = self.recipe, self.model, self.recipe.train
+        rows = min(tc.batch_size, PROBE_ROWS)
+        made: list = []  # the probe's step, made when the choice asks for it (auto on a CPU with bf16 hardware)
+
+        def probe(name: str) -> None:
+            if not made:
+                made.append(probe_step(self.task, model, self.criterion, rows))
+            model.set_precision(name)
+            made[0]()
+
+        # what the step's cost depends on: the recipe but its name, data, training and evaluation settings (the
+        # batch and the text length aside) and the backbone's path (its architecture instead), and the data's counts
+        sections = recipe.model_dump(mode="json", exclude={"name", "data", "train", "eval"})
+        sections["model"].pop("backbone", None)
+        shape = {"work": "train step", "batch": tc.batch_size, "sections": sections,
+                 **encoder_shape(model.encoders[0], recipe.data.max_tokens, rows),
+                 "towers": len({id(e) for e in model.encoders}), "counts": repr(self.task.counts)}
+        cache = model.layer_cache
+        kept = (torch.get_rng_state(), cache and (cache.store, cache.hits, cache.misses))
+        if cache is not None:
+            cache.store = False  # the probe's lower states are not kept: the run's cache is the run's own
+        try:
+            choice = choose(tc.amp, self.device, shape=shape,
+                            probe=probe if self.world == 1 and self.device.type == "cpu" else None)
+        finally:
+            torch.set_rng_state(kept[0])
+            if cache is not None:
+                cache.store, cache.hits, cache.misses = kept[1]
+        model.set_precision(choice.name)
+        self.precision = choice
+        self.clock += choice.seconds  # the probe is in the budget
+        self.say(choice.line())
+        if choice.warning:
+            self.say(f"warning: {choice.warning}")
+
     def seconds(self) -> float:
         """Training wall time so far: this process's since setup (validation excluded) plus earlier runs'."""
         return self.clock + time.perf_counter() - self.clock_start
@@ -340,6 +407,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     rate_key = f"{s.about.unit}_per_s"
     model.train()
     criterion.train()
+    s.choose_precision()
     bar = tqdm(total=s.total, initial=s.step, desc="train", disable=not progress or not dist.is_main(),
                dynamic_ncols=True)
     t_start = time.perf_counter()
@@ -439,7 +507,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     if not dist.is_main():
         return s.run.path
     s.clock, s.clock_start = s.seconds(), time.perf_counter()  # frozen here: finishing is not training
-    _finish(s, time.perf_counter() - t_start, progress=progress, echo=echo)
+    _finish(s, time.perf_counter() - t_start + s.precision.seconds, progress=progress, echo=echo)  # the probe's too
     return s.run.path
 
 
@@ -478,7 +546,7 @@ def _finish(s: _Setup, seconds: float, *, progress: bool, echo) -> None:
         "layer_cache": None if cache is None else {"layer": cache.layer, "bytes": cache.nbytes, "hits": cache.hits,
                                                    "misses": cache.misses, "folder": str(cache.folder)},
         "train_seconds": round(seconds, 2), "train_seconds_without_validation": round(s.clock, 2),
-        "device": str(s.device), "processes": s.world, "finished": True, "seen": s.seen,
+        "device": str(s.device), "precision": s.precision.record(), "processes": s.world, "finished": True, "seen": s.seen,
         "epochs": round(s.step / s.steps_per_epoch, 3),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else None,
         "memory": {**(s.memory.record() if s.memory is not None else {}), "rss_at_check_bytes": s.rss_at_check,

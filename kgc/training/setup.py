@@ -109,6 +109,30 @@ class TaskModel(nn.Module):
     def layer_cache(self):
         return self.encoders[0].cache
 
+    @property
+    def precision(self) -> str:
+        """What the encoders run in: fp32, bf16 or fp16 (:mod:`kgc.encoding.precision`); a training step's
+        autocast too."""
+        return getattr(self, "_precision", "fp32")
+
+    def set_precision(self, name: str) -> None:
+        self._precision = name
+        for enc in self.encoders:
+            enc.precision = name
+
+    def choose_precision(self, recipe: Recipe, *, say: Callable[[str], None] | None = None):
+        """The precision this model answers in on this machine (``train.amp``: a probe of the tail tower on a CPU
+        with bf16 hardware, cached), set on every encoder and said once; returns the
+        :class:`~kgc.encoding.precision.Precision`."""
+        from kgc.encoding.precision import inference_precision
+
+        choice = inference_precision(self.encoders[-1], recipe.train.amp, tokens=recipe.data.max_tokens)
+        self.set_precision(choice.name)
+        self.precision_choice = choice
+        if say is not None:
+            say(choice.line() if choice.warning is None else f"warning: {choice.warning}")
+        return choice
+
     def save_cache(self) -> None:
         if self.layer_cache is not None:
             self.layer_cache.save()

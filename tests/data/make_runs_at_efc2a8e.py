@@ -59,7 +59,9 @@ def main() -> None:
              "hadamard_shared": ["model.conditioner=hadamard", "model.shared_towers=true", "model.tail_map_rank=2"],
              "hypernet_rules": ["model.conditioner=hypernet", "structure.model=rules"]}
     shutil.rmtree(out, ignore_errors=True); out.mkdir(parents=True)
-    record = {"commit": "efc2a8e", "common": COMMON, "cases": {}}
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "")  # the digests are bit for bit this CPU's kernels
+    record = {"commit": "efc2a8e", "common": COMMON, "cases": {}, "cpu_model": model}
     for case, sets in CASES.items():
         run = out / case
         recipe = load_recipe(None, [f"data.path={toy}", f"model.backbone={bert}"] + COMMON + sets + [f"name={case}"])

@@ -61,13 +61,16 @@ class Predictor:
 
     def model_for(self, graph: "KnowledgeGraph") -> "LinkPredictor":
         """The trained towers with a TextBank over ``graph`` (the weights do not depend on the graph), in eval mode
-        on the run's device: a new model for every call."""
+        on the run's device, in the precision ``train.amp`` means on this machine (``model.precision_choice``): a
+        new model for every call."""
         from kgc.linkpred.model import build_model
 
         model, _ = build_model(self.recipe, graph, self.dir.backbone, pretrained=self.dir.pretrained)
         self.dir.load_weights(model)
         model.attach_layer_cache(self.recipe)
-        return model.to(self.device).eval()
+        model = model.to(self.device).eval()
+        model.choose_precision(self.recipe)
+        return model
 
     def model(self) -> "LinkPredictor":
         """The trained model over the run's own graph, loaded once."""

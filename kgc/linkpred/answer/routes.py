@@ -182,7 +182,8 @@ class LinkPredServing(Serving):
         return {"entities": graph.num_entities, "added_entities": graph.num_entities - self.run.predictor.graph().num_entities,
                 "relations": self.run.predictor.graph().num_relations,
                 "query_engine": self.run.entities.query_engine() is not None,
-                "explainable": model.conditioner.explain_kind is not None}
+                "explainable": model.conditioner.explain_kind is not None,
+                "precision": model.precision_choice.record()}  # what the queries are encoded in here
 
     # ------------------------------------------------------------ work
 

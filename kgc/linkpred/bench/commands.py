@@ -36,6 +36,17 @@ COMMANDS = (
          Param("full", "flag", True, ("--full/--no-full",), "--no-full: only the top-n row (a recipe's own pace), "
                                                              "no speed-up"))),
     BenchCommand(
+        "precision", "kgc.linkpred.bench.precision:bench_precision",
+        "fp32 and bf16 side by side, alternating: the matrix rate at the model's shapes (the limit), training "
+        "triples/s and the share of the limit a step reaches, entities and queries encoded per second, and with "
+        "--mrr-steps the test MRR after equal steps; the CPU's model and flags.",
+        (_recipe("recipes/umls_biencoder.yaml"), Param("steps", "int", 4, ("--steps",), "steps per block", min=1),
+         Param("rounds", "int", 2, ("--rounds",), "blocks each way, alternating", min=1),
+         Param("entities", "int", 1024, ("--entities",), "entities encoded each way", min=1),
+         Param("queries", "int", 256, ("--queries",), "test queries answered each way", min=1),
+         Param("mrr_steps", "int", 0, ("--mrr-steps",), "train the recipe this many steps in fp32 and in bf16 and "
+                                                        "compare their test MRR (0: not)", min=0), SETS)),
+    BenchCommand(
         "loss", f"{SPEED}:bench_loss",
         "The objective alone: false-negative masks by binary search (training's) against torch.isin, s/step.",
         (_recipe("recipes/wn18rr_laptop.yaml"), Param("steps", "int", 20, ("--steps",), min=1),

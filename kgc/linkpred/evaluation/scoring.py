@@ -148,7 +148,7 @@ def evaluate(model: LinkPredictor, graph: KnowledgeGraph, split: str = "test", *
     seconds = time.perf_counter() - start
     results["kgc"] = {"split": split, "triples": int(len(triples)), "queries": int(2 * len(triples)),
                       "entities": graph.num_entities, "dataset": graph.source,
-                      "evaluation_seconds": round(seconds, 3),
+                      "evaluation_seconds": round(seconds, 3), "precision": model.precision,
                       # where it went: states computed once (relations; entities up to the condition's layer),
                       # the entity table (tail tower), and the query vectors alone (entity states cached)
                       "state_seconds": round(state_seconds, 3), "entity_table_seconds": round(table_seconds, 3),

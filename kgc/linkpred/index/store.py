@@ -240,7 +240,7 @@ def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, bat
         index, info = index_types.build(table, params, device=faiss_device)
         index = index_types.to_cpu(index)
     meta = {**current, "entities": int(table.shape[0]), "dim": int(table.shape[1]), "index": params,
-            "embeddings": source}
+            "embeddings": source, "precision": model.precision}  # what the entity table was encoded in
     if not exact:
         meta["faiss"] = {**info, "version": index_types.faiss_module().__version__}
     else:

@@ -1,0 +1,203 @@
+"""train.amp on a CPU (kgc.encoding.precision): the choice (fp32 where the CPU has no bf16 hardware, the detection
+mocked; bf16 where a probe of the run's own step finds it faster; the probe cached and leaving no trace), recorded
+in the run, its index and its results; bf16 gives fp32's loss within bf16's tolerance and the same ranking on a
+trained tiny run; a run trained in bf16 loads, evaluates and serves on a CPU without bf16; `amp: off` in YAML is
+"off". The suite runs with KGC_AMP=off (tests/conftest.py): these tests clear it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kgc
+from kgc.encoding import precision as prec
+from tests.conftest import cli
+from tests.test_api import tiny_linkpred
+
+NO_BF16 = {"model": "a CPU without bf16", "flags": frozenset({"avx2", "avx512f"})}
+BF16 = {"model": "a CPU with AMX", "flags": frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})}
+
+
+@pytest.fixture(autouse=True)
+def _own_choice(tmp_path, monkeypatch):
+    monkeypatch.delenv("KGC_AMP", raising=False)
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def cpu(monkeypatch, info: dict) -> None:
+    monkeypatch.setattr(prec, "cpu_info", lambda: info)
+
+
+def timings(monkeypatch, fp32: float, bf16: float) -> list:
+    """The probe's timings fixed (its calls counted): the choice without depending on this machine's speed."""
+    calls = []
+
+    def fake(run, rounds=prec.PROBE_ROUNDS):
+        calls.append(run)
+        return {"fp32": fp32, "bf16": bf16}
+
+    monkeypatch.setattr(prec, "time_both", fake)
+    return calls
+
+
+def test_the_choice_follows_the_rule(monkeypatch):
+    cpu_dev, cuda = torch.device("cpu"), torch.device("cuda")
+    cpu(monkeypatch, NO_BF16)
+    never = lambda name: pytest.fail("no probe on a CPU without bf16")  # noqa: E731
+    c = prec.choose("auto", cpu_dev, shape={"s": 1}, probe=never)
+    assert c.name == "fp32" and "no bf16 hardware" in c.reason and c.warning is None
+    c = prec.choose("bf16", cpu_dev)
+    assert c.name == "bf16" and "emulated" in c.warning  # obeyed, with a warning
+    assert prec.choose("off", cpu_dev).name == "fp32"
+    assert prec.choose("fp16", cpu_dev).name == "fp32" and "use train.amp=bf16" in prec.choose("fp16", cpu_dev).warning
+    assert prec.choose("auto", cuda).name == "bf16" and prec.choose("fp16", cuda).name == "fp16"
+    assert prec.choose("off", cuda).name == "fp32"
+
+    cpu(monkeypatch, BF16)
+    calls = timings(monkeypatch, 1.0, 0.5)
+    c = prec.choose("auto", cpu_dev, shape={"s": 1}, probe=lambda name: None)
+    assert c.name == "bf16" and c.probe["speedup"] == 2.0 and "amx_bf16" in c.reason and len(calls) == 1
+    again = prec.choose("auto", cpu_dev, shape={"s": 1}, probe=lambda name: None)
+    assert again.name == "bf16" and "cached" in again.reason and len(calls) == 1 and again.seconds == 0
+    calls = timings(monkeypatch, 1.0, 0.95)  # faster, but by less than FASTER asks: fp32
+    c = prec.choose("auto", cpu_dev, shape={"s": 2}, probe=lambda name: None)
+    assert c.name == "fp32" and len(calls) == 1
+    calls = timings(monkeypatch, 1.0, 2.0)  # asked for bf16 where the probe found it slower: obeyed, warned
+    c = prec.choose("bf16", cpu_dev, shape={"s": 3}, probe=lambda name: None)
+    assert c.name == "bf16" and "slower" in c.warning
+    cached = json.loads((prec.cache_home() / prec.PROBE_FILE).read_text())
+    assert len(cached) == 3 and all({"fp32", "bf16", "shape"} <= set(v) for v in cached.values())
+
+
+def test_the_real_probe_times_both_ways_alternating():
+    order = []
+    out = prec.time_both(lambda name: order.append(name), rounds=3)
+    assert order == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"] and set(out) == {"fp32", "bf16"}
+
+
+def test_amp_off_in_yaml_is_off(tmp_path, tiny_bert):
+    """YAML reads a bare off as false: the recipe takes the word back (a file, --set and the API alike)."""
+    assert kgc.resolve_recipe(tiny_linkpred(tiny_bert), ["train.amp=off"]).train.amp == "off"
+    path = tmp_path / "r.yaml"
+    path.write_text(f"task: linkpred\nmodel:\n  backbone: {tiny_bert}\n  conditioner: biencoder\ntrain:\n  amp: off\n")
+    assert kgc.resolve_recipe(path).train.amp == "off"
+    with pytest.raises(kgc.KGCError, match="got True"):  # on is no value of amp: still refused
+        kgc.resolve_recipe(tiny_linkpred(tiny_bert), ["train.amp=on"])
+
+
+def test_bf16_gives_the_fp32_loss_within_its_tolerance(tiny_bert, data_home):
+    from kgc.recipe import load_recipe
+    from kgc.training.task import task_class
+    from kgc.encoding.backbone import resolve_backbone
+    from kgc.training.common import seed_everything
+
+    recipe = kgc.resolve_recipe(tiny_linkpred(tiny_bert, batch_size=64))
+    task = task_class(recipe.task).training(recipe)
+    seed_everything(0)
+    model, _ = task.build_model(resolve_backbone(recipe.model.backbone))
+    criterion = task.make_loss(torch.device("cpu"))
+    model.eval()  # no dropout: the same function both ways
+    batch = task.prepare(model, criterion, task.examples[:64])
+    losses = {}
+    for name in ("fp32", "bf16"):
+        model.set_precision(name)
+        losses[name] = task.batch_loss(model, criterion, batch)
+        assert losses[name].dtype == torch.float32  # the loss stays fp32
+    assert losses["bf16"].item() == pytest.approx(losses["fp32"].item(), rel=2e-2)
+    assert losses["bf16"].item() != losses["fp32"].item()  # bf16 really ran
+    del load_recipe
+
+
+def test_a_probe_leaves_no_trace_and_the_run_records_its_precision(tmp_path, tiny_bert, data_home, monkeypatch):
+    """train.amp=auto on a CPU with bf16 hardware runs the real probe (this recipe's step, both ways): with fp32
+    chosen (FASTER 0: bf16 never wins), the run is the run that train.amp=off trains, weight for weight."""
+    cpu(monkeypatch, BF16)
+    monkeypatch.setattr(prec, "FASTER", 0.0)
+    recipe = tiny_linkpred(tiny_bert, max_steps=3, amp="auto")
+    recipe["loss"] = {"pre_batch": 2}  # a queue of negatives the probe must put back
+    probed = kgc.train(recipe, tmp_path / "probed", progress=False, echo=None)
+    plain = kgc.train({**recipe, "train": {**recipe["train"], "amp": "off"}}, tmp_path / "plain", progress=False,
+                      echo=None)
+    summary = json.loads((probed.path / "train_summary.json").read_text())
+    assert summary["precision"]["name"] == "fp32" and "probe: bf16" in summary["precision"]["reason"]
+    assert summary["precision"]["cpu"].startswith("a CPU with AMX")
+    a, b = (torch.load(r.dir.best, weights_only=False) for r in (probed, plain))
+    tensors = 0
+
+    def same(x, y, where=""):
+        nonlocal tensors
+        if isinstance(x, torch.Tensor):
+            tensors += 1
+            assert torch.equal(x, y), where
+        elif isinstance(x, dict):
+            assert set(x) == set(y), where
+            for k in x:
+                same(x[k], y[k], f"{where}.{k}")
+
+    same(a, b)
+    assert tensors > 10
+    assert json.loads((plain.path / "train_summary.json").read_text())["precision"]["reason"] == "train.amp=off"
+
+
+def test_a_bf16_run_ranks_as_fp32_and_answers_on_a_cpu_without_bf16(tmp_path, tiny_bert, data_home, monkeypatch):
+    cpu(monkeypatch, BF16)
+    timings(monkeypatch, 1.0, 0.5)  # the probe finds bf16 faster: auto trains in bf16
+    run = kgc.train(tiny_linkpred(tiny_bert, max_steps=12, batch_size=64), tmp_path / "run", progress=False,
+                    echo=None)
+    summary = json.loads((run.path / "train_summary.json").read_text())
+    assert summary["precision"]["name"] == "bf16"
+
+    # the same ranking in bf16 and fp32: the test queries' top 10 overlap
+    loaded = kgc.load(run.path, echo=None)
+    model = loaded.predictor.model()
+    assert model.precision == "bf16"
+    test = loaded.predictor.graph().splits["test"][:200]
+    vectors, tops = {}, {}
+    with torch.no_grad():
+        for name in ("fp32", "bf16"):
+            model.set_precision(name)
+            table = model.entity_table(64)
+            vectors[name] = model.encode_queries(test[:, 0].tolist(), test[:, 1].tolist())
+            assert vectors[name].dtype == torch.float32 and table.dtype == torch.float32
+            tops[name] = (vectors[name] @ table.t()).topk(10, dim=1).indices.numpy()
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(tops["fp32"], tops["bf16"])])
+    assert overlap >= 0.98, overlap
+    assert not torch.equal(vectors["fp32"], vectors["bf16"])
+
+    # then on a CPU without bf16: loads, indexes, evaluates and serves in fp32, and says so
+    cpu(monkeypatch, NO_BF16)
+    elsewhere = kgc.load(run.path, echo=None)
+    results = elsewhere.evaluate("test", progress=False)
+    assert results["kgc"]["precision"] == "fp32" and 0 < results["both"]["realistic"]["inverse_harmonic_mean_rank"] <= 1
+    elsewhere.index(progress=False)
+    meta = json.loads((run.path / "index" / "meta.json").read_text())
+    assert meta["precision"] == "fp32"
+    from fastapi.testclient import TestClient
+
+    with TestClient(kgc.api.app(elsewhere, load_in_background=False, max_wait_ms=1, watch_seconds=0)) as client:
+        info = client.get("/info").json()
+        assert info["precision"]["name"] == "fp32" and "no bf16 hardware" in info["precision"]["reason"]
+        head, rel = elsewhere.predictor.graph().entities[int(test[0, 0])], elsewhere.predictor.graph().relations[int(test[0, 1])]
+        answer = client.post("/predict", json={"head": head, "relation": rel, "top_k": 3})
+        assert answer.status_code == 200 and len(answer.json()["predictions"]) == 3
+
+
+CONDITIONER_SETS = {"biencoder": {}, "router": {"router_layers": 1}, "hypernet": {}, "hadamard": {}, "concat": {},
+                    "case": {}}
+
+
+@pytest.mark.parametrize("conditioner", sorted(CONDITIONER_SETS))
+def test_every_conditioner_trains_and_answers_in_bf16(conditioner, tmp_path, tiny_bert, data_home, monkeypatch):
+    """bf16 on the CPU wherever a conditioner computes: two steps, then the test split evaluated and a question
+    answered, all under train.amp=bf16 (the encoders' outputs come back fp32 to the conditioners' own layers)."""
+    recipe = tiny_linkpred(tiny_bert, amp="bf16")
+    recipe["model"] = {**recipe["model"], "conditioner": conditioner, **CONDITIONER_SETS[conditioner]}
+    run = kgc.train(recipe, tmp_path / conditioner, progress=False, echo=None)
+    assert json.loads((run.path / "train_summary.json").read_text())["precision"]["name"] == "bf16"
+    results = kgc.load(run.path, echo=None).evaluate("test", progress=False)
+    assert results["kgc"]["precision"] == "bf16"
+    assert 0 < results["both"]["realistic"]["inverse_harmonic_mean_rank"] <= 1
