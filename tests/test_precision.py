@@ -201,3 +201,30 @@ def test_every_conditioner_trains_and_answers_in_bf16(conditioner, tmp_path, tin
     results = kgc.load(run.path, echo=None).evaluate("test", progress=False)
     assert results["kgc"]["precision"] == "bf16"
     assert 0 < results["both"]["realistic"]["inverse_harmonic_mean_rank"] <= 1
+
+
+def test_kgc_bench_precision_sets_both_side_by_side(tmp_path, tiny_bert, data_home):
+    """`kgc bench precision`: the limit at the model's shapes, training, entities and queries each way, the step's
+    FLOPs (the same matrix products both ways), its top operators, and the MRR after equal steps in each."""
+    import yaml
+
+    recipe = tiny_linkpred(tiny_bert)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({"task": "linkpred", **recipe}))
+    out = tmp_path / "precision.json"
+    res = cli("bench", "precision", path, "--steps", "1", "--rounds", "1", "--entities", "40", "--queries", "16",
+              "--mrr-steps", "2", "--profile", "--out", out)
+    assert "CPU: " in res.stdout and "bf16 / fp32: training" in res.stdout
+    result = json.loads(out.read_text())
+    limit = result["limit"]
+    for name in ("fp32", "bf16"):
+        rates = limit[name]["by_shape"].values()
+        assert min(rates) <= limit[name]["gflops"] <= max(rates)  # the FLOP-weighted rate of the set
+        assert result["training"][name]["triples_per_s"] > 0 and result["entities_per_s"][name] > 0
+        assert result["queries_per_s"][name] > 0 and result["profile"][name]
+        assert result["same_steps"][name]["precision"] == name and 0 < result["same_steps"][name]["mrr"] <= 1
+    assert result["training"]["fp32"]["gflops_per_triple"] == result["training"]["bf16"]["gflops_per_triple"] > 0
+    assert result["ratio"]["training"] == pytest.approx(
+        result["training"]["bf16"]["triples_per_s"] / result["training"]["fp32"]["triples_per_s"], abs=0.01)
+    assert result["same_steps"]["mrr_difference"] == pytest.approx(
+        result["same_steps"]["bf16"]["mrr"] - result["same_steps"]["fp32"]["mrr"], abs=1e-4)

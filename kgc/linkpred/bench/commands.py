@@ -45,7 +45,9 @@ COMMANDS = (
          Param("entities", "int", 1024, ("--entities",), "entities encoded each way", min=1),
          Param("queries", "int", 256, ("--queries",), "test queries answered each way", min=1),
          Param("mrr_steps", "int", 0, ("--mrr-steps",), "train the recipe this many steps in fp32 and in bf16 and "
-                                                        "compare their test MRR (0: not)", min=0), SETS)),
+                                                        "compare their test MRR (0: not)", min=0),
+         Param("profile", "flag", False, ("--profile/--no-profile",), "the top operators of a step each way "
+                                                                      "(torch.profiler)"), SETS)),
     BenchCommand(
         "loss", f"{SPEED}:bench_loss",
         "The objective alone: false-negative masks by binary search (training's) against torch.isin, s/step.",

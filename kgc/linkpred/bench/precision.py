@@ -8,6 +8,7 @@ both alike (:mod:`kgc.encoding.precision` is what ``train.amp`` chooses from).
   ``torch.utils.flop_counter`` over one step: the matrix products that really run, cached layers excluded);
 * **entities**: the tail tower over ``--entities`` of the graph's entities (no gradient), entities/s;
 * **queries**: ``--queries`` test queries encoded and ranked against the entity table, queries/s;
+* **where a step waits**: with ``--profile``, the operators with the most self time in a step, each way;
 * **the same model**: with ``--mrr-steps N``, two runs of the recipe trained ``N`` steps from the same seed
   (``train.amp=off`` and ``train.amp=bf16``) and evaluated on the test split: MRR and Hits@10 of each. On a CPU
   without bf16 hardware the bf16 figures are emulated (said).
@@ -71,6 +72,18 @@ def _step(task, model, criterion, optimizer, batch) -> None:
     optimizer.step()
 
 
+def top_operators(run, n: int = 8) -> list[dict]:
+    """``run()`` under torch.profiler (CPU): the ``n`` operators with the most self time, their share and calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    return [{"operator": e.key, "share": round(e.self_cpu_time_total / total, 3), "calls": int(e.count)}
+            for e in events[:n]]
+
+
 def step_flops(task, model, criterion, batch) -> float:
     """The FLOPs of one training step's forward and backward, counted by torch (the optimiser's are not matrix
     products and are left out)."""
@@ -86,8 +99,8 @@ def step_flops(task, model, criterion, batch) -> float:
 
 
 def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entities: int = 1024,
-                    queries: int = 256, mrr_steps: int = 0, overrides: list[str] | None = None,
-                    echo=print) -> dict:
+                    queries: int = 256, mrr_steps: int = 0, profile: bool = False,
+                    overrides: list[str] | None = None, echo=print) -> dict:
     recipe = load_recipe(recipe_path, list(overrides or []))
     cpu, hardware = describe_cpu(), bf16_hardware()
     echo(f"CPU: {cpu}; {torch.get_num_threads()} threads; bf16 hardware: {', '.join(hardware) or 'none (emulated)'}")
@@ -145,6 +158,14 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
              f"{flops[name] / 1e9:.2f} GFLOP a triple: {reached:.0f} GFLOP/s, "
              f"{100 * training[name]['of_limit']:.0f} % of the {name} limit ({limit[name]['gflops']:.0f})")
 
+    profiles = {}
+    if profile:  # where a step's time goes, each way: the operators with the most self time
+        for name in NAMES:
+            model.set_precision(name)
+            profiles[name] = top_operators(lambda: [_step(task, model, criterion, optimizer, b_) for b_ in batches])
+            echo(f"top operators of a {name} step (self CPU time): " + ", ".join(
+                f"{op['operator']} {100 * op['share']:.0f} % ({op['calls'] // steps}/step)" for op in profiles[name]))
+
     model.eval()
     tail = model.tail_encoder
     n = min(entities, graph.num_entities)
@@ -190,16 +211,32 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     return {"recipe": str(recipe_path), "overrides": list(overrides or []), "cpu": cpu,
             "bf16_hardware": hardware, "threads": torch.get_num_threads(), "batch": b, "steps": steps,
             "rounds": rounds, "limit": limit, "training": training, "entities_per_s": encoding,
-            "queries_per_s": answering, "ratio": ratio, "same_steps": quality}
+            "queries_per_s": answering, "ratio": ratio, "same_steps": quality, "profile": profiles or None}
 
 
 def _same_steps(recipe_path: Path, overrides: list[str], steps: int, echo) -> dict:
     """The recipe trained ``steps`` steps from the same seed in fp32 and in bf16 (each evaluated on the test split in
     the precision it trained in): MRR and Hits@10 of each, and their difference."""
+    import os
+
+    from kgc.encoding.precision import ENV
+
+    out = {}
+    forced = os.environ.pop(ENV, None)  # $KGC_AMP would stand for both runs' train.amp
+    try:
+        _train_both(recipe_path, overrides, steps, echo, out)
+    finally:
+        if forced is not None:
+            os.environ[ENV] = forced
+    out["mrr_difference"] = round(out["bf16"]["mrr"] - out["fp32"]["mrr"], 4)
+    out["steps"] = steps
+    return out
+
+
+def _train_both(recipe_path: Path, overrides: list[str], steps: int, echo, out: dict) -> None:
     from kgc.linkpred.answer.run import LinkPredRun
     from kgc.training.loop import train
 
-    out = {}
     with tempfile.TemporaryDirectory(prefix="kgc-precision-") as tmp:
         for name, amp in (("fp32", "off"), ("bf16", "bf16")):
             recipe = load_recipe(recipe_path, [*overrides, f"train.max_steps={steps}", f"train.amp={amp}",
@@ -210,6 +247,3 @@ def _same_steps(recipe_path: Path, overrides: list[str], steps: int, echo) -> di
             out[name] = {"mrr": round(both["inverse_harmonic_mean_rank"], 4), "hits_at_10": round(both["hits_at_10"], 4),
                          "precision": results["kgc"]["precision"]}
             echo(f"after {steps} steps in {name}: test MRR {out[name]['mrr']:.4f}, H@10 {out[name]['hits_at_10']:.4f}")
-    out["mrr_difference"] = round(out["bf16"]["mrr"] - out["fp32"]["mrr"], 4)
-    out["steps"] = steps
-    return out
