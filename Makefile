@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test test-heavy test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
+.PHONY: install quickstart test test-heavy test-wheel test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,12 @@ test: install
 # many-trial studies, learning outcomes; about 10 minutes); .ci/run runs them after `make test`
 test-heavy: install
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "heavy and not rehearsal"; $(COLLECTED)
+
+# kgc as its users get it: the wheel built from this tree into a fresh venv (torch==2.13.0 first), then the README's
+# commands from an empty folder — recipes and examples from the wheel (.ci/wheel-test.sh; about 3 minutes, most of it
+# pip); .ci/run runs it
+test-wheel: install
+	PY=$(BIN)/python TORCH=$(TORCH) bash .ci/wheel-test.sh
 
 test-rehearsal: install
 	$(BIN)/python -m pytest -q -m rehearsal tests/test_gpu_job.py; $(COLLECTED)

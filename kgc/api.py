@@ -320,6 +320,17 @@ def recipe_keys(task: str | None = None) -> list[dict[str, str]]:
     return key_reference(task)
 
 
+def plugins() -> list[dict[str, str]]:
+    """Every member of every pluggable family — tasks, conditioners, index types, structural models, trackers,
+    datasets from other packages — with where it comes from: ``kgc`` (built in) or the package and version of the
+    plugin that added it (``kgc plugins``, as ``pykeen ls``)."""
+    from kgc.registry import CONDITIONERS, DATASETS, INDEX_TYPES, STRUCTURES, TASKS, TRACKERS
+
+    return [{"family": registry.kind, "key": registry.key, "name": name, "source": registry.source(name),
+             "entry_points": registry.group or ""}
+            for registry in (TASKS, CONDITIONERS, INDEX_TYPES, STRUCTURES, TRACKERS, DATASETS) for name in registry]
+
+
 def recipe_families(folder: str | Path | None = None) -> list[dict[str, Any]]:
     """The shipped recipes as families (``kgc recipes list``): each a root recipe's ``name``, ``path``, ``about``,
     and its ``variants`` (those that extend it, directly or through another: ``name``, ``path``, ``about``,

@@ -100,11 +100,16 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+MISSING_DATA_PATH = "__missing_data_path__"  # a file's data.path found nowhere: said unless an override replaces it
+
+
 def _data_path_beside(path: Path, tree: dict[str, Any]) -> None:
     """A relative ``data.path`` in the recipe file ``path`` names a folder beside that file (as ``extends:`` does):
     made absolute when it is there, so the recipe trains from any folder and a copy of it still finds its data; one
-    that is only under the current folder is read there, as before; one in neither place is one message naming both
-    places it looked."""
+    that is only under the current folder is read there, as before. One in neither place is one message naming both
+    places it looked — kept in the tree (``MISSING_DATA_PATH``) and said when the recipe is validated, unless what
+    comes later replaces the path first: a recipe that extends this file, ``--set data.path=…`` or the API's
+    overrides (a freshly copied recipe's path is fixed that way)."""
     data = tree.get("data")
     raw = data.get("path") if isinstance(data, dict) else None
     if not isinstance(raw, str) or not raw.strip() or Path(raw).expanduser().is_absolute():
@@ -113,9 +118,10 @@ def _data_path_beside(path: Path, tree: dict[str, Any]) -> None:
     if beside.exists():
         data["path"] = str(beside)
     elif not Path(raw).exists():
-        raise KGCError(f"{path}: data.path {raw}: no such folder beside the recipe ({beside}) or in the current folder "
-                       f"({Path(raw).resolve()}). A relative data.path is read beside the recipe file; give the "
-                       "folder's path from there, or an absolute one.")
+        tree[MISSING_DATA_PATH] = (
+            f"{path}: data.path {raw}: no such folder beside the recipe ({beside}) or in the current folder "
+            f"({Path(raw).resolve()}). A relative data.path is read beside the recipe file; give the folder's path "
+            "from there or an absolute one, or replace it: --set data.path=DIR")
 
 
 def _resolve(path: Path, chain: tuple[Path, ...], child: Path | None = None) -> dict[str, Any]:
@@ -143,6 +149,8 @@ def _resolve(path: Path, chain: tuple[Path, ...], child: Path | None = None) -> 
                        f"relative to this file's folder ({_shown(path.parent)}), e.g. extends: {_nearest(base)}")
     base_tree = _resolve(base, (*chain, key), path)
     base_tree.pop("name", None)  # a name is the file's own, never inherited
+    if isinstance(tree.get("data"), dict) and "path" in tree["data"]:
+        base_tree.pop(MISSING_DATA_PATH, None)  # the child's own data.path replaces the base's
     return merge(base_tree, tree)
 
 
@@ -184,11 +192,15 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def recipe_folder() -> Path:
-    """The shipped recipes: ``$KGC_RECIPES`` when set, else ``recipes/`` beside the package."""
+    """The shipped recipes: ``$KGC_RECIPES`` when set; in an installed wheel the copy it carries
+    (``kgc/_shipped/recipes``, made by setup.py, beside ``kgc/_shipped/data/examples``); else the checkout's
+    ``recipes/`` beside the package (an editable install)."""
     env = os.environ.get("KGC_RECIPES")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[1] / "recipes"  # kgc/../recipes (not `import kgc`: a core module)
+    here = Path(__file__).resolve().parent  # not `import kgc`: a core module
+    shipped = here / "_shipped" / "recipes"
+    return shipped if shipped.is_dir() else here.parent / "recipes"
 
 
 @dataclass(frozen=True)
@@ -196,7 +208,8 @@ class Measured:
     """One figure measured with a recipe file, as its ``measured:`` list gives it: ``value`` as written (its
     digits are the page's), on ``split`` by ``metric`` (MRR, H@10, Spearman …), on ``hardware`` within ``budget``,
     reported on ``page`` (a docs page of this repository, which must show it); ``source``: who measured it when
-    not kgc (a paper's figure for the protocol the recipe follows); ``note``: what goes with it."""
+    not kgc (a paper's figure for the protocol the recipe follows); ``note``: what goes with it; ``command``: the
+    exact command that produced it (kgc's figures: it names this recipe's own file, a test holds it)."""
     split: str
     metric: str
     value: str
@@ -205,8 +218,9 @@ class Measured:
     page: str
     source: str = "kgc"
     note: str = ""
+    command: str = ""
 
-    FIELDS = ("split", "metric", "value", "hardware", "budget", "page", "source", "note")
+    FIELDS = ("split", "metric", "value", "hardware", "budget", "page", "source", "note", "command")
 
     @classmethod
     def read(cls, path: Path, raw: Any) -> "list[Measured]":
@@ -228,7 +242,7 @@ class Measured:
                 raise KGCError(f"{where}: " + "; ".join(
                     ([f"unknown key(s) {', '.join(unknown)}"] if unknown else [])
                     + ([f"missing {', '.join(missing)}"] if missing else []))
-                    + f" (keys: {', '.join(cls.FIELDS)}; source and note optional)")
+                    + f" (keys: {', '.join(cls.FIELDS)}; source, note and command optional)")
             value = item["value"]
             if not isinstance(value, str) or not value.replace(".", "", 1).isdigit():
                 raise KGCError(f"{where}: value {value!r}: write the figure as text, with the page's digits "
@@ -352,6 +366,7 @@ def find_recipe(name: str | os.PathLike) -> Path:
 
 
 def _dump(tree: dict[str, Any]) -> str:
+    tree = {k: v for k, v in tree.items() if k != MISSING_DATA_PATH}
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, default_flow_style=False, width=120)
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from kgc.errors import KGCError
 from kgc.migrations import CURRENT, upgrade
-from kgc.families import find_recipe, load_tree  # noqa: F401 — find_recipe: for the layers above
+from kgc.families import MISSING_DATA_PATH, find_recipe, load_tree  # noqa: F401 — find_recipe: for the layers above
 from kgc.registry import CONDITIONERS, TASKS, TRACKERS
 
 DEFAULT_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"
@@ -475,6 +475,22 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def did_you_mean(key: str, known: Sequence[str] | set[str]) -> str:
+    """"Did you mean …?" with the closest known keys (difflib), or the keys of the section the key names; the whole
+    list (thousands of characters) only when neither finds any."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+    if close:
+        return f"Did you mean {' or '.join(close)}? (`kgc recipes keys` lists them all)"
+    section = key.split(".", 1)[0] + "."
+    same = sorted(k for k in known if k.startswith(section))
+    if same:
+        return f"Keys under {section}: {', '.join(same)}"
+    sections = sorted({k.split(".", 1)[0] for k in known})
+    return f"Recipe sections: {', '.join(sections)} (`kgc recipes keys` lists every key)"
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     known = set(valid_keys())
@@ -484,7 +500,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, raw = item.split("=", 1)
         key = key.strip()
         if key not in known:
-            raise KGCError(f"--set {key}: unknown recipe key. Valid keys: {', '.join(sorted(known))}")
+            raise KGCError(f"--set {key}: unknown recipe key. {did_you_mean(key, known)}")
         out[key] = yaml.safe_load(raw) if raw.strip() else None
     return out
 
@@ -534,8 +550,11 @@ def _explain(err: ValidationError, source: str, recipe_cls: type[BaseModel]) -> 
             else:
                 here = list((parent.model_fields if parent is not None and prefix else recipe_cls.model_fields))
                 choices = [f"{prefix}.{k}" if prefix else k for k in here]
-                lines.append(f"unknown key '{loc}'. Valid keys here{f' ({label})' if label else ''}: "
-                             f"{', '.join(choices)}")
+                import difflib
+
+                close = difflib.get_close_matches(loc, choices, n=3, cutoff=0.6)
+                lines.append(f"unknown key '{loc}'." + (f" Did you mean {' or '.join(close)}?" if close else "")
+                             + f" Valid keys here{f' ({label})' if label else ''}: {', '.join(choices)}")
         elif e["type"] == "union_tag_invalid":  # a member nobody registered (index.type=annoy)
             ctx = e.get("ctx", {})
             lines.append(f"'{loc}.{ctx.get('discriminator', '').strip(chr(39))}': unknown ({ctx.get('tag')!r}). "
@@ -551,8 +570,16 @@ def read_recipe_tree(path: str | Path, *, saved: bool = False) -> dict[str, Any]
     """The raw mapping of a YAML recipe file (``name`` defaults to the file's stem; ``extends:`` resolved by
     :func:`kgc.families.load_tree`), not yet validated nor upgraded. ``saved``: the ``recipe.yaml`` of a run
     directory (upgraded as a saved run on validation, :mod:`kgc.migrations`); a run's own recipe.yaml given as a
-    recipe (`kgc train RUN/recipe.yaml --out NEW`) is read as the run was trained."""
+    recipe (`kgc train RUN/recipe.yaml --out NEW`) is read as the run was trained. A bare name that is no file here
+    but a shipped recipe's (``capitals``, ``umls_biencoder.yaml``) is that recipe (``kgc train capitals``, as
+    ``tune run`` takes a config's name; from an installed wheel too)."""
+    from kgc.families import recipe_folder
+
     path = Path(path)
+    if not path.exists() and path.parent == Path("."):
+        shipped = recipe_folder() / f"{path.name.removesuffix('.yaml')}.yaml"
+        if shipped.is_file():
+            path = shipped
     if path.name == "recipe.yaml" and any((path.parent / f).exists() for f in ("metrics.jsonl", "best.pt")):
         saved = True
     tree = load_tree(path)
@@ -584,6 +611,9 @@ def validate_recipe(tree: dict[str, Any], overrides: dict[str, Any] | None = Non
     value or key ends in one message naming ``source``. ``saved``: a run's own recipe (already validated when the
     run was made; names of PyKEEN models are not looked up again; its vintage read from the keys it lists)."""
     saved = bool(tree.pop(_SAVED, False)) or saved
+    missing = tree.pop(MISSING_DATA_PATH, None)  # the file's data.path, found nowhere: unless overridden below
+    if missing and "data.path" not in (overrides or {}):
+        raise KGCError(missing)
     task = tree.get("task", TASKS.default)
     for key, value in (overrides or {}).items():
         if key == "task":

@@ -43,6 +43,10 @@ class Registry(Mapping, Generic[T]):
         self.default = default  # the member a recipe gets when it names none (the plugin list's one choice)
         self._members: dict[str, T] = {}
         self._loaded = False
+        # the family's own registration, which a member named by its entry point goes through as a built-in does
+        # (a conditioner's: its Options' name checked, its options recorded); set by the family's base module
+        self.admit: Callable[[T], T] | None = None
+        self.sources: dict[str, tuple[str, str]] = {}  # a plugin member's name → (its package, the version)
 
     def register(self, member: T, name: str | None = None) -> T:
         """Add ``member`` under ``name`` (default: its ``name`` attribute); usable as a class decorator."""
@@ -62,19 +66,37 @@ class Registry(Mapping, Generic[T]):
 
     def _plugin(self, point) -> None:
         """Load one entry point of this family: a module registers its members as it is imported; a member (a
-        class or an instance with a ``name``) is registered here, under the entry point's name when it has none.
-        A plugin that fails to load is one KGCError naming the package and the entry point."""
+        class or an instance with a ``name``) is registered here — through the family's own registration
+        (:attr:`admit`) where it has one, as a built-in is —, under the entry point's name when it has none. A
+        plugin that fails to load or to register is one KGCError naming the package and the entry point. Each
+        member it adds is recorded with its package and version (:attr:`sources`, ``kgc plugins``)."""
+        dist = getattr(point, "dist", None)
+        package, version = getattr(dist, "name", None) or "?", getattr(dist, "version", None) or "?"
+        before = set(self._members)
         try:
             loaded = point.load()
         except Exception as exc:  # noqa: BLE001  (any error of another package's import)
-            dist = getattr(getattr(point, "dist", None), "name", "?")
-            raise KGCError(f"the {self.kind} plugin {point.name!r} ({point.value}, from the package {dist}, entry "
+            raise KGCError(f"the {self.kind} plugin {point.name!r} ({point.value}, from the package {package}, entry "
                            f"point group {self.group}) failed to load: {type(exc).__name__}: {exc}. Fix or uninstall "
                            "that package") from exc
-        if isinstance(loaded, types.ModuleType):
-            return
-        if loaded not in self._members.values():
-            self.register(loaded, getattr(loaded, "name", None) or point.name)
+        if not isinstance(loaded, types.ModuleType) and loaded not in self._members.values():
+            try:
+                if self.admit is not None:
+                    if not getattr(loaded, "name", None):
+                        raise KGCError(f"{loaded!r} has no name (a {self.kind} class sets `name`)")
+                    self.admit(loaded)
+                else:
+                    self.register(loaded, getattr(loaded, "name", None) or point.name)
+            except KGCError as exc:
+                raise KGCError(f"the {self.kind} plugin {point.name!r} ({point.value}, from the package {package} "
+                               f"{version}) cannot be registered: {exc}. Fix that package, or uninstall it") from None
+        for name in set(self._members) - before:
+            self.sources[name] = (package, version)
+
+    def source(self, name: str) -> str:
+        """Where member ``name`` comes from: ``package version`` for a plugin's, ``kgc`` for a built-in."""
+        self._load()
+        return " ".join(self.sources[name]) if name in self.sources else "kgc"
 
     def __getitem__(self, name: str) -> T:
         self._load()

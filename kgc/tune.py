@@ -43,6 +43,12 @@ STUDY_DB = "study.db"
 STUDY_JSON = "study.json"  # the study this folder holds: its name and what makes its trials comparable
 
 
+# --set keys that change no trial's figures (where its metrics also go, what it keeps, how often it logs or saves):
+# a study continued with them changed is the same study
+NOT_A_TRIALS = ("train.trackers", "train.keep", "train.log_every", "train.checkpoint_every", "train.num_threads",
+                "train.check_memory", "train.profile_steps", "tune.trials", "tune.timeout", "name")
+
+
 def study_identity(recipe: Recipe, space: dict, fixed: dict, metric: str) -> dict[str, Any]:
     """What makes a study's trials comparable — the space, the budget and reports, the pruner, the sampler, the
     metric, the --set values — with a short digest of it (the default study name's suffix)."""
@@ -53,16 +59,26 @@ def study_identity(recipe: Recipe, space: dict, fixed: dict, metric: str) -> dic
     identity = {"space": {k: {f: v for f, v in space[k].model_dump().items() if v is not None and v is not False}
                           for k in sorted(space)},
                 "budget": tc.budget, "reports": tc.reports, "pruner": tc.pruner, "sampler": tc.sampler,
-                "metric": metric, "fixed": {k: fixed[k] for k in sorted(fixed)}}
+                "metric": metric, "fixed": {k: fixed[k] for k in sorted(fixed) if not k.startswith(NOT_A_TRIALS)}}
     identity["digest"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return identity
 
 
 def _identity_text(a: dict, other: dict | None = None) -> str:
-    """What ``a`` says (only where it differs from ``other``, when given): 'budget "4 steps", space {...}'."""
+    """What ``a`` says (only where it differs from ``other``, when given): 'budget "4 steps", space train.lr
+    {...}' — within the space and the --set values, only the keys that differ."""
     keys = [k for k in ("budget", "reports", "pruner", "sampler", "metric", "space", "fixed")
             if other is None or a.get(k) != other.get(k)] or ["space"]
-    return ", ".join(f"{k} {a.get(k)!r}" for k in keys)
+    parts = []
+    for k in keys:
+        mine, theirs = a.get(k), (other or {}).get(k)
+        if other is not None and isinstance(mine, dict) and isinstance(theirs, dict):
+            inner = sorted(set(mine) | set(theirs))
+            shown = {key: mine.get(key, "(unset)") for key in inner if mine.get(key) != theirs.get(key)}
+            parts.append(f"{k} " + ", ".join(f"{key}={value!r}" for key, value in shown.items()))
+        else:
+            parts.append(f"{k} {mine!r}")
+    return ", ".join(parts)
 
 
 def resolve_metric(task, name: str | None) -> tuple[str, str]:
@@ -171,6 +187,16 @@ def budget_overrides(recipe: Recipe, budget: tuple[str, float] | None, reports: 
     return out
 
 
+def report_steps(last: int | None, reports: int) -> list[int] | None:
+    """The steps a trial of ``last`` steps validates at: ``reports`` − 1 evenly on the way and the last, exactly
+    ``reports`` validations (fewer where the budget has fewer steps); None for a budget in minutes (the steps are not
+    known: each epoch's end and ``eval.validate_every_steps`` then)."""
+    if not last:
+        return None
+    every = max(1, last // max(1, reports))
+    return sorted({min(last, every * i) for i in range(1, max(1, reports))} | {last})
+
+
 def suggest(trial, space: dict[str, ParamRange]) -> dict[str, Any]:
     values = {}
     for key, spec in space.items():
@@ -225,8 +251,13 @@ class Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.identity = study_identity(self.recipe, self.space, self.fixed, self.metric)
         self.name = study_name or self._default_name(url)
-        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction=self.direction,
-                                         pruner=pruner, load_if_exists=True)
+        self._check_folder()  # a refused command creates nothing: both checks come before any study is made
+        names = {s.study_name for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
+        if self.name in names:
+            self.study = optuna.load_study(study_name=self.name, storage=self.storage, pruner=pruner)
+        else:
+            self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction=self.direction,
+                                             pruner=pruner, load_if_exists=True)
         self._check_identity()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # experimental in some Optuna versions
@@ -251,23 +282,29 @@ class Study:
                 return self.recipe.name
         return hashed
 
+    def _check_folder(self) -> None:
+        """Refuse a folder that holds another study (STUDY/study.json names it), before anything is created."""
+        import json
+
+        here = self.folder / STUDY_JSON
+        if here.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                folder_record = json.loads(here.read_text(encoding="utf-8"))
+                if folder_record.get("name") != self.name:
+                    raise KGCError(f"{self.folder} holds the study {folder_record.get('name')!r}; this command asks "
+                                   f"for {self.name!r}, which differs in {_identity_text(self.identity, folder_record)}"
+                                   f" (that study: {_identity_text(folder_record, self.identity)}). A study compares "
+                                   "trials of one space and budget: give another --out for a new study (or "
+                                   "--study-name to join that one as it is).")
+
     def _check_identity(self) -> None:
-        """Refuse to join a study whose trials were drawn from another space or budget (named both ways); record
-        this study's identity in the study (for other machines on one --storage) and in STUDY/study.json (one
-        study per folder: its trials' folders and outputs are the study's)."""
+        """Refuse to join a study whose trials were drawn from another space or budget (the fields that differ,
+        both ways); record this study's identity in the study (for other machines on one --storage) and in
+        STUDY/study.json (one study per folder: its trials' folders and outputs are the study's)."""
         import json
 
         recorded = self.study.user_attrs.get("kgc")
         here = self.folder / STUDY_JSON
-        if recorded is None and here.is_file():
-            with contextlib.suppress(OSError, ValueError):
-                folder_record = json.loads(here.read_text(encoding="utf-8"))
-                if folder_record.get("name") != self.name:
-                    raise KGCError(f"{self.folder} holds the study {folder_record.get('name')!r} "
-                                   f"({_identity_text(folder_record)}); this command asks for {self.name!r} "
-                                   f"({_identity_text(self.identity)}). A study compares trials of one space and "
-                                   "budget: give another --out for a new study (or --study-name to join that one "
-                                   "as it is).")
         if recorded is not None and recorded.get("digest") != self.identity["digest"]:
             raise KGCError(f"the study {self.name!r} was drawn with {_identity_text(recorded, self.identity)}; this "
                            f"command asks for {_identity_text(self.identity, recorded)}. A study compares trials of "
@@ -345,7 +382,8 @@ class Study:
 
         try:
             with self.tracked(trial.number):
-                train(recipe, out=out, progress=False, echo=lambda m: None, on_validation=report)
+                train(recipe, out=out, progress=False, echo=lambda m: None, on_validation=report,
+                      validate_at=report_steps(last, self.recipe.tune.reports))
         except KGCError as exc:  # a full disk, a bad value: the study stops with this one message
             self.stopped = exc
             self.tag_trial(out, "failed")
@@ -353,7 +391,7 @@ class Study:
         except optuna.TrialPruned:
             self.tag_trial(out, "pruned")
             raise
-        self.tag_trial(out, "complete")
+        self.tag_trial(out, "complete", best[0] if best else None)
         if not best:
             raise KGCError(f"{out}: the trial validated nothing, so it has no {metric}; give tune.budget room for "
                            "at least one validation")
@@ -415,8 +453,10 @@ class Study:
         with study_trial(self.name, parent[1], parent[0], {"kgc.study": self.name, "kgc.trial": str(number)}):
             yield
 
-    def tag_trial(self, run: Path, state: str) -> None:
-        """The trial's outcome (complete, pruned, failed) as a tag of its MLflow run."""
+    def tag_trial(self, run: Path, state: str, objective: float | None = None) -> None:
+        """The trial's outcome (complete, pruned, failed) as a tag of its MLflow run, and for a complete trial its
+        objective — the value Optuna records (the best of its reports), not its last validation — as the metric
+        ``objective`` and the tag ``kgc.objective``."""
         parent = self.mlflow_parent()
         id_file = run / "mlflow" / "run_id"
         if parent is None or not id_file.is_file():
@@ -424,7 +464,40 @@ class Study:
         from mlflow.tracking import MlflowClient
 
         with contextlib.suppress(Exception):  # a tag is not worth a trial
-            MlflowClient(parent[0]).set_tag(id_file.read_text().split()[0], "kgc.state", state)
+            client, child = MlflowClient(parent[0]), id_file.read_text().split()[0]
+            client.set_tag(child, "kgc.state", state)
+            if objective is not None:
+                client.log_metric(child, "objective", float(objective))
+                client.set_tag(child, "kgc.objective", f"{self.metric} {objective:.6g}")
+
+    def finish_mlflow(self, summary: dict) -> None:
+        """The study's MLflow run when a command on the study ends: what makes its trials comparable as params (the
+        space, budget, reports, pruner, sampler, metric: logged once, as MLflow params are), the best value and
+        trial and the counts as metrics and tags, and the run FINISHED (a continued study reopens and ends it
+        again)."""
+        parent = self.mlflow_parent()
+        if parent is None:
+            return
+        import json
+
+        from mlflow.tracking import MlflowClient
+
+        client, run_id = MlflowClient(parent[0]), parent[1]
+        identity = self.identity
+        params = {"space": json.dumps(identity["space"], sort_keys=True, default=str), "budget": identity["budget"],
+                  "reports": identity["reports"], "pruner": identity["pruner"], "sampler": identity["sampler"],
+                  "metric": self.metric, "direction": self.direction,
+                  "fixed": json.dumps(identity["fixed"], sort_keys=True, default=str)}
+        have = client.get_run(run_id).data.params
+        for key, value in params.items():
+            if key not in have:
+                client.log_param(run_id, key, str(value))
+        for key in ("complete", "pruned", "failed"):
+            client.log_metric(run_id, f"{key}_trials", summary[key])
+        if summary["best"] is not None:
+            client.log_metric(run_id, f"best_{self.metric}", float(summary["best"]["value"]))
+            client.set_tag(run_id, "kgc.best_trial", str(summary["best"]["trial"]))
+        client.set_terminated(run_id, "FINISHED")
 
     def same_values(self, trial, values: dict) -> int | None:
         """The number of another trial of the study — finished, or running now in another process — that has
@@ -495,6 +568,8 @@ class Study:
                          "steps": max(t.intermediate_values, default=None),
                          "start": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
                          "seconds": None if took is None else round(took, 1),
+                         # a trial a killed process left, run again (Optuna's failed_trial): the number it retries
+                         "retries": t.system_attrs.get("failed_trial"),
                          **{k: t.params.get(k) for k in self.space}, "run": str(run)})
         sign = 1 if self.direction == "maximize" else -1
         rows.sort(key=lambda r: (r["value"] is None, -sign * (r["value"] or 0), r["trial"]))  # best first
@@ -511,6 +586,7 @@ class Study:
             write_text(path, self.best_recipe_text(best.params, best.value, best.number))
             out["best"] = {"trial": best.number, "value": best.value, "params": best.params, "recipe": str(path)}
         out["plots"] = self.plots(len(complete))
+        self.finish_mlflow(out)
         return out
 
     def best_recipe_text(self, params: dict, value: float, number: int) -> str:
@@ -540,7 +616,7 @@ class Study:
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
-                ax = draw(self.study)
+                ax = draw(self.study, target_name=self.metric)  # the axis names the metric (not "Objective Value")
             import numpy as np
 
             fig = np.ravel(ax)[0].get_figure()  # one axes, or an array of them (slice: one per parameter)

@@ -111,3 +111,43 @@ def test_a_plugin_that_fails_to_load_is_one_message_naming_it(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "the conditioner plugin 'broken' (broken_plugin, from the package broken-plugin, entry point group " \
            "kgc.conditioners) failed to load: ImportError: no module named torch_geometric" in res.stderr
+
+
+def test_a_plugin_class_registers_as_a_built_in_does(tmp_path):
+    """A conditioner class named by its entry point goes through the built-ins' registration: its options are
+    recorded (kgc compare describes a run with the values it trained with, not the defaults), `kgc plugins` lists
+    it with its package and version, and a class whose name disagrees with its Options is one message naming the
+    package (it used to install silently, after which neither name trained)."""
+    site = install(tmp_path / "site")
+    described = subprocess.run(
+        [sys.executable, "-c", "import kgc; from kgc.compare import describe_conditioner; "
+         "r = kgc.resolve_recipe({'model': {'conditioner': 'gated', 'gate_scale': 3.0}}); "
+         "print(describe_conditioner(r)); from kgc.registry import CONDITIONERS; print(CONDITIONERS['gated'].options)"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}, capture_output=True,
+        text=True, timeout=300)
+    assert described.returncode == 0, described.stderr[-2000:]
+    assert described.stdout.splitlines() == ["gated (plugin, scale=3)", "('gate_scale',)"]
+    listed = kgc("plugins", site=site, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in listed.stdout.splitlines() if line.startswith("  ")}
+    assert rows["gated"] == "kgc-demo-plugin 0.1" and rows["sq8"] == "kgc-demo-plugin 0.1"
+    assert rows["jsonl_copy"] == "kgc-demo-plugin 0.1" and rows["hadamard"] == "kgc" and rows["pets"] == "kgc-demo-plugin 0.1"
+    as_json = json.loads(kgc("plugins", "--json", site=site, cwd=tmp_path).stdout)
+    assert {"family": "conditioner", "key": "model.conditioner", "name": "gated", "source": "kgc-demo-plugin 0.1",
+            "entry_points": "kgc.conditioners"} in as_json
+
+    bad = tmp_path / "bad"
+    (bad / "misnamed_plugin").mkdir(parents=True)
+    (bad / "misnamed_plugin" / "__init__.py").write_text(
+        "from typing import Literal\nfrom pydantic import Field\n"
+        "from kgc.conditioning.base import ConditionerOptions\nfrom kgc.conditioning.pooled import Hadamard\n"
+        "class FilmOptions(ConditionerOptions):\n    conditioner: Literal['film'] = Field('film')\n"
+        "class Film(Hadamard):\n    name = 'FiLM'\n    Options = FilmOptions\n")
+    info = bad / "misnamed_plugin-2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: misnamed-plugin\nVersion: 2.0\n")
+    (info / "entry_points.txt").write_text("[kgc.conditioners]\nfilm = misnamed_plugin:Film\n")
+    res = kgc("recipes", "check", "umls_biencoder", "--no-data", "-q", site=bad, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert ("the conditioner plugin 'film' (misnamed_plugin:Film, from the package misnamed-plugin 2.0) cannot be "
+            "registered: Film.Options declares conditioner 'film', not 'FiLM'") in res.stderr, res.stderr

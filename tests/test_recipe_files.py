@@ -361,3 +361,43 @@ def test_a_relative_data_path_is_read_beside_the_recipe(tmp_path, monkeypatch):
     with pytest.raises(KGCError, match=r"bad\.yaml: data\.path nowhere: no such folder beside the recipe \(.*y/nowhere\) "
                                        r"or in the current folder \(.*x/nowhere\)"):
         load_recipe(tmp_path / "y" / "bad.yaml")
+
+
+def test_an_override_fixes_a_copied_recipes_path(tmp_path, monkeypatch, tiny_bert, data_home):
+    """Overrides first, paths after: a recipe whose relative data.path exists nowhere (the state of a recipe copied
+    away from its data) trains with --set data.path=DIR (the CLI), resolve_recipe's overrides (the API) and a child
+    that extends it with its own data.path; without an override the message names the file and the fix."""
+    import kgc
+    from kgc.errors import KGCError
+    from kgc.recipe import load_recipe
+    from tests.conftest import ROOT, cli
+
+    examples = ROOT / "data" / "examples" / "capitals"
+    monkeypatch.chdir(tmp_path)
+    copied = tmp_path / "copied.yaml"
+    copied.write_text(f"extends: {ROOT / 'recipes' / 'capitals.yaml'}\ndata: {{path: examples/capitals}}\n"
+                      f"model: {{backbone: {tiny_bert}}}\n")
+    with pytest.raises(KGCError, match=r"copied\.yaml: data\.path examples/capitals: no such folder beside the "
+                                       r"recipe .* or replace it: --set data\.path=DIR"):
+        load_recipe(copied)
+    assert load_recipe(copied, [f"data.path={examples}"]).data.path == str(examples)
+    assert kgc.resolve_recipe(copied, {"data.path": str(examples)}).data.path == str(examples)
+    child = tmp_path / "child.yaml"
+    child.write_text(f"extends: copied.yaml\ndata: {{path: {examples}}}\n")
+    assert load_recipe(child).data.path == str(examples)  # the child's own path replaces the base's missing one
+    cli("recipes", "check", copied, "--set", f"data.path={examples}")
+    cli("train", copied, "--set", f"data.path={examples}", "--set", "train.max_steps=1", "--set",
+        "eval.validate_every_epoch=false", "--out", tmp_path / "run", "--no-progress")
+    assert (tmp_path / "run" / "best.pt").is_file() or (tmp_path / "run" / "checkpoints" / "best.pt").is_file()
+
+
+def test_a_misspelled_key_gets_did_you_mean(tiny_bert):
+    from kgc.errors import KGCError
+    from kgc.recipe import load_recipe
+
+    with pytest.raises(KGCError) as caught:
+        load_recipe(None, ["train.max_step=3"])
+    message = str(caught.value)
+    assert "Did you mean train.max_steps" in message and len(message) < 300
+    with pytest.raises(KGCError, match="Recipe sections: data, "):
+        load_recipe(None, ["nosuch=1"])

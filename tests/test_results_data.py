@@ -114,7 +114,8 @@ def test_recipes_list_prints_the_measured_figures():
     as_json = {f["name"]: f for f in json.loads(cli("recipes", "list", "--json").stdout)}
     assert as_json["umls_biencoder"]["measured"][0] == {
         "split": "test", "metric": "MRR", "value": "0.6961", "hardware": "2 CPU cores",
-        "budget": "one epoch (10,432 triple-directions)", "page": "docs/results/umls.md", "source": "kgc", "note": ""}
+        "budget": "one epoch (10,432 triple-directions)", "page": "docs/results/umls.md", "source": "kgc", "note": "",
+        "command": "kgc train recipes/umls_biencoder.yaml --out runs/quickstart && kgc evaluate runs/quickstart"}
 
 
 @pytest.mark.parametrize("block, message", [
@@ -139,3 +140,41 @@ def test_a_child_does_not_inherit_its_roots_figures():
     entries = {v.name: v for f in families() for v in [f.root, *f.variants]}
     assert entries["wn18rr_cpu_hadamard"].measured[0].value == "0.1072"
     assert all(m.value != "0.1139" for m in entries["wn18rr_cpu_hadamard"].measured)
+
+
+def recipes_named(command: str) -> set[str]:
+    """The shipped recipes a command runs: each ``recipes/X.yaml`` in it, braces (``umls_{a,b}``) and globs
+    (``wn18rr_cpu_*``) expanded against the folder."""
+    out = set()
+    for token in re.findall(r"recipes/([A-Za-z0-9_*{},]+)\.yaml", command):
+        braces = re.match(r"(.*)\{([^}]*)\}(.*)", token)
+        for variant in ([braces.group(1) + x + braces.group(3) for x in braces.group(2).split(",")] if braces
+                        else [token]):
+            out |= {p.stem for p in (ROOT / "recipes").glob(variant + ".yaml")}
+    return out
+
+
+def own_figure_problems(figures: dict[str, list[Measured]]) -> list[str]:
+    return [f"{name}: {m.metric} {m.value} " + (f"was measured by `{m.command}`, which does not run recipes/{name}.yaml"
+                                               if m.command else "names no command (measured: ... command: \"...\")")
+            for name, ms in figures.items() for m in ms
+            if m.source == "kgc" and (not m.command or name not in recipes_named(m.command))]
+
+
+def test_every_figure_was_measured_with_its_own_recipe():
+    """Each of kgc's figures names the exact command that produced it, and that command runs this recipe's file: a
+    figure measured with another recipe (`wn18rr_laptop.yaml --set model.conditioner=concat` under wn18rr_concat)
+    does not belong under this one in `kgc recipes list`."""
+    problems = own_figure_problems(measured())
+    assert not problems, "\n".join(problems)
+    assert sum(bool(m.command) for ms in measured().values() for m in ms) >= 38  # every kgc figure of the recipes
+
+
+def test_the_own_figure_check_sees_another_recipes_figure():
+    m = Measured(split="test", metric="MRR", value="0.2284", hardware="2 CPU cores", budget="the laptop table's",
+                 page="docs/results/wn18rr.md",
+                 command="kgc compare recipes/wn18rr_laptop.yaml --set model.conditioner=concat --out runs/t")
+    assert len(own_figure_problems({"wn18rr_concat": [m]})) == 1
+    assert own_figure_problems({"wn18rr_laptop": [m]}) == []
+    assert recipes_named("kgc compare recipes/umls_{biencoder,concat}.yaml") == {"umls_biencoder", "umls_concat"}
+    assert "wn18rr_cpu_case" in recipes_named("kgc compare recipes/wn18rr_cpu_*.yaml --out x")

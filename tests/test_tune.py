@@ -312,15 +312,26 @@ def test_a_study_with_another_budget_or_space_is_another_study(tiny_bert, tmp_pa
     assert record["name"] == f"umls_same-{record['digest']}" and record["budget"] == "2 steps"
     longer = write_tune_recipe(tmp_path / "umls_same.yaml", tiny_bert, budget="4 steps", reports=1, pruner="none",
                                space=space)
-    with pytest.raises(KGCError, match=r"holds the study 'umls_same-\w+' \(.*budget '2 steps'.*\); this command "
-                                       r"asks for 'umls_same-\w+' \(.*budget '4 steps'"):
+    with pytest.raises(KGCError, match=r"holds the study 'umls_same-\w+'; this command asks for 'umls_same-\w+', "
+                                       r"which differs in budget '4 steps' \(that study: budget '2 steps'\)") as refused:
         tune(longer, out=tmp_path / "study", trials=2, echo=lambda m: None)
+    assert "space {" not in str(refused.value) and len(str(refused.value)) < 500  # the field that differs, only
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    assert [s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)] == [record["name"]]
+    optuna.load_study(study_name=None, storage=url)  # one study: the refused command created nothing
     with pytest.raises(KGCError, match=r"the study 'umls_same-\w+' was drawn with budget '2 steps'; this command "
                                        r"asks for budget '4 steps'"):
         tune(longer, out=tmp_path / "elsewhere", trials=2, echo=lambda m: None, study_name=record["name"],
              storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     write_tune_recipe(tmp_path / "umls_same.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none", space=space)
     assert tune(recipe, out=tmp_path / "study", trials=2, echo=lambda m: None)["complete"] == 2
+    # tracking added, and how often it logs: the same study, continued (these change no trial's figures)
+    summary = tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None,
+                   overrides=["train.trackers=[csv]", "train.log_every=1"])
+    assert summary["complete"] == 3 and (tmp_path / "study" / "trials" / "0002" / "metrics.csv").is_file()
+    assert len(optuna.get_all_study_summaries(url, include_best_trial=False)) == 1
 
 
 def test_a_study_says_what_it_does_and_never_prunes_a_finished_trial(tiny_bert, tmp_path, data_home, monkeypatch):
@@ -445,8 +456,8 @@ def test_a_study_optimises_the_metric_asked_in_its_direction(tiny_bert, tmp_path
     assert "best dev_head_above_gold" in (tmp_path / "study" / "best.yaml").read_text().splitlines()[0]
     record = json.loads((tmp_path / "study" / STUDY_JSON).read_text())
     assert record["metric"] == "dev_head_above_gold" and record["sampler"] == "random"
-    with pytest.raises(KGCError, match=r"sampler 'random', metric 'dev_head_above_gold'.*; this command asks "
-                                       r"for .*sampler 'tpe', metric 'dev_mrr'"):
+    with pytest.raises(KGCError, match=r"which differs in sampler 'tpe', metric 'dev_mrr' \(that study: sampler "
+                                       r"'random', metric 'dev_head_above_gold'\)"):
         tune(recipe, out=tmp_path / "study", trials=4, echo=lambda m: None)
 
 
@@ -491,3 +502,49 @@ def test_a_studys_trials_are_child_runs_of_one_mlflow_run(tiny_bert, tmp_path, d
     assert sorted(r.data.tags["kgc.trial"] for r in children) == ["0", "1"]
     assert all(r.data.tags["kgc.state"] == "complete" and r.data.tags["kgc.study"] == name for r in children)
     assert all("loss" in r.data.metrics and "train.lr" in r.data.params for r in children)
+    # each child logs the trial's objective (Optuna's value, the best of its reports), the parent ends FINISHED with
+    # the study's settings and best value; the three agree with trials.csv
+    import csv
+
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    values = {str(t.number): t.value for t in study.trials}
+    assert {r.data.tags["kgc.trial"]: r.data.metrics["objective"] for r in children} == pytest.approx(values)
+    table = {row["trial"]: float(row["value"]) for row in csv.DictReader((tmp_path / "study" / "trials.csv").open())}
+    assert table == pytest.approx({k: round(v, 4) for k, v in values.items()})
+    top = client.get_run(parent)
+    assert top.info.status == "FINISHED" and top.data.metrics["best_dev_mrr"] == pytest.approx(study.best_value)
+    assert top.data.params["budget"] == "2 steps" and "train.lr" in top.data.params["space"]
+    assert top.data.tags["kgc.best_trial"] == str(study.best_trial.number)
+
+
+def test_a_trial_reports_exactly_tune_reports_times(tiny_bert, tmp_path, data_home, monkeypatch):
+    """A graph whose epoch is 3 steps, a budget of 10 steps and reports 2: the trial validates at steps 5 and 10
+    only (each epoch's end validated too before: reports at 3, 5, 6, 9, 10), the objective is the best of those."""
+    import optuna
+
+    from kgc.tune import report_steps, tune
+    from tests.conftest import write_toy
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    toy = write_toy(tmp_path / "toy")
+    recipe = tmp_path / "toy_tune.yaml"
+    recipe.write_text(
+        f"name: toy_tune\ndata: {{path: {toy}, neighbor_text: false, max_tokens: 16}}\n"
+        f"model: {json.dumps({'backbone': str(tiny_bert), 'conditioner': 'biencoder'})}\n"
+        "loss: {pre_batch: 0}\n"
+        "train: {batch_size: 4, lr: 1.0e-3, warmup_steps: 1, log_every: 2, num_threads: 1}\n"
+        "eval: {batch_size: 16, validate_every_epoch: true}\n"
+        'tune: {budget: "10 steps", reports: 2, trials: 2, pruner: none, '
+        'space: {train.lr: {low: 1.0e-4, high: 3.0e-3, log: true}}}\n')
+    summary = tune(recipe, out=tmp_path / "study", echo=lambda m: None)
+    assert summary["complete"] == 2
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    for t in study.trials:
+        assert sorted(t.intermediate_values) == [5, 10] and t.value == max(t.intermediate_values.values())
+        rows = [json.loads(line) for line in
+                (tmp_path / "study" / "trials" / f"{t.number:04d}" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if "dev_mrr" in r] == [5, 10]
+    assert report_steps(10, 2) == [5, 10] and report_steps(10, 3) == [3, 6, 10] and report_steps(2, 5) == [1, 2]
+    assert report_steps(None, 2) is None and report_steps(6, 1) == [6]

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from kgc.cli.common import _echo, recipe_app, recipes_app
+from kgc.cli.common import _echo, app, recipe_app, recipes_app
 from kgc.errors import KGCError
 
 
@@ -90,3 +90,22 @@ def recipes_check(recipe: str = typer.Argument(..., help="a recipe file, or a sh
         typer.echo(report["text"], nl=False)
     for line in report["lines"]:
         _echo(line)
+
+
+@app.command("plugins")
+def plugins(as_json: bool = typer.Option(False, "--json", help="one JSON list of {family, key, name, source}")) -> None:
+    """Every installed member of every family (tasks, conditioners, index types, structural models, trackers,
+    datasets), with the package and version each came from (built-in members: kgc)."""
+    from kgc import api
+
+    rows = api.plugins()
+    if as_json:
+        _echo(json.dumps(rows, indent=1))
+        return
+    width = max(len(r["name"]) for r in rows)
+    family = None
+    for r in rows:
+        if r["family"] != family:
+            family = r["family"]
+            _echo(f"{family} ({r['key']}; plugins: entry points {r['entry_points']}):")
+        _echo(f"  {r['name']:<{width}}  {r['source']}")

@@ -76,6 +76,9 @@ def register(cls: type["Conditioner"]) -> type["Conditioner"]:
     return CONDITIONERS.register(cls)
 
 
+CONDITIONERS.admit = register  # a plugin's class, named by its entry point, registers as a built-in does
+
+
 class Conditioner(nn.Module, ABC):
     """Base class. Subclasses set ``name``, ``enters_at`` and ``Options`` and implement the three stages."""
 

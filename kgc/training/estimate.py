@@ -349,7 +349,9 @@ def fitting_batch(recipe: Recipe, counts: "Counts | None", *, device: Any, world
 
 
 def _recipe_folders() -> list[Path]:
-    here = Path(__file__).resolve().parents[2] / "recipes"
+    from kgc.families import recipe_folder
+
+    here = recipe_folder().resolve()
     return list(dict.fromkeys(p for p in (Path("recipes").resolve(), here) if p.is_dir()))
 
 

@@ -19,7 +19,7 @@ import contextlib
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 import torch
@@ -135,13 +135,16 @@ def _on_main(fn):
 
 def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path | None = None,
           progress: bool = True, echo=print, check_memory: bool = True,
-          on_validation: Callable[[int, dict], None] | None = None) -> Path:
+          on_validation: Callable[[int, dict], None] | None = None,
+          validate_at: "Collection[int] | None" = None) -> Path:
     """Train (or resume) the recipe's task and return the run directory.
 
     Before anything is written, the memory a training step needs is estimated and said in one line; a run that
     does not fit is refused (:mod:`kgc.training.estimate`) unless ``train.check_memory`` or ``check_memory`` is
     false. ``on_validation(step, figures)`` is called on rank 0 after each validation (``kgc tune`` reports the dev
-    curve to Optuna there; an exception it raises, a pruned trial, ends the training).
+    curve to Optuna there; an exception it raises, a pruned trial, ends the training). ``validate_at``: validate
+    at exactly these steps and at no other (each epoch's and ``eval.validate_every_steps``' validations left out):
+    a study's trial reports ``tune.reports`` times, whatever the recipe's epochs.
 
     Under ``torchrun`` every process calls this; the run directory is rank 0's and is returned on every rank.
     Rank 0 holds the run directory's lock for the whole training (:func:`kgc.fileio.run_lock`): another
@@ -150,7 +153,7 @@ def train(recipe: Recipe | None = None, *, out: Path | None = None, resume: Path
     try:
         with contextlib.ExitStack() as hold:  # the run directory's lock, released when training ends
             return _train(recipe, out=out, resume=resume, progress=progress, echo=echo, hold=hold,
-                          check_memory=check_memory, on_validation=on_validation)
+                          check_memory=check_memory, on_validation=on_validation, validate_at=validate_at)
     finally:
         dist.shutdown()
 
@@ -398,11 +401,13 @@ class _Setup:
 
 def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, progress: bool, echo,
            hold: contextlib.ExitStack, check_memory: bool = True,
-           on_validation: Callable[[int, dict], None] | None = None) -> Path:
+           on_validation: Callable[[int, dict], None] | None = None,
+           validate_at: "Collection[int] | None" = None) -> Path:
     from tqdm.auto import tqdm
 
     s = _Setup(recipe, out=out, resume=resume, echo=echo, hold=hold, check_memory=check_memory)
     s.on_validation = on_validation
+    planned = None if validate_at is None else {int(x) for x in validate_at}  # the only steps that validate
     recipe, task, model, criterion, tc = s.recipe, s.task, s.model, s.criterion, s.recipe.train
     rate_key = f"{s.about.unit}_per_s"
     model.train()
@@ -477,8 +482,11 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 s.metrics.write(step=s.step, epoch=epoch + 1, loss=round(loss_value, 5),
                                 train_seconds=round(s.seconds(), 3), seen=s.seen, **figures,
                                 lr=s.scheduler.get_last_lr()[0], **{rate_key: round(rate, 2)})
-            every = recipe.eval.validate_every_steps if task.can_validate else None
-            if every and s.step % every == 0 and s.step % s.steps_per_epoch != 0 and s.step < s.total:  # else: below
+            every = recipe.eval.validate_every_steps if task.can_validate and planned is None else None
+            if planned is not None and s.step in planned and task.can_validate:  # validate_at: these steps only
+                s.validate(epoch)
+                s.checkpoint()
+            elif every and s.step % every == 0 and s.step % s.steps_per_epoch != 0 and s.step < s.total:  # else: below
                 s.validate(epoch)
                 s.checkpoint()  # right after: a resume never repeats or skips a validation
             elif s.step % tc.checkpoint_every == 0:
@@ -492,7 +500,7 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
                 break
         feed.close()
         if s.validated <= epoch:
-            validating = recipe.eval.validate_every_epoch and task.can_validate
+            validating = recipe.eval.validate_every_epoch and task.can_validate and planned is None
             if validating:
                 s.validate(epoch)
             s.validated = epoch + 1

@@ -16,7 +16,8 @@ from kgc.conditioning.pooled import Hadamard
 
 
 class GatedOptions(ConditionerOptions):
-    conditioner: Literal["gated"] = Field("gated", description="gated (a plugin): h_s ⊙ σ(W h_c + b), after pooling")
+    conditioner: Literal["gated"] = Field("gated", description="gated (a plugin): h_s ⊙ σ(s·(W h_c + b)), after pooling")
+    gate_scale: float = Field(1.0, gt=0, description="gated: s, the gate's logits scaled by this")
 
 
 class Gated(Hadamard):
@@ -26,13 +27,17 @@ class Gated(Hadamard):
     name = "gated"
     Options = GatedOptions
 
+    def __init__(self, *, gate_scale: float = 1.0, **kwargs) -> None:  # the options arrive as keywords
+        super().__init__(**kwargs)
+        self.gate_scale = gate_scale
+
     @classmethod
-    def describe(cls, options: dict[str, Any]) -> str:
-        return "gated (plugin)"
+    def describe(cls, options: dict[str, Any]) -> str:  # the recipe's values of cls.options (kgc compare)
+        return f"gated (plugin, scale={options.get('gate_scale', 1.0):g})"
 
     def export_spec(self) -> dict[str, Any]:
-        return self._spec("normalize(h_s * sigmoid(proj.weight @ h_c + proj.bias))")
+        return self._spec(f"normalize(h_s * sigmoid({self.gate_scale:g} * (proj.weight @ h_c + proj.bias)))")
 
     def combine(self, sentence_state, condition_state, condition_index):
-        gate = torch.sigmoid(self.proj(condition_state))[condition_index]  # (batch, H)
+        gate = torch.sigmoid(self.gate_scale * self.proj(condition_state))[condition_index]  # (batch, H)
         return F.normalize(sentence_state * gate, dim=-1)
