@@ -450,6 +450,9 @@ def key_reference(task: str | None = None) -> list[dict[str, str]]:
     definition (``model.router_layers`` means one thing to the bi-encoder and another to the router)."""
     if task is not None:
         TASKS.lookup(task)  # an unknown name: one message listing the registered ones
+    # train.trackers says which trackers are installed here, and where each came from (the unions' members have a
+    # row each; `kgc plugins` lists every family)
+    families = {TRACKERS.key: TRACKERS}
     rows = []
     for r in _reference():
         if task is not None and r["tasks"] and task not in r["tasks"]:
@@ -460,7 +463,11 @@ def key_reference(task: str | None = None) -> list[dict[str, str]]:
             unions.setdefault(union, []).append(tag)
         whom = ([f"task {', '.join(r['tasks'])}"] if r["tasks"] and task is None else []) + [
             f"{union} {', '.join(tags)}" for union, tags in unions.items()]
-        rows.append({"key": r["key"], "type": r["type"], "default": r["default"], "description": r["description"],
+        description = r["description"]
+        if r["key"] in families:
+            reg = families[r["key"]]
+            description += f" (installed: {', '.join(f'{n} ({reg.source(n)})' for n in reg)})"
+        rows.append({"key": r["key"], "type": r["type"], "default": r["default"], "description": description,
                      "for": "; ".join(whom)})
     return rows
 

@@ -1,6 +1,6 @@
 """A package outside kgc adds a conditioner, an index type, a kind of structural model, a tracker and a dataset
-through entry points, and recipes use them all: tests/plugin_demo/ is installed into a temporary folder (the package and a ``.dist-info`` with its
-``entry_points.txt``, as pip would leave it) and put on ``PYTHONPATH`` of real ``kgc`` processes. Without it the
+through entry points, and recipes use them all: tests/plugin_demo/ (a whole package: pyproject.toml with its entry
+points) is installed by pip into a temporary folder and put on ``PYTHONPATH`` of real ``kgc`` processes. Without it the
 same recipe is refused, naming what is registered."""
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ DEMO = ROOT / "tests" / "plugin_demo"
 
 
 def install(site: Path) -> Path:
-    """The demo package and its distribution's metadata in ``site``: what `pip install --target site` leaves."""
-    shutil.copytree(DEMO / "kgc_demo_plugin", site / "kgc_demo_plugin")
-    info = site / "kgc_demo_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kgc-demo-plugin\nVersion: 0.1\n")
-    shutil.copyfile(DEMO / "entry_points.txt", info / "entry_points.txt")
+    """The demo package, whole (tests/plugin_demo/pyproject.toml with its entry points), installed by pip into
+    ``site`` as a user's `pip install` would (from a copy: the build leaves nothing in the checkout)."""
+    source = site.parent / f"{site.name}-source"
+    shutil.copytree(DEMO, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--no-index", "--target", str(site), str(source)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (site / "kgc_demo_plugin-0.1.dist-info" / "entry_points.txt").is_file()
     return site
 
 
@@ -132,6 +134,8 @@ def test_a_plugin_class_registers_as_a_built_in_does(tmp_path):
     rows = {line.split()[0]: " ".join(line.split()[1:]) for line in listed.stdout.splitlines() if line.startswith("  ")}
     assert rows["gated"] == "kgc-demo-plugin 0.1" and rows["sq8"] == "kgc-demo-plugin 0.1"
     assert rows["jsonl_copy"] == "kgc-demo-plugin 0.1" and rows["hadamard"] == "kgc" and rows["pets"] == "kgc-demo-plugin 0.1"
+    keys = kgc("recipes", "keys", "train.trackers", site=site, cwd=tmp_path)  # the tracker help: what is installed
+    assert "jsonl_copy (kgc-demo-plugin 0.1)" in keys.stdout and "csv (kgc)" in keys.stdout, keys.stdout
     as_json = json.loads(kgc("plugins", "--json", site=site, cwd=tmp_path).stdout)
     assert {"family": "conditioner", "key": "model.conditioner", "name": "gated", "source": "kgc-demo-plugin 0.1",
             "entry_points": "kgc.conditioners"} in as_json

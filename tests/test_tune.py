@@ -491,15 +491,15 @@ def test_a_studys_trials_are_child_runs_of_one_mlflow_run(tiny_bert, tmp_path, d
     recipe = write_tune_recipe(tmp_path / "umls_mlflow.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none",
                                space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
     recipe.write_text(recipe.read_text().replace("num_threads: 1}", "num_threads: 1, trackers: [mlflow]}"))
-    tune(recipe, out=tmp_path / "study", trials=2, echo=lambda m: None)
+    tune(recipe, out=tmp_path / "study", trials=3, echo=lambda m: None)
     name = json.loads((tmp_path / "study" / STUDY_JSON).read_text())["name"]
     client = MlflowClient(f"sqlite:///{tmp_path / 'study' / 'mlflow' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id])
     parent = (tmp_path / "study" / "mlflow" / "parent_run_id").read_text().strip()
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
-    assert len(runs) == 3 and len(children) == 2
-    assert sorted(r.data.tags["kgc.trial"] for r in children) == ["0", "1"]
+    assert len(runs) == 4 and len(children) == 3
+    assert sorted(r.data.tags["kgc.trial"] for r in children) == ["0", "1", "2"]
     assert all(r.data.tags["kgc.state"] == "complete" and r.data.tags["kgc.study"] == name for r in children)
     assert all("loss" in r.data.metrics and "train.lr" in r.data.params for r in children)
     # each child logs the trial's objective (Optuna's value, the best of its reports), the parent ends FINISHED with

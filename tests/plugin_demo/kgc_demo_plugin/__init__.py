@@ -1,5 +1,5 @@
 """A package outside kgc that adds a conditioner, an index type and a tracker through kgc's entry points
-(``entry_points.txt`` beside it: the ``[project.entry-points."kgc.…"]`` tables of its pyproject.toml). It is
+(the ``[project.entry-points."kgc.…"]`` tables of its pyproject.toml, beside this folder). It is
 what docs/architecture.md's "Write a plugin" shows; tests/test_plugins.py installs it into a temporary folder and
 trains a recipe that names all three."""
 
