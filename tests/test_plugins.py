@@ -74,6 +74,12 @@ def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tin
     fused = json.loads((run / "results.json").read_text())["kgc"]["structure"]
     assert fused["model"] == "popularity" and fused["alpha"] in (0.0, 0.5, 1.0), fused
 
+    # kgc compare describes a run of the plugin's conditioner with the options it trained with (not the defaults)
+    compared = kgc("compare", recipe, "--set", "model.gate_scale=3.0", "--out", "cmp", "--no-progress", site=site,
+                   cwd=tmp_path)
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    assert "gated (plugin, scale=3)" in (tmp_path / "cmp" / "compare.md").read_text()
+
     alone = kgc("recipes", "check", recipe, "--no-data", "-q", site=None, cwd=tmp_path)  # the plugin not installed
     assert alone.returncode == 2 and "'gated'" in alone.stderr and "hadamard" in alone.stderr, alone.stderr
 
