@@ -191,7 +191,7 @@ DURATIONS = ROOT / "tests" / "durations.json"
 HEAVY: dict[str, str] = {
     "tests/test_csts_learn.py": "a C-STS conditioner learns what the blind baseline cannot (79 s)",
     "tests/test_distributed.py": "torchrun groups: steps equal one process's, a killed group resumes (115 s)",
-    "tests/test_plugins.py": "a plugin package installed and used by real kgc processes (75 s)",
+    "tests/test_plugins.py": "a plugin package installed by pip and used by real kgc processes (about 150 s)",
     "tests/test_docs.py::test_page_examples_run[docs/structure.md]": "a fused UMLS run, as the page shows it (61 s)",
     "tests/test_tune.py::test_two_worker_processes_share_one_study": "two processes on one study (37 s)",
     "tests/test_tune.py::test_a_killed_study_continues_the_same_study": "a study killed, then continued (35 s)",
