@@ -198,3 +198,50 @@ def test_bench(smoke):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["type"], r["params"].get("nprobe")) for r in rows] == [("flat", None), ("ivf", 1), ("ivf", 4)]
     assert rows[0]["recall_at_10"] == 1.0 and "| ivf |" in proc.stdout
+
+
+def test_predict_keeps_its_score_column_for_long_ids(capsys):
+    """`kgc predict`'s table: an id longer than the column (free text's neighbours, a graph's long ids) widens the
+    column for every row, so the scores stay in one column."""
+    from kgc.cli.answer import _print_answer
+
+    rows = [{"rank": 1, "entity": "e" * 40, "score": 0.5, "text": "a"}, {"rank": 2, "entity": "short", "score": 0.25,
+                                                                            "text": "b"}]
+    _print_answer({"head_text": "h", "relation_text": "r", "seconds": 0.001, "predictions": rows}, False)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert len({line.index("0.") for line in lines}) == 1, lines
+
+
+def test_a_training_log_file_has_its_lines_apart(tmp_path, tiny_bert, data_home):
+    """`kgc train … > log 2>&1`: no progress bar where stderr is no terminal, so a validation line is a line of its
+    own in the file (it was glued to the bar's carriage-return updates)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    log = tmp_path / "train.log"
+    with log.open("w") as fh:
+        subprocess.run([sys.executable, "-m", "kgc", "train", ROOT / "recipes" / "capitals.yaml", "--set",
+                        f"model.backbone={tiny_bert}", "--set", "train.max_steps=3", "--set",
+                        "eval.validate_every_steps=2", "--out", tmp_path / "run"], stdout=fh, stderr=subprocess.STDOUT,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, timeout=300)
+    text = log.read_text()
+    assert "\r" not in text and any(line.startswith("step 2 (epoch 1): dev MRR") for line in text.splitlines())
+
+
+def test_an_added_two_field_line_is_noted_as_split(tmp_path, indexed_tiny_run):
+    """`kgc index --add` reads `id<TAB>name, description` as entity2text.txt is read, split at the first ", ", and
+    says so (as `kgc data check` does for entity2text.txt) instead of splitting silently."""
+    import shutil
+
+    from tests.conftest import cli
+
+    run = tmp_path / "run"
+    shutil.copytree(indexed_tiny_run, run)
+    new = tmp_path / "new.tsv"
+    new.write_text("new_a\tQuito, capital of Ecuador\nnew_b\tLima\tcapital of Peru\n")
+    out = cli("index", run, "--add", new, "--no-progress").stdout
+    assert "1 line(s) of two fields (the first at line 1) were split at the first \", \"" in out
+    assert "added 2 entities" in out

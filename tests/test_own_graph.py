@@ -91,6 +91,8 @@ def test_relation_only_in_test_stops_check_and_train(tmp_path, tiny_bert, monkey
         fh.write("e_dog\t_likes\te_cat\n")
     res = kgc("data", "check", folder, check=False)
     assert res.exit_code == 2 and "error: 1 relation(s) of test occur in no train triple (_likes; 1 test" in res.stdout
+    lines = len((folder / "test.tsv").read_text().splitlines())
+    assert f"the first at test.tsv:{lines})" in res.stdout  # the line to look at
     assert "data.allow_unseen_relations" in res.stdout
     recipe = small_recipe(tmp_path / "r.yaml", tiny_bert, folder, max_steps=1)
     res = kgc("train", recipe, "--out", tmp_path / "run", "--no-progress", check=False)

@@ -58,6 +58,8 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
     run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
     if add is not None:
         meta = run.add_entities(add, progress=progress)
+        if meta.get("note"):
+            _echo(f"note: {meta['note']}")
         _echo(f"added {meta['added_entities']['sources'][-1]['count']} entities from {add}: the index holds "
               f"{meta['entities']} ({meta['entities'] - meta['added_entities']['count']} + "
               f"{meta['added_entities']['count']} added) → {run.path / 'index'}")
@@ -149,8 +151,9 @@ def _print_answer(a: dict, as_json: bool) -> None:
         _echo(json.dumps(a, indent=2))
         return
     _echo(f"({a['head_text'][:70]}, {a['relation_text']}, ?)   [{a['seconds'] * 1000:.0f} ms]")
+    width = max([24] + [len(p["entity"]) for p in a["predictions"]])  # long ids (free text's neighbours): one column
     for p in a["predictions"]:
-        _echo(f"{p['rank']:>4}  {p['entity']:<24} {p['score']:7.4f}  {p['text'][:80]}")
+        _echo(f"{p['rank']:>4}  {p['entity']:<{width}} {p['score']:7.4f}  {p['text'][:80]}")
 
 @app.command()
 def serve(run_dir: Path = typer.Argument(..., help="a run directory (link prediction or C-STS)"),

@@ -260,8 +260,9 @@ def check_graph(graph: KnowledgeGraph, *, allow_unseen_relations: bool = False) 
         if len(rels):
             labels = [graph.relations[r] for r in rels]
             n = int(np.isin(graph.splits[split][:, 1], rels).sum())
+            first = _first_line(folder, split, set(labels))
             text = (f"{len(rels)} relation(s) of {split} occur in no train triple ({_examples(labels)}; {n} {split} "
-                    "triples)")
+                    f"triples{f', the first at {first}' if first else ''})")
             if allow_unseen_relations:
                 add("warning", text + ": ranked from their text alone (data.allow_unseen_relations: true)")
             else:
@@ -284,3 +285,21 @@ def check_graph(graph: KnowledgeGraph, *, allow_unseen_relations: bool = False) 
     for note in graph.notes:
         add("note", note)
     return report
+
+
+def _first_line(folder: Path, split: str, labels: set[str]) -> str:
+    """``FILE:LINE`` of the first triple of ``split`` whose relation is one of ``labels`` ("" where the split's file
+    is not a triples file kgc can read line by line here)."""
+    for name in SPLIT_FILES[split]:
+        path = Path(folder) / name
+        if path.is_file():
+            try:
+                with path.open(encoding="utf-8", errors="replace") as fh:
+                    for lineno, line in enumerate(fh, 1):
+                        parts = line.rstrip("\n").split("\t")
+                        if len(parts) >= 3 and parts[1].strip() in labels:
+                            return f"{path.name}:{lineno}"
+            except OSError:
+                return ""
+            return ""
+    return ""

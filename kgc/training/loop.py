@@ -413,8 +413,10 @@ def _train(recipe: Recipe | None, *, out: Path | None, resume: Path | None, prog
     model.train()
     criterion.train()
     s.choose_precision()
-    bar = tqdm(total=s.total, initial=s.step, desc="train", disable=not progress or not dist.is_main(),
-               dynamic_ncols=True)
+    # disable=None: no bar where stderr is no terminal (a log file: the lines said during training, validations
+    # among them, would be glued to the bar's carriage-return updates there)
+    bar = tqdm(total=s.total, initial=s.step, desc="train", dynamic_ncols=True,
+               disable=True if not progress or not dist.is_main() else None)
     t_start = time.perf_counter()
     s.clock_start, clock0, seen0 = t_start, s.clock, s.seen  # the training clock starts with the first step
     step0 = s.step

@@ -47,10 +47,11 @@ class NewEntity:
 # ---------------------------------------------------------------- the TSV of new entities
 
 
-def read_new_entities(path: str | Path) -> list[tuple[int, NewEntity]]:
+def read_new_entities(path: str | Path, *, split: list[int] | None = None) -> list[tuple[int, NewEntity]]:
     """``(line number, entity)`` for every line, read as ``entity2text.txt`` is: ``id<TAB>name<TAB>description``
     (the description may be empty; further tabs belong to it) or ``id<TAB>name, description`` (one text field,
-    split at its first ``", "``: ``Quito, capital of Ecuador`` is the name Quito with a description)."""
+    split at its first ``", "``: ``Quito, capital of Ecuador`` is the name Quito with a description). ``split``:
+    a list the line numbers of the lines split so are appended to (``kgc index --add`` says how many)."""
     path = Path(path)
     if not path.is_file():
         raise KGCError(f"{path}: no such file. Give a TSV with one new entity per line: id<TAB>name<TAB>description.")
@@ -63,6 +64,8 @@ def read_new_entities(path: str | Path) -> list[tuple[int, NewEntity]]:
         if len(parts) == 2:  # KG-BERT's id<TAB>text: "name, description", as entity2text.txt is read
             name, _, desc = (p.strip() for p in parts[1].partition(", "))
             ent_id = parts[0]
+            if split is not None and desc:
+                split.append(lineno)
         else:
             ent_id, name, desc = parts[0], parts[1], " ".join(p for p in parts[2:] if p)
         if not ent_id or not name:

@@ -504,9 +504,15 @@ def add_entities(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path:
     """``kgc index RUN --add path``: validate the new entities, embed them, append them to the (fresh) index,
     holding the run's lock (a second add at the same time is refused: run it again once the first is done)."""
     path = Path(path)
-    rows = read_new_entities(path)
+    split: list[int] = []
+    rows = read_new_entities(path, split=split)
     with run_lock(run.path, "adding entities to the index"):
-        return _add_locked(run, model, graph, path, rows, batch_size=batch_size, progress=progress, guard=guard)
+        meta = _add_locked(run, model, graph, path, rows, batch_size=batch_size, progress=progress, guard=guard)
+    if split:  # as kgc data check notes it for entity2text.txt
+        meta["note"] = (f"{path}: {len(split)} line(s) of two fields (the first at line {split[0]}) were split at the "
+                        "first \", \" into name and description (KG-BERT's entity2text.txt); a name holding \", \" "
+                        "needs the three-field form id<TAB>name<TAB>description")
+    return meta
 
 
 def _add_locked(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: Path,
