@@ -43,6 +43,48 @@ STUDY_DB = "study.db"
 STUDY_JSON = "study.json"  # the study this folder holds: its name and what makes its trials comparable
 
 
+def trial_folders(folder: Path) -> list[str]:
+    """The trial folders a study's folder holds (``trials/0000`` …), by name."""
+    trials = Path(folder) / "trials"
+    return sorted(p.name for p in trials.iterdir() if p.is_dir()) if trials.is_dir() else []
+
+
+def check_sqlite_storage(url: str, folder: Path) -> None:
+    """A study's SQLite storage, checked before Optuna opens it: a file that is not a readable SQLite database, fails
+    SQLite's integrity check or holds no Optuna tables is one message naming it (not a SQLAlchemy traceback); an empty
+    or missing one is a new study's — unless trial folders beside it say a study was there, when it is refused
+    rather than started over (a new study would write its trials into those folders)."""
+    import sqlite3
+
+    if not url.startswith("sqlite:///"):
+        return
+    path = Path(url[len("sqlite:///"):])
+    trials = trial_folders(folder)
+    fix = ("Restore it from a copy, or give another --out for a new study (the trial folders stay as they are); "
+           "nothing was started over.")
+    if not path.is_file() or path.stat().st_size == 0:
+        if trials:
+            raise KGCError(f"{path}: the study's storage is {'missing' if not path.exists() else 'empty (0 bytes)'}, "
+                           f"but {Path(folder) / 'trials'} holds {len(trials)} trial folder(s) "
+                           f"({', '.join(trials[:3])}{', …' if len(trials) > 3 else ''}): the study's record is lost. "
+                           + fix)
+        return
+    problem = None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
+            verdict = con.execute("PRAGMA quick_check").fetchone()[0]
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if verdict != "ok":
+            problem = f"damaged (SQLite's integrity check: {verdict[:200]})"
+        elif "studies" not in tables:
+            problem = "a SQLite database without Optuna's tables (no studies table)"
+    except sqlite3.DatabaseError as exc:
+        problem = f"not a readable SQLite database ({exc})"
+    if problem:
+        raise KGCError(f"{path}: the study's storage is {problem}." + (
+            f" {Path(folder) / 'trials'} holds {len(trials)} trial folder(s)." if trials else "") + " " + fix)
+
+
 # --set keys that change no trial's figures (where its metrics also go, what it keeps, how often it logs or saves):
 # a study continued with them changed is the same study
 NOT_A_TRIALS = ("train.trackers", "train.keep", "train.log_every", "train.checkpoint_every", "train.num_threads",
@@ -240,6 +282,7 @@ class Study:
         make_sampler(tc.sampler, self.space, 0, asked)  # a space this sampler cannot search: said before anything
         self.folder.mkdir(parents=True, exist_ok=True)
         url = storage or f"sqlite:///{(self.folder / STUDY_DB).resolve()}"
+        check_sqlite_storage(url, self.folder)  # empty, cut or damaged: one message, never a study started over
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in use
             self.storage = optuna.storages.RDBStorage(
@@ -253,6 +296,13 @@ class Study:
         self.name = study_name or self._default_name(url)
         self._check_folder()  # a refused command creates nothing: both checks come before any study is made
         names = {s.study_name for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
+        trials = trial_folders(self.folder)
+        if self.name not in names and trials and (self.folder / STUDY_JSON).is_file():
+            raise KGCError(f"{url}: the study {self.name!r} that {self.folder / STUDY_JSON} records is not in it, but "
+                           f"{self.folder / 'trials'} holds {len(trials)} trial folder(s) ({', '.join(trials[:3])}"
+                           f"{', …' if len(trials) > 3 else ''}): the study's record is lost. Restore the storage "
+                           "from a copy, or give another --out for a new study (those trials' runs stay as they "
+                           "are); nothing was started over.")
         if self.name in names:
             self.study = optuna.load_study(study_name=self.name, storage=self.storage, pruner=pruner)
         else:

@@ -548,3 +548,34 @@ def test_a_trial_reports_exactly_tune_reports_times(tiny_bert, tmp_path, data_ho
         assert [r["step"] for r in rows if "dev_mrr" in r] == [5, 10]
     assert report_steps(10, 2) == [5, 10] and report_steps(10, 3) == [3, 6, 10] and report_steps(2, 5) == [1, 2]
     assert report_steps(None, 2) is None and report_steps(6, 1) == [6]
+
+
+@pytest.mark.parametrize("damage", ["emptied", "cut", "random", "deleted"])
+def test_a_damaged_or_emptied_study_storage_is_refused_never_started_over(damage, tiny_bert, tmp_path, data_home,
+                                                                           monkeypatch):
+    """`: > study.db` (or a cut file, random bytes, a deleted file) beside a study's trial folders: one message naming
+    the storage and the trials, no traceback, and trials/0000 is not overwritten by a new study."""
+    import os
+
+    from kgc.tune import STUDY_DB, tune
+
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_tune_recipe(tmp_path / "umls_db.yaml", tiny_bert, budget="2 steps", reports=1, pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    tune(recipe, out=tmp_path / "study", trials=1, echo=lambda m: None)
+    db = tmp_path / "study" / STUDY_DB
+    kept = (tmp_path / "study" / "trials" / "0000" / "train_summary.json").read_bytes()
+    data = db.read_bytes()
+    if damage == "emptied":
+        db.write_bytes(b"")
+    elif damage == "cut":
+        db.write_bytes(data[: len(data) // 3])
+    elif damage == "random":
+        db.write_bytes(os.urandom(len(data)))
+    else:
+        db.unlink()
+    with pytest.raises(KGCError, match=r"study\.db: the study's (storage|record)") as refused:
+        tune(recipe, out=tmp_path / "study", trials=2, echo=lambda m: None)
+    assert "nothing was started over" in str(refused.value)
+    assert (tmp_path / "study" / "trials" / "0000" / "train_summary.json").read_bytes() == kept
+    assert not (tmp_path / "study" / "trials" / "0001").exists()
