@@ -249,12 +249,13 @@ def bench(command: str, *args: Any, **options: Any) -> dict:
     return run_bench(command, *(Path(a) if isinstance(a, str) else a for a in args), **options)
 
 
-def bench_commands() -> dict:
+def bench_commands(*, lenient: bool = False) -> dict:
     """Every benchmark ``kgc bench`` runs, by name: its :class:`kgc.training.task.BenchCommand` (what it measures,
-    its parameters; ``kgc.cli.bench`` makes the commands from them)."""
+    its parameters; ``kgc.cli.bench`` makes the commands from them). ``lenient``: those of the tasks that loaded (a
+    task plugin that fails to import is said by the command that uses it, not by ``kgc --help``)."""
     from kgc.bench import commands
 
-    return commands()
+    return commands(lenient=lenient)
 
 
 def table(kind: str, result: Any, *extra: Any) -> str:

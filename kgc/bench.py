@@ -50,11 +50,13 @@ def show_serve(result: dict, values: dict, echo: Callable[[str], None]) -> None:
     echo(f"server stopped (exit {result['server_exit']}); batches: {result['batching']}")
 
 
-def commands() -> dict[str, BenchCommand]:
-    """Every task's benchmarks by name (``kgc bench NAME``), ``serve`` included."""
+def commands(*, lenient: bool = False) -> dict[str, BenchCommand]:
+    """Every task's benchmarks by name (``kgc bench NAME``), ``serve`` included. ``lenient``: the tasks that loaded
+    (a task plugin that fails to import does not take ``kgc --help`` down with it)."""
     found: dict[str, BenchCommand] = {"serve": SERVE}
-    for name in TASKS:
-        for command, spec in TASKS[name].bench_commands().items():
+    tasks = TASKS.lenient() if lenient else {name: TASKS[name] for name in TASKS}
+    for name, task in tasks.items():
+        for command, spec in task.bench_commands().items():
             found.setdefault(command, spec)
     return found
 

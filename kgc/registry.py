@@ -43,6 +43,7 @@ class Registry(Mapping, Generic[T]):
         self.default = default  # the member a recipe gets when it names none (the plugin list's one choice)
         self._members: dict[str, T] = {}
         self._loaded = False
+        self.failures: list[KGCError] = []  # plugins that failed to load: said on every use but lenient()
         # the family's own registration, which a member named by its entry point goes through as a built-in does
         # (a conditioner's: its Options' name checked, its options recorded); set by the family's base module
         self.admit: Callable[[T], T] | None = None
@@ -62,7 +63,21 @@ class Registry(Mapping, Generic[T]):
             for module in self._builtins:
                 importlib.import_module(module)
             for point in plugins(self.group):
-                self._plugin(point)
+                try:
+                    self._plugin(point)
+                except KGCError as exc:  # the others still load; the failure is said on every use
+                    self.failures.append(exc)
+        if self.failures:
+            raise self.failures[0]
+
+    def lenient(self) -> dict[str, T]:
+        """The members that loaded, without raising for a plugin that failed (``kgc --help`` lists the commands of
+        every task it can; a command that uses the family says the failure)."""
+        try:
+            self._load()
+        except KGCError:
+            pass
+        return dict(sorted(self._members.items()))
 
     def _plugin(self, point) -> None:
         """Load one entry point of this family: a module registers its members as it is imported; a member (a
@@ -75,7 +90,7 @@ class Registry(Mapping, Generic[T]):
         before = set(self._members)
         try:
             loaded = point.load()
-        except Exception as exc:  # noqa: BLE001  (any error of another package's import)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  (any error of another package's import; an exit too)
             raise KGCError(f"the {self.kind} plugin {point.name!r} ({point.value}, from the package {package}, entry "
                            f"point group {self.group}) failed to load: {type(exc).__name__}: {exc}. Fix or uninstall "
                            "that package") from exc

@@ -161,3 +161,26 @@ def test_a_plugin_class_registers_as_a_built_in_does(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert ("the conditioner plugin 'film' (misnamed_plugin:Film, from the package misnamed-plugin 2.0) cannot be "
             "registered: Film.Options declares conditioner 'film', not 'FiLM'") in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("body, said", [("raise ImportError('no module named torch_geometric')\n",
+                                         "failed to load: ImportError: no module named torch_geometric"),
+                                        ("raise SystemExit(3)\n", "failed to load: SystemExit: 3")])
+def test_a_task_plugin_that_fails_on_import_leaves_help_working(tmp_path, body, said):
+    """A kgc.tasks plugin that raises (or exits) on import: `kgc --help` and a command's --help still answer; a
+    command that uses the tasks says the failure in one message naming the package (an exit used to end `kgc
+    predict` silently)."""
+    site = tmp_path / "site"
+    (site / "broken_task").mkdir(parents=True)
+    (site / "broken_task" / "__init__.py").write_text(body)
+    info = site / "broken_task-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-task\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kgc.tasks]\nbroken = broken_task\n")
+    helped = kgc("--help", site=site, cwd=tmp_path)
+    assert helped.returncode == 0 and "train" in helped.stdout and "bench" in helped.stdout, helped.stderr
+    assert kgc("bench", "--help", site=site, cwd=tmp_path).returncode == 0
+    res = kgc("recipes", "check", "umls_biencoder", "--no-data", "-q", site=site, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"the task plugin 'broken' (broken_task, from the package broken-task, entry point group kgc.tasks) {said}" \
+        in res.stderr, res.stderr

@@ -39,6 +39,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
                                        "message: kgc.tune)",
     ("tune.py", "_tune", "sqlite"): "the same study's URL handed to the workers",
     ("tune.py", "mlflow_parent", "sqlite"): "MLflow's own SQLite store of a study's runs (STUDY/mlflow/mlflow.db)",
+    ("tune.py", "check_sqlite_storage", "sqlite"): "the study's SQLite file opened read-only (mode=ro) to check it "
+                                                   "before Optuna opens it: it writes nothing",
 }
 
 # functions that write into a folder their caller stages: allowed if every call of them is inside the writer

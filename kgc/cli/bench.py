@@ -71,7 +71,7 @@ def register() -> None:
     """Every task's benchmarks as ``kgc bench`` commands."""
     from kgc.api import bench_commands
 
-    for spec in bench_commands().values():
+    for spec in bench_commands(lenient=True).values():  # a broken task plugin: kgc --help still answers
         _command(spec)
 
 

@@ -349,11 +349,13 @@ class StepShape:
 
 
 def public_name(name: str) -> Any:
-    """The object a task offers as ``name`` (:meth:`Task.public_names`), imported now; None when no task does."""
+    """The object a task offers as ``name`` (:meth:`Task.public_names`), imported now; None when no task does. The
+    tasks that loaded are asked (a task plugin that fails to import is said where the tasks are used, not here: the
+    CLI's imports ask this, and `kgc --help` must answer)."""
     import importlib
 
-    for task in TASKS:
-        where = TASKS[task].public_names().get(name)
+    for task in TASKS.lenient().values():
+        where = task.public_names().get(name)
         if where is not None:
             module, _, attribute = where.partition(":")
             return getattr(importlib.import_module(module), attribute)
