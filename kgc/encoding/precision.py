@@ -33,7 +33,7 @@ import os
 import platform
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -117,20 +117,16 @@ class Precision:
     probe: dict | None = None
     warning: str | None = None
     seconds: float = 0.0  # spent probing now (0 when the probe was cached)
-    extra: dict = field(default_factory=dict)
+    device: str = "cpu"  # the device type it was chosen for
 
     def line(self) -> str:
         return f"precision: {self.name} ({self.reason})"
 
     def record(self) -> dict:
-        out = {"name": self.name, "reason": self.reason, "cpu": describe_cpu() if self.on_cpu else None}
+        out = {"name": self.name, "reason": self.reason, "cpu": describe_cpu() if self.device == "cpu" else None}
         if self.probe:
             out["probe"] = self.probe
         return out
-
-    @property
-    def on_cpu(self) -> bool:
-        return self.extra.get("device", "cpu") == "cpu"
 
 
 def probe_key(shape: dict) -> str:
@@ -189,7 +185,7 @@ def choose(amp: str, device: torch.device, *, shape: dict | None = None,
     """The precision ``train.amp`` means on ``device`` (module docstring). ``probe(name)`` runs one unit of the
     work in ``name`` (auto on a CPU with bf16 hardware times it both ways, once per machine and ``shape``);
     without one, auto on such a CPU takes bf16. ``$KGC_AMP`` stands for ``amp`` where set."""
-    where = {"device": device.type}
+    where = device.type
     forced = os.environ.get(ENV, "").strip()
     if forced:
         if forced not in AMPS:
@@ -198,16 +194,16 @@ def choose(amp: str, device: torch.device, *, shape: dict | None = None,
     else:
         said_amp = f"train.amp={amp}"
     if amp == "off":
-        return Precision("fp32", said_amp, extra=where)
+        return Precision("fp32", said_amp, device=where)
     if device.type == "cuda":
         name = "fp16" if amp == "fp16" else "bf16"
-        return Precision(name, f"{said_amp} on CUDA", extra=where)
+        return Precision(name, f"{said_amp} on CUDA", device=where)
     if device.type != "cpu":
         return Precision("fp32", f"{said_amp}: autocast is used on CUDA and CPUs only, not {device.type}",
-                         extra=where)
+                         device=where)
     hardware = bf16_hardware(flags)
     if amp == "fp16":
-        return Precision("fp32", f"{said_amp}: fp16 is CUDA's; on a CPU use bf16", extra=where,
+        return Precision("fp32", f"{said_amp}: fp16 is CUDA's; on a CPU use bf16", device=where,
                          warning="train.amp=fp16 on a CPU runs fp32: use train.amp=bf16 (or auto) there")
     timings, spent = None, 0.0
     if hardware and probe is not None:
@@ -232,9 +228,9 @@ def choose(amp: str, device: torch.device, *, shape: dict | None = None,
         return Precision("bf16", said_amp + (f"; {said}" if said else ""), shown, warning, spent, where)
     if not hardware:
         return Precision("fp32", f"{said_amp}: this CPU has no bf16 hardware (amx_bf16, avx512_bf16)",
-                         extra=where)
+                         device=where)
     if shown is None:
-        return Precision("bf16", f"{said_amp}: the CPU has {', '.join(hardware)}", extra=where)
+        return Precision("bf16", f"{said_amp}: the CPU has {', '.join(hardware)}", device=where)
     faster = timings["bf16"] <= FASTER * timings["fp32"]
     return Precision("bf16" if faster else "fp32",
                      f"{said_amp}: the CPU has {', '.join(hardware)}; {said}"

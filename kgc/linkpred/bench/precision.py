@@ -167,7 +167,6 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
                 f"{op['operator']} {100 * op['share']:.0f} % ({op['calls'] // steps}/step)" for op in profiles[name]))
 
     model.eval()
-    tail = model.tail_encoder
     n = min(entities, graph.num_entities)
     ids = list(range(n))
     enc_seconds = {name: 0.0 for name in NAMES}
@@ -200,7 +199,6 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
                     q_seconds[name] += time.perf_counter() - start
     answering = {name: round(rounds * len(test) / q_seconds[name], 1) for name in NAMES}
     echo(f"queries answered: fp32 {answering['fp32']:.0f}/s, bf16 {answering['bf16']:.0f}/s ({len(test)} x {rounds})")
-    del tail
 
     quality = _same_steps(recipe_path, overrides or [], mrr_steps, echo) if mrr_steps else None
     ratio = {"training": round(training["bf16"]["triples_per_s"] / training["fp32"]["triples_per_s"], 2),
