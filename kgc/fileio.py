@@ -138,11 +138,17 @@ def ensure_space(path: str | os.PathLike, needed: int | None, what: str = "") ->
 
 _FAULTS: dict[str, int] = {}  # point -> countdown; parsed from $KGC_FAULT ("write:3", "commit:2")
 _WRITES = [0]  # writes of this process so far (tests: how many points a fault sweep has)
+_RENAMES = [0]  # renames that publish a file or folder, so far
 
 
 def writes_so_far() -> int:
     """How many file writes (:func:`fault` points) this process made: a fault sweep's points."""
     return _WRITES[0]
+
+
+def renames_so_far() -> int:
+    """How many renames that publish a written file or folder this process made (``rename`` fault points)."""
+    return _RENAMES[0]
 
 
 def _fault_plan() -> dict[str, int]:
@@ -159,12 +165,24 @@ def fault(point: str) -> None:
     write:N`` the N-th write of the process fails as a full disk does (ENOSPC), with ``eio:N`` as a failing disk
     does (EIO), with ``kill:N`` it is killed (SIGKILL) there; with ``commit:N`` the process is
     killed (SIGKILL) at the N-th step of a commit (1: before its journal, then before each rename, then before
-    the journal's removal); with ``slow:MS`` each step of an add in ``kgc serve`` lasts
+    the journal's removal); with ``rename:N`` killed at the N-th rename that publishes a file or a folder
+    (``rename-eio:N``: that rename is an I/O error); with ``slow:MS`` each step of an add in ``kgc serve`` lasts
     MS milliseconds longer. Unset (always, outside tests), it does nothing."""
     plan = _fault_plan() if "KGC_FAULT" in os.environ else _FAULTS
     if point == "step":  # slow:MS — each step of a long write (an add's embedding batch) lasts MS ms longer
         if "slow" in plan:
             time.sleep(plan["slow"] / 1000)
+        return
+    if point == "rename":  # rename:N — killed (SIGKILL) at the N-th rename that publishes a file or folder;
+        _RENAMES[0] += 1   # rename-eio:N — that rename fails as a failing disk does (EIO)
+        for key in ("rename", "rename-eio"):
+            if key in plan:
+                plan[key] -= 1
+                if plan[key] <= 0:
+                    del plan[key]
+                    if key == "rename":
+                        os.kill(os.getpid(), 9)
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
         return
     if point == "write":
         _WRITES[0] += 1
@@ -210,10 +228,23 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.(tmp|tx|partial|old)$")
 
 
+STAGED_NAME_MOST = 160  # bytes of a target's name kept in its staged name (a file system allows 255 in all)
+
+
+def _staged_name(name: str) -> str:
+    """The target's name as its staged files carry it: whole when short; a long one (a recipe copied to a
+    250-character name) cut, with a digest of the whole, so ``.NAME.PID.XXXXXXXX.replace.json`` fits in 255 bytes."""
+    if len(name.encode("utf-8", "surrogateescape")) <= STAGED_NAME_MOST:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    cut = name.encode("utf-8", "surrogateescape")[:STAGED_NAME_MOST - 13].decode("utf-8", "ignore")
+    return f"{cut}~{digest}"
+
+
 def _prefix(path: Path) -> str:
     """A staged file's or folder's name starts with its target's and this process's id: ``.NAME.PID.``, so the
     next process can tell a dead writer's leftovers from a live one's (:func:`sweep_leftovers`)."""
-    return f".{path.name}.{os.getpid()}."
+    return f".{_staged_name(path.name)}.{os.getpid()}."
 
 
 def pid_alive(pid: int) -> bool:
@@ -246,9 +277,21 @@ def sweep_leftovers(folder: str | os.PathLike, name: str | None = None) -> list[
         entries = list(os.scandir(folder))
     except OSError:
         return gone
+    replaces = [Path(e.path) for e in entries if (m := _REPLACING.match(e.name)) and not pid_alive(int(m["pid"]))]
+    for journal in replaces:  # a folder replace a killed process left half-done: completed first
+        try:
+            if journal.exists():
+                _finish_replace(folder, journal)
+        except (OSError, ValueError, KeyError, TypeError):
+            return gone  # its folders are evidence: nothing here is swept until it can be completed
+    if replaces:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return gone
     for entry in entries:
         m = _LEFTOVER.match(entry.name)
-        if m is None or (name is not None and m.group("name") != name) or pid_alive(int(m.group("pid"))):
+        if m is None or (name is not None and m.group("name") != _staged_name(name)) or pid_alive(int(m.group("pid"))):
             continue
         path = Path(entry.path)
         with contextlib.suppress(OSError):
@@ -314,6 +357,7 @@ def atomic_path(path: str | os.PathLike, *, needed: int | None = None) -> Iterat
     with staged_path(path, needed=needed) as tmp:
         yield tmp
     try:
+        fault("rename")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -325,7 +369,12 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
     """Yield a new empty folder beside ``path``; when the block succeeds it is renamed onto ``path``, so the
     folder appears complete or not at all (on failure it is removed). ``path`` may exist as an empty folder;
     with ``replace`` a non-empty one is moved aside first and removed after the rename. The folder gets the
-    permissions of a plain ``mkdir`` (``mkdtemp`` makes it private)."""
+    permissions of a plain ``mkdir`` (``mkdtemp`` makes it private).
+
+    A replace is two renames (the old folder aside, the new one in): before them a small journal beside ``path``
+    (``.NAME.PID.replace.json``) names both folders, so a process killed between them leaves a state the next one
+    that sweeps the parent folder completes — the new folder put in place, the old one removed
+    (:func:`_finish_replace`) — never two hidden folders for a sweep to delete."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -333,34 +382,61 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
         tmp = Path(tempfile.mkdtemp(prefix=_prefix(path), suffix=".partial", dir=path.parent))
     except OSError as exc:
         raise (write_error(path, exc) or exc) from None
-    old = None
+    old = journal = None
     try:
         os.chmod(tmp, 0o777 & ~_umask())
         try:
             fault("write")
             yield tmp
-        except OSError as exc:  # a full or read-only disk under the block's writes: one message
-            error = write_error(path, exc) if exc.errno is not None else None
-            if error is None:
+        except OSError as exc:  # a full or read-only disk under the block's writes: one message (a library's own
+            error = write_error(path, exc) if exc.errno is not None else None  # error for it: the caller names
+            if error is None:                                                  # the file it was writing)
                 raise
             raise error from None
-        if path.exists():
-            if replace and (not path.is_dir() or any(path.iterdir())):
-                old = Path(tempfile.mkdtemp(prefix=_prefix(path), suffix=".old", dir=path.parent))
-                path.rename(old / path.name)
-            else:
-                path.rmdir()  # an empty folder; anything else is the caller's error, raised here
         try:
+            if path.exists():
+                if replace and (not path.is_dir() or any(path.iterdir())):
+                    old = Path(tempfile.mkdtemp(prefix=_prefix(path), suffix=".old", dir=path.parent))
+                    journal = path.parent / f"{_prefix(path)}replace.json"
+                    write_json(journal, {"target": path.name, "new": tmp.name, "old": old.name})
+                    fault("rename")
+                    path.rename(old / path.name)
+                else:
+                    path.rmdir()  # an empty folder; anything else is the caller's error, raised here
+            fault("rename")
             os.replace(tmp, path)
-        except BaseException:
-            if old is not None:  # put the previous folder back
+        except BaseException as exc:
+            if old is not None and (old / path.name).exists() and not path.exists():  # the previous folder back
                 (old / path.name).rename(path)
+            if isinstance(exc, OSError) and exc.errno is not None and (error := write_error(path, exc)) is not None:
+                raise error from None
             raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        if journal is not None:
+            journal.unlink(missing_ok=True)
+
+
+_REPLACING = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.replace\.json$")
+
+
+def _finish_replace(folder: Path, journal: Path) -> None:
+    """Complete the folder replace a killed process's ``journal`` describes (:func:`atomic_dir`): the new folder,
+    whole when the journal was written, is put in place (the old one moved aside if still there), the old one
+    removed, then the journal. Raises OSError or ValueError when it cannot (the journal and folders are kept)."""
+    plan = json.loads(journal.read_text(encoding="utf-8"))
+    target, new, old = folder / plan["target"], folder / plan["new"], folder / plan["old"]
+    if new.is_dir():  # not yet in place
+        if target.exists():
+            old.mkdir(exist_ok=True)
+            target.rename(old / target.name)
+        os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+    journal.unlink()
+    fsync_dir(folder)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -475,7 +551,12 @@ class Transaction:
             self.abort()
             raise
         self.committed = True
-        _apply(self.folder, plan)
+        try:
+            _apply(self.folder, plan)
+        except OSError as exc:  # past the commit point: the journal holds the change, a later process completes it
+            raise KGCError(f"{self.folder}: the update was committed ({JOURNAL} names every file) but a rename in it "
+                           f"failed ({exc.strerror or exc}). The next kgc command that opens {self.folder} completes "
+                           "it; check the disk (e.g. `dmesg`) and run this again.") from None
 
     def abort(self) -> None:
         for tmp in self.staged.values():
@@ -488,6 +569,8 @@ def _apply(folder: Path, plan: dict) -> None:
     for tmp, name in plan.get("replace", []):
         fault("commit")
         with contextlib.suppress(FileNotFoundError):  # renamed already (a commit completed after a kill)
+            if (folder / tmp).exists():
+                fault("rename")
             os.replace(folder / tmp, folder / name)
     for name in plan.get("remove", []):
         with contextlib.suppress(FileNotFoundError):

@@ -104,15 +104,15 @@ def guarded_protocol(limits: Limits):
             self._stalled_at: float | None = None
             self._seen_cycle = None
             self._pending = 0  # bytes of the reply body being sent
+            self._quiet_since = self.loop.time()  # since when it has had no request being answered
             host = self.client[0] if self.client else None
             full = None
-            if len(self.connections) > limits.max_connections:
+            if self._over(None, limits.max_connections) and not self._evict(None):
                 full = f"this server has {limits.max_connections} connections open, the most it takes (kgc serve " \
-                       "--max-connections); try again shortly"
-            elif host is not None and sum(1 for c in self.connections
-                                          if getattr(c, "client", None) and c.client[0] == host) > limits.per_client:
-                full = f"{host} has {limits.per_client} connections open to this server, the most one client may " \
-                       "(kgc serve --per-client); reuse them (keep-alive) or close some"
+                       "--max-connections), each answering a request; try again shortly"
+            elif host is not None and self._over(host, limits.per_client) and not self._evict(host):
+                full = f"{host} has {limits.per_client} connections open to this server, each answering a request, " \
+                       "the most one client may (kgc serve --per-client); reuse them (keep-alive) or close some"
             if full is not None:
                 transport.write(_json(503, b"Service Unavailable", full, b"retry-after: 1\r\n"))
                 transport.close()
@@ -120,6 +120,44 @@ def guarded_protocol(limits: Limits):
             # idle from accept: uvicorn arms its keep-alive timer only after a first reply
             self.timeout_keep_alive_task = self.loop.call_later(limits.keep_alive, self.timeout_keep_alive_handler)
             self._arm(limits.head_timeout)
+
+        def send_400_response(self, msg: str) -> None:  # h11 refused the bytes (a bad or too long head): JSON too
+            body = json.dumps({"detail": f"{msg.rstrip('.')}: not a valid HTTP/1.1 request (its request line or "
+                                         f"headers; at most {limits.max_header:,} bytes of them)"}).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                       (b"connection", b"close")]
+            try:
+                for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                              h11.Data(data=body), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event))
+            except h11.LocalProtocolError:  # h11 cannot answer in the state it is in: written as bytes
+                self.transport.write(_json(400, b"Bad Request", json.loads(body)["detail"]))
+            self.transport.close()
+
+        # -- the caps: past one, the connection waiting the longest (idle, or its head or body still arriving)
+        #    makes room; only connections that are all answering requests refuse a new one
+        def _over(self, host: str | None, most: int) -> bool:
+            others = [c for c in self.connections if c is not self and not c.transport.is_closing()
+                      and (host is None or (getattr(c, "client", None) and c.client[0] == host))]
+            return len(others) + 1 > most
+
+        def _waiting(self) -> bool:
+            if self.transport.is_closing() or not hasattr(self, "_quiet_since"):
+                return False
+            if self.cycle is None or self.cycle.response_complete:
+                return True  # idle, or half a head
+            return self.conn.their_state is h11.SEND_BODY  # its body is still arriving: no slot taken yet
+
+        def _evict(self, host: str | None) -> bool:
+            waiting = [c for c in self.connections if c is not self and isinstance(c, GuardedH11) and c._waiting()
+                       and (host is None or (c.client and c.client[0] == host))]
+            if not waiting:
+                return False
+            oldest = min(waiting, key=lambda c: c._quiet_since)
+            log.debug("closed %s, waiting since %.1fs, to make room for %s", oldest.client,
+                      self.loop.time() - oldest._quiet_since, self.client)
+            oldest.transport.close()
+            return True
 
         # -- the request deadline: its head from accept (or the previous reply), its body from its head
         def _arm(self, seconds: float) -> None:
@@ -174,6 +212,7 @@ def guarded_protocol(limits: Limits):
             answered = self.cycle
             super().on_response_complete()  # may start a pipelined request (handle_events arms its deadline)
             if self.cycle is answered and not self.transport.is_closing():
+                self._quiet_since = self.loop.time()
                 self._arm(limits.head_timeout)  # the next head, or the rest of a body no route read
 
         def connection_lost(self, exc) -> None:
@@ -314,20 +353,28 @@ class _LimitBodies:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        stopping = (503, "the server is stopping; send the request again once it is back",
+                    {"retry-after": "5", "connection": "close"})
         if self.stopping.is_set() and scope.get("path") != "/health":
-            return await self._reply(send, 503, "the server is stopping; send the request again once it is back",
-                                     {"retry-after": "5", "connection": "close"})
+            return await self._reply(send, *stopping)
+        body = await self._read_body(scope, receive, send)  # before a slot is taken: a slow body holds none
+        if body is None:
+            return  # answered (400, 408, 413), or the client left
+        if self.stopping.is_set() and scope.get("path") != "/health":
+            return await self._reply(send, *stopping)
         if self.in_flight >= self.limits.max_requests:
             return await self._reply(send, 503, f"this server is answering {self.limits.max_requests} requests, the "
                                                 "most it takes at once (kgc serve --max-requests); try again shortly",
                                      {"retry-after": "1"})
         self.in_flight += 1
         try:
-            await self._guarded(scope, receive, send)
+            await self.app(scope, _replay(body, receive), send)
         finally:
             self.in_flight -= 1
 
-    async def _guarded(self, scope, receive, send):
+    async def _read_body(self, scope, receive, send) -> bytes | None:
+        """The whole request body, read within the body deadline and size (the app gets it at once, so a request
+        holds a slot only from its last byte); None when it was refused (answered here) or the client left."""
         import asyncio
 
         most = self.limits.max_body
@@ -336,44 +383,49 @@ class _LimitBodies:
             try:
                 declared = int(length)
             except ValueError:
-                return await self._reply(send, 400, "Content-Length is not a number")
+                await self._reply(send, 400, "Content-Length is not a number", {"connection": "close"})
+                return None
             if declared > most:
-                return await self._reply(send, 413, f"the request body has {declared:,} bytes; this server takes at "
-                                                    f"most {most:,} (kgc serve --max-body-mb). Split it into "
-                                                    "smaller requests.", {"connection": "close"})
-        received, complete, refused = 0, False, None  # refused: (status, detail) once the body broke a limit
+                await self._reply(send, 413, f"the request body has {declared:,} bytes; this server takes at most "
+                                             f"{most:,} (kgc serve --max-body-mb). Split it into smaller requests.",
+                                  {"connection": "close"})
+                return None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.body_timeout  # the whole body, from its head: not per read
-
-        async def limited_receive():
-            nonlocal received, complete, refused
-            if complete or refused:  # the body is in: what follows is a disconnect, waited for without a limit
-                return await receive() if not refused else {"type": "http.disconnect"}
+        chunks, received = [], 0
+        while True:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
-                refused = (408, f"the request body did not arrive within {self.limits.body_timeout:g}s")
-                return {"type": "http.disconnect"}  # the app stops reading; the reply is ours
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                complete = not message.get("more_body", False)
-                if received > most:
-                    refused = (413, f"the request body passed {most:,} bytes, the most this server takes (kgc "
-                                    "serve --max-body-mb). Split it into smaller requests.")
-                    return {"type": "http.disconnect"}
-            return message
+                await self._reply(send, 408, f"the request body did not arrive within {self.limits.body_timeout:g}s",
+                                  {"connection": "close"})
+                return None
+            if message["type"] != "http.request":  # http.disconnect
+                return None
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > most:
+                await self._reply(send, 413, f"the request body passed {most:,} bytes, the most this server takes "
+                                             "(kgc serve --max-body-mb). Split it into smaller requests.",
+                                  {"connection": "close"})
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
-        async def guarded_send(message):
-            if refused is None:
-                await send(message)
 
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except Exception:
-            if refused is None:
-                raise
-        if refused is not None:
-            await self._reply(send, *refused, {"connection": "close"})
+def _replay(body: bytes, receive):
+    """An ASGI ``receive`` that hands the body read already as one message, then waits on the connection (for
+    its disconnect) as the original does."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replayed
 
 
 class _State:

@@ -26,8 +26,10 @@ import csv
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -281,6 +283,7 @@ class Study:
         asked = self.asked = trials or tc.trials
         make_sampler(tc.sampler, self.space, 0, asked)  # a space this sampler cannot search: said before anything
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.storage_given = storage  # None: the study's own study.db
         url = storage or f"sqlite:///{(self.folder / STUDY_DB).resolve()}"
         check_sqlite_storage(url, self.folder)  # empty, cut or damaged: one message, never a study started over
         with warnings.catch_warnings():
@@ -395,6 +398,14 @@ class Study:
 
         from kgc.training.loop import train
 
+        from optuna.trial import TrialState
+
+        others = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                  if t.number != trial.number]
+        if self.finished() + len(others) >= self.asked:  # workers beside this one will finish what was asked
+            trial.set_user_attr("surplus", True)
+            trial.study.stop()
+            raise Surplus(f"{self.finished()} trials finished and {len(others)} running of the {self.asked} asked")
         values = suggest(trial, self.space)
         same = self.same_values(trial, values)
         if same is not None:  # never a point twice: this draw fails (it trains nothing) and the next is drawn anew
@@ -573,11 +584,22 @@ class Study:
         handlers = logging.getLogger("optuna").handlers
         for h in handlers:
             h.addFilter(quiet)
+        hook, thread_errors = threading.excepthook, []
+
+        def storage_failures(args) -> None:  # Optuna's heartbeat thread on a full disk: said once, by the study
+            if storage_error(args.exc_value, self.folder, self.storage_given) is None:
+                return hook(args)
+            thread_errors.append(args.exc_value)
+
+        threading.excepthook = storage_failures
         try:
             self._optimize(trials, timeout)
         finally:
+            threading.excepthook = hook
             for h in handlers:
                 h.removeFilter(quiet)
+        if thread_errors:  # the trials ended, but the study's heartbeats could not be written
+            raise storage_error(thread_errors[0], self.folder, self.storage_given)
 
     def _optimize(self, trials: int, timeout: float | None) -> None:
         import optuna
@@ -609,6 +631,7 @@ class Study:
 
         trials = self.study.get_trials(deepcopy=False)
         rows = []
+        trials = [t for t in trials if "surplus" not in t.user_attrs]  # asked past the number wanted: never run
         for t in trials:
             run = self.trial_dir(t.number)
             took = (t.datetime_complete - t.datetime_start).total_seconds() \
@@ -703,6 +726,12 @@ class DuplicatePoint(Exception):
     the sampler draws again."""
 
 
+class Surplus(DuplicatePoint):
+    """A trial a worker asked for when the trials finished and those running in other workers already make the
+    number asked (Optuna's MaxTrialsCallback counts only at a trial's end, so ``--trials 2 --jobs 2`` ran 3): it
+    trains nothing, stops its worker, and is left out of the study's outputs."""
+
+
 def sampler_seed(seed: int, study) -> int:
     """The seed of this process's sampler: the recipe's ``train.seed`` for a new study run by one process (a
     study is reproducible); moved on by the number of trials the study holds when it is continued, so a
@@ -730,9 +759,51 @@ class _QuietFailures:
 
     def filter(self, record) -> bool:
         text = record.getMessage()
-        if "DuplicatePoint" in text or (record.exc_info and isinstance(record.exc_info[1], DuplicatePoint)):
+        if "DuplicatePoint" in text or "Surplus" in text or (record.exc_info and isinstance(record.exc_info[1],
+                                                                                           DuplicatePoint)):
             return False  # said by the study's own line
         return self.study.stopped is None or "failed" not in text
+
+
+def _die_with_parent() -> None:
+    """In a worker, before it runs: SIGTERM when the parent dies, however it dies (Linux's PR_SET_PDEATHSIG; a
+    SIGKILLed ``kgc tune --jobs`` leaves no worker training on)."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before the line above
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def _workers(argv: list[str], jobs: int):
+    """``jobs`` worker processes of ``argv`` — each its own sampler seed, dying with this process — and a list that
+    names the signal (SIGTERM, SIGINT) that stopped this process, forwarded to every worker, while they run."""
+    stopped: list[str] = []
+    procs = [subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                                         "KGC_TUNE_WORKER": str(i)}, preexec_fn=_die_with_parent)
+             for i in range(jobs)]
+
+    def forward(signum, _frame) -> None:
+        stopped.append(signal.Signals(signum).name)
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.send_signal(signal.SIGTERM)
+
+    before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        yield procs, stopped
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for p in procs:  # an exception here (or a second signal): none outlives this process
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=30)
 
 
 def _retries(study) -> int:
@@ -812,13 +883,15 @@ def storage_error(exc: BaseException, folder: Path, storage: str | None) -> KGCE
     else:
         return None
     where = storage or str(folder / STUDY_DB)
+    db = Path(where[len("sqlite:///"):]) if where.startswith("sqlite:///") else Path(where)
+    disk = db.parent if where.startswith("sqlite:///") or not storage else folder  # the disk SQLite writes to
     if "readonly" in reason or "unable to open" in reason:
-        fix = f"make {folder} writable (or pick another --out)"
+        fix = f"make {disk} writable (or pick another --out)"
     else:
         from kgc.fileio import _fsize_limit, free_bytes, human_bytes
 
-        free, limit = free_bytes(folder), _fsize_limit()
-        fix = (f"free space on the disk that holds {folder} ({human_bytes(free) if free is not None else '?'} free"
+        free, limit = free_bytes(disk), _fsize_limit()
+        fix = (f"free space on the disk that holds {disk} ({human_bytes(free) if free is not None else '?'} free"
                f"{f'; this process may write files of at most {human_bytes(limit)}: `ulimit -f`' if limit else ''})")
     return KGCError(f"{where}: the study cannot be written ({reason}). It keeps every trial it recorded before "
                     f"(SQLite undid the write that failed). {fix[0].upper() + fix[1:]}, then run the same command "
@@ -841,10 +914,12 @@ def _tune(recipe: str | Path, base: Recipe, folder: Path, *, trials: int | None,
                 *(a for o in overrides or [] for a in ("--set", o))]
         if timeout:
             argv += ["--timeout-minutes", f"{timeout / 60:g}"]
-        procs = [subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                                             "KGC_TUNE_WORKER": str(i)})  # each worker its own sampler seed
-                 for i in range(jobs)]
-        codes = [p.wait() for p in procs]
+        with _workers(argv, jobs) as (procs, stopped):
+            codes = [p.wait() for p in procs]
+        if stopped:
+            raise KGCError(f"kgc tune: stopped by {stopped[0]}; its {jobs} workers were stopped with it (each trial "
+                           f"under way is tried again when the study continues); the study in {folder} keeps what "
+                           "finished: run the same command again to continue it")
         if any(codes):
             raise KGCError(f"kgc tune: a worker exited with {max(codes)}; the study in {folder} keeps what finished "
                            "(run the same command again to continue it)")

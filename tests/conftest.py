@@ -221,6 +221,10 @@ HEAVY: dict[str, str] = {
     "tests/test_tune.py::test_a_studys_trials_are_child_runs_of_one_mlflow_run": "a study in MLflow (14 s)",
     "tests/test_tune.py::test_a_study_with_another_budget_or_space_is_another_study": "two studies (13 s)",
     "tests/test_tune.py::test_a_study_optimises_the_metric_asked_in_its_direction": "two studies, two metrics (14 s)",
+    "tests/test_tune.py::test_killing_the_parent_of_jobs_stops_its_workers": "two studies of two workers killed",
+    "tests/test_serve_guard.py::test_sigterm_closes_32_keep_alive_clients_without_a_reset": "a real server (20 s)",
+    "tests/test_serve_guard.py::test_slow_bodies_hold_no_request_slot": "256 slow bodies to their deadline (15 s)",
+    "tests/test_fault_matrix.py::test_a_kill_at_each_rename": "SIGKILL at a structure replace's renames (30 s)",
 }
 
 

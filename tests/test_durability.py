@@ -327,7 +327,7 @@ def test_a_damaged_meta_json_never_costs_the_added_entities(run_dir, tmp_path):
 def test_a_cut_added_list_is_restored_from_its_copy_of_record(run_dir, tmp_path):
     """index/added_entities.tsv cut mid-line (one entity gone, the next one's description cut): a rebuild restores
     the list meta.json recorded from RUN/added/<sha256>.tsv instead of rebuilding the cut one; without that copy
-    it refuses, changing nothing. An edited list (it reads whole) is taken, and said."""
+    it refuses, changing nothing."""
     cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
     state = index_state(run_dir)
     listed = run_dir / "index" / "added_entities.tsv"
@@ -345,12 +345,74 @@ def test_a_cut_added_list_is_restored_from_its_copy_of_record(run_dir, tmp_path)
     out = cli("index", run_dir, "--force", "--no-progress", check=False)
     assert out.exit_code == 2 and "cut or unreadable" in out.stderr and "nothing was changed" in out.stderr
     assert snapshot(run_dir / "index") == before
-    # an edit on purpose (one line removed, the file whole): rebuilt as listed, and said
+
+
+def test_a_list_cut_at_a_line_is_restored_and_its_copy_kept(run_dir, tmp_path):
+    """`head -n 2` of a list of 3 (whole lines, so it parses) used to be trusted as an edit, and the commit deleted
+    the copy it named: it is a prefix of the list of record, so the 3 are restored and the copy stays."""
+    cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
+    state = index_state(run_dir)
+    listed = run_dir / "index" / "added_entities.tsv"
+    whole = listed.read_bytes()
+    copy = next((run_dir / "added").glob("*.tsv"))
     listed.write_bytes(b"".join(whole.splitlines(keepends=True)[:2]))
-    out = cli("index", run_dir, "--force", "--no-progress")
-    assert "was edited since the last add: 3 entities recorded, 2 listed now" in out.stdout
-    assert index_state(run_dir)[1] == ["new_0", "new_1"]
-    assert [p.name for p in (run_dir / "added").glob("*.tsv")] != [copies[0].name]  # the new list's copy only
+    for args in (("index", run_dir, "--force"), ("predict", run_dir, "--head", "new_2", "--relation", "isa")):
+        out = cli(*args, "--no-progress")
+        assert index_state(run_dir) == state and listed.read_bytes() == whole, out
+        assert copy.read_bytes() == whole
+        listed.write_bytes(b"".join(whole.splitlines(keepends=True)[:2]))
+    assert "holds only the first 2 of the 3 entities recorded" in out.stderr + out.stdout, out
+
+
+def test_a_list_edited_otherwise_is_refused_naming_its_copy(run_dir, tmp_path):
+    """A list with an entity the record lacks (or in another order) is neither trusted nor replaced: one message
+    naming both files and the two ways on; nothing changed, the copy of record kept."""
+    cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
+    listed = run_dir / "index" / "added_entities.tsv"
+    lines = listed.read_bytes().splitlines(keepends=True)
+    listed.write_bytes(lines[1] + lines[0] + b"other_0\tother\tan entity typed by hand\n")
+    before, copies = snapshot(run_dir / "index"), snapshot(run_dir / "added")
+    out = cli("index", run_dir, "--force", "--no-progress", check=False)
+    assert out.exit_code == 2 and "Traceback" not in out.stderr, out
+    copy = run_dir / "added" / next(iter(copies))
+    assert "not the list of record" in out.stderr and str(copy) in out.stderr and "--drop-added" in out.stderr
+    assert snapshot(run_dir / "index") == before and snapshot(run_dir / "added") == copies
+
+
+@pytest.mark.parametrize("gone", ["index folder", "added list"])
+def test_a_deleted_index_keeps_its_added_entities(run_dir, tmp_path, gone):
+    """`rm -r RUN/index` (or its added list alone) used to cost the added entities: the rebuild (kgc predict
+    builds a missing index, as a server's watcher does) restores them from RUN/added/, which it keeps."""
+    cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
+    state = index_state(run_dir)
+    copies = snapshot(run_dir / "added")
+    if gone == "index folder":
+        shutil.rmtree(run_dir / "index")
+    else:
+        (run_dir / "index" / "added_entities.tsv").unlink()
+    out = cli("predict", run_dir, "--head", "new_1", "--relation", "isa", "--no-progress")
+    said = "(the index was deleted); its 3 added entities are restored from" if gone == "index folder" else \
+        "added_entities.tsv was deleted: its 3 added entities are restored from"
+    assert said in out.stderr, out
+    assert index_state(run_dir) == state and snapshot(run_dir / "added") == copies
+    assert not stray(run_dir)
+
+
+def test_drop_added_is_the_one_way_to_remove_added_entities(run_dir, tmp_path):
+    """`kgc index RUN --drop-added`: the graph's entities only, the list and every copy of record gone; a later
+    --add starts a new list. Given with another option it is refused before anything is read."""
+    rows = index_state(run_dir)[0]
+    cli("index", run_dir, "--add", new_entities(tmp_path), "--no-progress")
+    cli("index", run_dir, "--add", new_entities(tmp_path, 2, "more"), "--no-progress")
+    assert len(list((run_dir / "added").glob("*.tsv"))) == 1  # the first list is a prefix of the second: pruned
+    out = cli("index", run_dir, "--drop-added", "--force", "--no-progress", check=False)
+    assert out.exit_code == 2 and "give it alone" in out.stderr
+    out = cli("index", run_dir, "--drop-added", "--no-progress")
+    assert "dropped 5 added entities; 1 copy of record removed" in out.stdout, out
+    assert index_state(run_dir) == (rows, []) and not (run_dir / "added").exists()
+    assert not (run_dir / "index" / "added_entities.tsv").exists()
+    cli("index", run_dir, "--add", new_entities(tmp_path, 1, "again"), "--no-progress")
+    assert index_state(run_dir) == (rows + 1, ["again_0"])
 
 
 def test_a_refusal_by_the_space_reserve_names_the_reserve(tmp_path, monkeypatch):
@@ -416,3 +478,96 @@ def test_half_a_recipe_says_it_is_cut(run_dir):
     recipe.write_text("# kgc train --resume somewhere\n" + "".join(lines[1:-1]))  # an older run's file
     cli("predict", run_dir, "--head", "virus", "--relation", "isa", "--top-k", "1")
     recipe.write_text(whole)
+
+
+# ---------------------------------------------------------------- one spelling of a name; readers sweep (issue 63)
+
+
+def test_names_are_compared_in_nfc():
+    """"é" as one code point (NFC) or as "e" + a combining accent (NFD) is one entity, relation and id: lookups
+    find it either way (a graph spelt in NFD too), and a new entity whose id is the other form of a graph id is
+    refused naming it."""
+    import unicodedata
+
+    from kgc.data.graph import KnowledgeGraph
+    from kgc.linkpred.index.added import NewEntity, check_new
+
+    nfc, nfd = (lambda s: unicodedata.normalize("NFC", s)), (lambda s: unicodedata.normalize("NFD", s))
+    for form, other in ((nfc, nfd), (nfd, nfc)):
+        graph = KnowledgeGraph(entities=[form("café"), "tea"], names=[form("Café Noir"), "Tea"],
+                               descriptions=["", ""], relations=[form("servé_with")], relation_texts=[form("servé with")],
+                               splits={"train": np.array([[0, 0, 1]])})
+        assert form("café") != other("café")
+        assert graph.lookup_entity(other("café")) == 0 and graph.lookup_entity(other("Café Noir")) == 0
+        assert graph.lookup_entity(other("café noir")) == 0  # case folded too
+        assert graph.find_relation(other("servé with")) == 0 and graph.find_relation(other("servé_with")) == 0
+        with pytest.raises(KGCError, match="the same letters in another Unicode form"):
+            check_new(graph, [(1, NewEntity(other("café"), "x"))], "new.tsv", "Give it a new id.")
+
+
+def test_an_added_entity_is_stored_and_found_in_nfc(run_dir, tmp_path):
+    """An added list in NFD is stored in NFC; its entity answers to either spelling, and a second add of the other
+    form of its id is refused as already added."""
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "crème_brûlée")
+    f = tmp_path / "nfd.tsv"
+    f.write_text(f"{nfd}\t{unicodedata.normalize('NFD', 'Crème brûlée')}\ta custard dessert\n", encoding="utf-8")
+    cli("index", run_dir, "--add", f, "--no-progress")
+    assert index_state(run_dir)[1] == ["crème_brûlée"]  # NFC
+    for spelt in ("crème_brûlée", nfd, unicodedata.normalize("NFD", "crème brûlée")):
+        out = cli("predict", run_dir, "--head", spelt, "--relation", "isa", "--top-k", "1", "--json")
+        assert json.loads(out.stdout)["head"] == "crème_brûlée", out
+    g = tmp_path / "nfc.tsv"
+    g.write_text("crème_brûlée\tanother\t\n", encoding="utf-8")
+    out = cli("index", run_dir, "--add", g, "--no-progress", check=False)
+    assert out.exit_code == 2 and "was already added" in out.stderr, out
+
+
+def test_a_reader_sweeps_a_killed_writers_staged_files(run_dir):
+    """A killed server's staged `.entities.npy.PID.….tx` (megabytes) stayed until the next --add: any command that
+    opens the run removes a dead writer's staged files in index/ and added/ (a live writer's stay)."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    litter = run_dir / "index" / f".entities.npy.{dead}.k2x9.tx"
+    alive = run_dir / "index" / f".entities.npy.{os.getpid()}.k2x9.tx"
+    for f in (litter, alive):
+        f.write_bytes(b"\0" * 4096)
+    cli("predict", run_dir, "--head", "virus", "--relation", "isa", "--top-k", "1")
+    assert not litter.exists() and alive.exists()
+    alive.unlink()
+
+
+def test_a_file_named_up_to_the_file_systems_limit_is_written(tmp_path):
+    """`kgc recipes copy NAME DEST` to a 250–255-byte name failed on its staged file's name (`.NAME.PID.….tmp`
+    passed 255 bytes): a long name is cut in the staged name, with a digest, and a dead writer's is still swept."""
+    for n in (250, 255):
+        dest = tmp_path / ("r" * (n - 5) + ".yaml")
+        cli("recipes", "copy", "umls_biencoder", dest)
+        assert "umls" in dest.read_text()
+    long = tmp_path / ("é" * 120 + ".bin")  # 245 bytes of UTF-8
+    fileio.write_text(long, "x")
+    dead = f".{fileio._staged_name(long.name)}.999999999.ab.tmp"
+    (tmp_path / dead).write_text("x")
+    assert [p.name for p in fileio.sweep_leftovers(tmp_path, long.name)] == [dead]
+
+
+def test_export_on_a_full_disk_is_one_message_and_keeps_the_earlier_export(run_dir, tmp_path, monkeypatch):
+    """`kgc export` on a full disk was safetensors' own SafetensorError (a traceback): any library's error for a
+    full disk inside a folder being built is one DiskFull naming the folder, and an earlier export stays whole."""
+    from transformers import PreTrainedModel
+
+    out = tmp_path / "exported"
+    cli("export", run_dir, out)
+    before = snapshot(out)
+
+    def full(self, *args, **kwargs):
+        raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                           'left on device" })')  # safetensors' SafetensorError, as it reads
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    result = cli("export", run_dir, out, "--force", check=False)
+    assert result.exit_code == 2 and "Traceback" not in result.stderr, result
+    assert "No space left" in result.stderr or "os error 28" in result.stderr, result.stderr
+    assert str(out) in result.stderr and snapshot(out) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -35,7 +35,7 @@ from tests.conftest import ROOT, cli
 from tests.test_api import _cache, tiny_linkpred  # noqa: F401 — _cache: every test's own layer cache (autouse)
 
 FULL = os.environ.get("KGC_FAULT_SWEEP") == "full"
-STAGED = (".tmp", ".tx", ".partial", ".old")
+STAGED = (".tmp", ".tx", ".partial", ".old", ".replace.json")
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -125,8 +125,45 @@ def commands(trained, tiny_bert) -> dict[str, Command]:
         assert (run / "train_summary.json").is_file()
         assert (run / "best.pt").is_file() or (run / "checkpoints" / "last.pt").is_file()
 
+    def forced(tmp: Path) -> list:
+        return ["index", copy(tmp, True), "--force", "--no-progress"]
+
+    def restructure(tmp: Path) -> list:  # a second structural model over the first: structure/ replaced whole
+        run = copy(tmp, False)
+        cli("structure", run, "--set", "structure.model=rules", "--no-progress")
+        return ["structure", run, "--set", "structure.model=rules", "--set", "structure.rule_length=1",
+                "--no-progress"]
+
+    def structure_whole(tmp: Path) -> None:  # the next evaluation fuses it (never the text model alone, unsaid)
+        out = cli("evaluate", tmp / "run", "--no-progress")
+        assert "structure" in out.stdout.lower() and (tmp / "run" / "structure" / "meta.json").is_file(), out
+
+    def reexport(tmp: Path) -> list:
+        run = copy(tmp, False)
+        cli("export", run, tmp / "export")
+        return ["export", run, tmp / "export", "--force"]
+
+    def exported(tmp: Path) -> None:
+        assert (tmp / "export" / "kgc.json").is_file()
+
+    def recipe_copy(tmp: Path) -> list:
+        (tmp / "mine.yaml").write_text("# an earlier copy\n")
+        return ["recipes", "copy", "umls_biencoder", tmp / "mine.yaml", "--force"]
+
+    def recipe_written(tmp: Path) -> None:
+        assert "umls" in (tmp / "mine.yaml").read_text()
+
     return {c.name: c for c in [
         Command("train", new_run, lambda tmp: None, no_run_or_young, trained_whole),
+        Command("force", forced, lambda tmp: snapshot(tmp / "run" / "index"), same("index"),
+                lambda tmp: _index_rows(tmp / "run", 135)),
+        Command("structure", restructure, lambda tmp: snapshot(tmp / "run" / "structure"), same("structure"),
+                structure_whole),
+        Command("export", reexport, lambda tmp: snapshot(tmp / "export"),
+                lambda tmp, before: _same(tmp / "export", before), exported),
+        Command("recipes-copy", recipe_copy, lambda tmp: (tmp / "mine.yaml").read_bytes(),
+                lambda tmp, before: (tmp / "mine.yaml").read_bytes() == before or pytest.fail("changed"),
+                recipe_written),
         Command("resume-young", young, lambda tmp: snapshot(tmp / "run" / "backbone"), same("backbone"),
                 trained_whole),
         Command("index", lambda tmp: ["index", copy(tmp, False), "--no-progress"], lambda tmp: None,
@@ -302,3 +339,98 @@ def test_a_full_disk_at_each_write_of_a_served_add(trained, tmp_path):
         r = client.post("/entities", json=body)
         assert r.status_code == 200 and r.json()["added"] == 3
     assert not leftovers(run_dir)
+
+
+# ---------------------------------------------------------------- every rename (issue 63)
+
+RENAMED = ["train", "index", "force", "add", "evaluate", "structure", "export", "recipes-copy"]
+
+
+def renames_of(command: Command, tmp: Path) -> int:
+    """How many renames that publish a file or folder the command makes (a clean run of it): the points."""
+    tmp.mkdir()
+    args = command.prepare(tmp)
+    start = fileio.renames_so_far()
+    cli(*args)
+    return fileio.renames_so_far() - start
+
+
+@pytest.mark.parametrize("name", RENAMED if FULL else ["structure", "export"])
+def test_an_io_error_at_each_rename(commands, name, tmp_path):
+    """EIO at the N-th rename (a file published, a folder put in place or moved aside, a commit's renames): one
+    message, no traceback; what the command replaces is as before (or completed, past a commit point, by the
+    next reader); the same command again succeeds and nothing staged is left."""
+    command = commands[name]
+    total = renames_of(command, tmp_path / "count")
+    assert total >= 1
+    for n in (points(total) if FULL else [total - 1, total]):
+        place = tmp_path / f"at{n}"
+        place.mkdir()
+        args = command.prepare(place)
+        before = command.before(place)
+        fileio._FAULTS.clear()
+        fileio._FAULTS["rename-eio"] = n
+        try:
+            out = cli(*args, check=False)
+        finally:
+            fileio._FAULTS.clear()
+        where = f"{name}, EIO at rename {n} of {total}"
+        assert out.exit_code == 2, (where, out)
+        assert out.stderr.count("error:") == 1 and ("I/O error" in out.stderr or "Input/output error" in out.stderr), \
+            (where, out.stderr)
+        assert "Traceback" not in out.stderr + out.stdout, where
+        if "committed" not in out.stderr:  # past a commit point the next reader completes it instead
+            command.after_failure(place, before)
+        again = cli(*_again(args, place), check=False)
+        assert again.exit_code == 0, (where, again)
+        command.done(place)
+        assert not leftovers(place), (where, leftovers(place))
+
+
+@pytest.mark.parametrize("name", RENAMED if FULL else ["structure"])
+def test_a_kill_at_each_rename(commands, name, tmp_path):
+    """SIGKILL at the N-th rename, in a real process: the next command completes or rolls back what was left
+    half-renamed (a folder replace: its journal puts the new folder in place) and succeeds; nothing is left."""
+    command = commands[name]
+    total = renames_of(command, tmp_path / "count")
+    for n in (points(total) if FULL else [total - 1, total]):
+        place = tmp_path / f"at{n}"
+        place.mkdir()
+        args = command.prepare(place)
+        env = {**os.environ, "KGC_FAULT": f"rename:{n}", "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "kgc", *map(str, args)], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        where = f"{name}, SIGKILL at rename {n} of {total}"
+        assert proc.returncode == -9, (where, proc.returncode, proc.stderr[-2000:])
+        if name == "structure":  # the data-loss case: the next evaluation used to sweep both hidden copies
+            command.done(place)
+        again = subprocess.run([sys.executable, "-m", "kgc", *map(str, _again(args, place))], cwd=ROOT,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+        assert again.returncode == 0, (where, again.stderr[-2000:])
+        command.done(place)
+        assert not leftovers(place), (where, leftovers(place))
+
+
+def test_a_folder_replace_killed_between_its_renames_is_completed(tmp_path):
+    """atomic_dir(replace=True) killed after moving the old folder aside and before putting the new one in: the
+    next sweep of the parent puts the new folder in place and removes the old (it used to delete both)."""
+    dead = 999_999_999
+    target = tmp_path / "structure"
+    new, old = tmp_path / f".structure.{dead}.a1.partial", tmp_path / f".structure.{dead}.b2.old"
+    new.mkdir()
+    (new / "meta.json").write_text("new")
+    old.mkdir()
+    (old / "structure").mkdir()
+    (old / "structure" / "meta.json").write_text("old")
+    (tmp_path / f".structure.{dead}.replace.json").write_text(
+        '{"target": "structure", "new": "%s", "old": "%s"}' % (new.name, old.name))
+    fileio.sweep_leftovers(tmp_path)
+    assert (target / "meta.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["structure"]
+    # killed before the old one moved: the same
+    new.mkdir()
+    (new / "meta.json").write_text("newer")
+    old.mkdir()
+    (tmp_path / f".structure.{dead}.replace.json").write_text(
+        '{"target": "structure", "new": "%s", "old": "%s"}' % (new.name, old.name))
+    fileio.sweep_leftovers(tmp_path)
+    assert (target / "meta.json").read_text() == "newer" and sorted(p.name for p in tmp_path.iterdir()) == ["structure"]

@@ -253,15 +253,21 @@ def test_rebuild_keeps_added_entities(trained, added):
     out = kgc("index", trained, "--force", "--no-progress")  # a rebuild re-embeds the added entities too
     assert "2 of them added, kept" in out.stdout
     assert json.loads((trained / "index" / "meta.json").read_text())["added_entities"]["count"] == 2
-    # editing the stored list makes the index stale: predict rebuilds it, and the dropped entity is gone
+    # the stored list cut to its first line: the index is stale, predict rebuilds it from the copy of record (a list
+    # is never shortened by losing lines); only --drop-added removes added entities
     stored = trained / "index" / "added_entities.tsv"
-    stored.write_text(stored.read_text().splitlines()[0] + "\n")
+    whole = stored.read_text()
+    stored.write_text(whole.splitlines()[0] + "\n")
     out = kgc("predict", trained, "--head", "new_copy", "--relation", "_hypernym", "--top-k", 3, "--json",
               "--no-progress")
     assert "rebuilding the index" in out.stderr and "added_entities.tsv changed" in out.stderr
-    assert json.loads((trained / "index" / "meta.json").read_text())["added_entities"]["count"] == 1
+    assert "holds only the first 1 of the 2 entities recorded" in out.stderr and stored.read_text() == whole
+    assert json.loads((trained / "index" / "meta.json").read_text())["added_entities"]["count"] == 2
+    out = kgc("index", trained, "--drop-added", "--no-progress")
+    assert "dropped 2 added entities" in out.stdout
     _, _, graph, index = open_predictor(trained)
     assert "new_ship" not in graph.entity_index and index.ntotal == graph.num_entities
+    kgc("index", trained, "--add", added["file"], "--no-progress")  # as the fixture left it, for the next test
 
 
 def test_predict_without_run_dir_uses_the_newest_run(trained, added, tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ def test_the_run_keeps_only_user_verbs():
     from kgc.linkpred.answer.run import LinkPredRun
 
     verbs = {"evaluation", "predict", "answer", "resolve", "answer_many", "answer_records", "predict_file", "index",
-             "add_entities", "train_structure", "embed_entities", "embed_queries", "explain_inputs", "serving"}
+             "add_entities", "drop_added", "train_structure", "embed_entities", "embed_queries", "explain_inputs", "serving"}
     own = {n for n, v in vars(LinkPredRun).items() if callable(v) and not n.startswith("_")}
     assert own == verbs, (sorted(own - verbs), sorted(verbs - own))
 

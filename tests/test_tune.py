@@ -102,8 +102,8 @@ def test_a_killed_study_continues_the_same_study(tiny_bert, tmp_path, data_home,
 
 def test_two_worker_processes_share_one_study(tiny_bert, tmp_path, data_home, monkeypatch):
     """`--jobs 2`: two `kgc tune --worker` processes on the one SQLite study, trials run side by side (their
-    intervals overlap), each in its own trial folder; the study stops at 3 finished trials, or one more when the
-    other worker's trial was already under way (Optuna's MaxTrialsCallback counts at each trial's end)."""
+    intervals overlap), each in its own trial folder; the study stops at exactly 3 finished trials (a worker that
+    would start a trial when the finished and running ones make 3 stops instead: `--trials 2 --jobs 2` ran 3)."""
     import optuna
 
     from kgc.tune import tune
@@ -115,7 +115,8 @@ def test_two_worker_processes_share_one_study(tiny_bert, tmp_path, data_home, mo
     summary = tune(recipe, out=tmp_path / "study", trials=3, jobs=2, echo=lambda m: None)
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
-    assert 3 <= len(done) <= 4 and summary["complete"] == len(done) and len(study.trials) == len(done)
+    assert len(done) == 3 and summary["complete"] == 3 and summary["trials"] == 3 and summary["failed"] == 0
+    assert all("surplus" in t.user_attrs for t in study.trials if t.state.name != "COMPLETE")
     spans = sorted((t.datetime_start, t.datetime_complete) for t in done)
     assert any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans  # side by side
     folders = sorted(p.name for p in (tmp_path / "study" / "trials").iterdir())
@@ -579,3 +580,52 @@ def test_a_damaged_or_emptied_study_storage_is_refused_never_started_over(damage
     assert "nothing was started over" in str(refused.value)
     assert (tmp_path / "study" / "trials" / "0000" / "train_summary.json").read_bytes() == kept
     assert not (tmp_path / "study" / "trials" / "0001").exists()
+
+
+def test_killing_the_parent_of_jobs_stops_its_workers(tiny_bert, tmp_path, data_home):
+    """`kgc tune --jobs 2` killed (SIGKILL) left its two workers training; SIGTERM exited 143 without a word. Now
+    the workers die with their parent however it dies, and SIGTERM is forwarded and said; the study continues."""
+    import signal
+    import subprocess
+    import sys
+
+    recipe = write_tune_recipe(tmp_path / "umls_kill.yaml", tiny_bert, budget="400 steps", pruner="none",
+                               space={"train.lr": {"low": 1e-4, "high": 3e-3, "log": True}})
+    env = {**os.environ, "KGC_CACHE_HOME": str(tmp_path / "cache"), "KGC_DATA_HOME": str(data_home),
+           "HF_HUB_OFFLINE": "1"}
+
+    def workers_of(parent: int) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
+        return [int(p) for p in out]
+
+    def gone(pids: list[int], within: float) -> bool:
+        end = time.time() + within
+        while time.time() < end:
+            if not any(os.path.exists(f"/proc/{p}") and "zombie" not in _state(p) for p in pids):
+                return True
+            time.sleep(0.2)
+        return False
+
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        out = tmp_path / f"study-{sig.name}"
+        proc = subprocess.Popen([sys.executable, "-m", "kgc", "tune", str(recipe), "--out", str(out), "--trials", "4",
+                                 "--jobs", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while len(workers_of(proc.pid)) < 2 or not list((out / "trials").glob("*")):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        pids = workers_of(proc.pid)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert gone(pids, 30), (sig.name, pids)
+        if sig == signal.SIGTERM:
+            assert proc.returncode == 2 and "stopped by SIGTERM; its 2 workers were stopped with it" in err, err
+            assert "Traceback" not in err, err
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((line for line in fh if line.startswith("State:")), "").lower()
+    except OSError:
+        return "zombie"

@@ -31,6 +31,9 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
                                                                         "exactly (1: off; no rebuild)"),
           train_size: Optional[int] = typer.Option(None, "--train-size", help="ivf, ivfpq: k-means sample"),
           force: bool = typer.Option(False, "--force", help="rebuild (and re-embed) even when up to date"),
+          drop_added: bool = typer.Option(False, "--drop-added",
+                                          help="rebuild without the entities added by --add, removing their "
+                                               "list and its copies of record in RUN/added/ (nothing else does)"),
           nproc: Optional[int] = typer.Option(None, "--nproc",
                                               help="encode the entities in N shards, one process each (GPUs: one "
                                                    "each), every finished chunk kept: a killed run resumes; "
@@ -55,7 +58,13 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
                        f"`kgc index {run_dir} --type …` first")
     if add is not None and (nproc not in (None, 1) or kgc.api.launched()):
         raise KGCError("--add embeds its new entities in one process; run it without --nproc, outside torchrun")
+    if drop_added and (add is not None or force or type_ is not None or any(v is not None for v in params.values())):
+        raise KGCError("--drop-added rebuilds the index as it is, without its added entities; give it alone")
     run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
+    if drop_added:
+        meta = run.drop_added(progress=progress)
+        _echo(f"{meta['note']}: the index holds the graph's {meta['entities']} entities → {run.path / 'index'}")
+        return
     if add is not None:
         meta = run.add_entities(add, progress=progress)
         if meta.get("note"):

@@ -14,6 +14,7 @@ Relation ids ``0..R-1`` are the forward relations, ``R..2R-1`` their inverses (t
 
 from __future__ import annotations
 
+import unicodedata
 from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,6 +29,20 @@ from kgc.errors import KGCError, UnknownName
 
 if TYPE_CHECKING:
     from kgc.data.ragged import Ragged
+
+
+def nfc(text: str) -> str:
+    """``text`` in Unicode NFC ("é" as one code point, not "e" + a combining accent): the one spelling kgc compares
+    names typed by people in (ids, names, relations; an added entity is stored so)."""
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
+def spellings(text: str) -> list[str]:
+    """``text`` as given, in NFC and in NFD, each once: a graph read as its files spell it (most are NFC; a few
+    datasets are NFD throughout) is found whichever form a query comes in."""
+    if text.isascii():
+        return [text]
+    return list(dict.fromkeys((text, unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text))))
 
 # a head that names no entity but is spelt this close (difflib ratio, case ignored) to an entity's id or name is
 # taken for a typo of it: 0.8 is one letter dropped, added or swapped in a 5-letter name ("Lisbn" ~ "lisbon" 0.91,
@@ -215,10 +230,12 @@ class KnowledgeGraph:
     def lookup_entity(self, query: str) -> int | None:
         """An entity by id, then exact name/text, then case-insensitive; None when nothing matches (several matches
         are an error listing them)."""
-        if query in self.entity_index:
-            return self.entity_index[query]
+        forms = spellings(query)  # é typed as one code point or as e + accent is the same entity
+        for form in forms:
+            if form in self.entity_index:
+                return self.entity_index[form]
         for fold in (False, True):
-            hits = self._exact_names.find(query, fold=fold)
+            hits = next((h for h in (self._exact_names.find(f, fold=fold) for f in forms) if h), [])
             if len(hits) == 1:
                 return hits[0]
             if len(hits) > 1:
@@ -251,7 +268,7 @@ class KnowledgeGraph:
         import difflib
 
         m = difflib.SequenceMatcher(autojunk=False)
-        m.set_seq2(query.lower().strip())
+        m.set_seq2(nfc(query).lower().strip())
         best: dict[int, float] = {}
         if 2 * self.num_entities > BRUTE_SPELLINGS:  # the names sharing the query's words, not a pass over all
             return self._indexed_near_misses(query, n, cutoff, m)
@@ -324,9 +341,9 @@ class KnowledgeGraph:
 
     def find_relation(self, query: str) -> int:
         """Resolve a forward relation by label or text (exact, then case-insensitive, ``_`` optional)."""
-        norm = lambda s: s.lower().replace("_", " ").strip()  # noqa: E731
+        norm = lambda s: nfc(s).lower().replace("_", " ").strip()  # noqa: E731
         for i, (label, text) in enumerate(zip(self.relations, self.relation_texts)):
-            if query in (label, text):
+            if query in (label, text) or nfc(query) in (nfc(label), nfc(text)):
                 return i
         hits = [i for i, (label, text) in enumerate(zip(self.relations, self.relation_texts))
                 if norm(query) in (norm(label), norm(text))]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from kgc.errors import KGCError
-from kgc.fileio import atomic_dir, tsv_text, write_json, write_text, write_with
+from kgc.fileio import atomic_dir, write_error, tsv_text, write_json, write_text, write_with
 
 FORMATS = ("sentence-transformers", "hf")
 ST_POOLINGS = ("mean", "cls")  # what sentence_transformers.models.Pooling can express
@@ -51,8 +51,14 @@ def export_towers(run: Any, out: Path, *, format: str = "sentence-transformers")
                        "tower), which kgc export does not write: its entity vectors would differ from the run's. "
                        "Serve or predict with the run itself (kgc serve / kgc predict)")
     model, graph, tokenizer = _load(run)
-    with atomic_dir(out, replace=True) as stage:  # an earlier export is replaced only by a complete one
-        meta = _write(stage, run, model, graph, tokenizer, format)
+    try:
+        with atomic_dir(out, replace=True) as stage:  # an earlier export is replaced only by a complete one
+            meta = _write(stage, run, model, graph, tokenizer, format)
+    except Exception as exc:  # safetensors and transformers say "disk full" their own ways (SafetensorError)
+        error = write_error(out, exc)
+        if error is None or error is exc:
+            raise
+        raise error from None
     return meta
 
 

@@ -136,7 +136,8 @@ class RunDir:
             raise KGCError(self.not_a_run(self.path))
         with contextlib.suppress(KGCError):  # an evaluation's files killed mid-commit: completed (read-only: as is)
             recover(self.path)
-        for folder in (self.path, self.path / "checkpoints"):  # what killed writers left staged (never a live one's)
+        # what killed writers left staged (never a live one's): a reader sweeps too, not only the next writer
+        for folder in (self.path, self.path / "checkpoints", self.path / "index", self.path / "added"):
             sweep_leftovers(folder)
         check_saved_recipe(self.recipe_file)
         self.recipe: Recipe = load_recipe(self.recipe_file, saved=True)

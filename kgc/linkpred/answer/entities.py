@@ -217,6 +217,21 @@ class EntityIndex:
         note = meta.pop("note", None) if isinstance(meta, dict) else None  # where the added entities came from
         return {"action": action, "why": why, "meta": meta, **({"note": note} if note else {})}
 
+    def drop_added(self, *, progress: bool = True) -> dict:
+        """``kgc index --drop-added``: the index rebuilt without its added entities (type and parameters kept),
+        their list and copies of record removed (:func:`kgc.linkpred.index.store.drop_added`)."""
+        from kgc.linkpred.index.store import DamagedMeta, drop_added, stored_config
+
+        try:
+            config = stored_config(self.dir)
+        except DamagedMeta:
+            config = None  # the recipe's
+        try:
+            return drop_added(self.dir, self._model(), progress=progress, config=config,
+                              faiss_device=self.faiss_device())
+        finally:
+            self.forget()
+
     def add(self, path: str | Path, *, progress: bool = True, guard=None, batch_size: int, keep_loaded: bool) -> dict:
         """``kgc index --add``: the entities of ``path`` embedded and appended (the index built first if missing or
         stale), under the run's lock; ``keep_loaded``: keep what was read (the caller swaps in a :meth:`fork`)."""

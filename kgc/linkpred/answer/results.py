@@ -68,7 +68,12 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
                        "validation= factories, or a dataset with that split)")
     path = predictor.dir.path
     fused = predictor.fused
-    if text_only and not fused:
+    wanted = getattr(recipe, "structure", None)  # the recipe fuses a structural model
+    if wanted is not None and not fused and not text_only:  # never a text-only figure in its place, unsaid
+        raise KGCError(f"{predictor.dir.structure}: missing or incomplete, though {path}'s recipe fuses a structural "
+                       f"model ({wanted.model}); nothing was evaluated. Train it again with `kgc structure {path}`, "
+                       f"or evaluate the text model alone with `kgc evaluate {path} --text-only`.")
+    if text_only and not fused and wanted is None:
         raise KGCError(f"{path} has no structural model: its evaluation is the text model's already; "
                        "drop text_only (--text-only)")
     if fused and not text_only:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, List, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kgc.data.graph import nfc
 from kgc.errors import KGCError, ServiceStopping
 from kgc.fileio import pid_alive, write_text
 from kgc.linkpred.index.added import MAX_DESCRIPTION, MAX_ID, MAX_NAME
@@ -226,7 +227,7 @@ class LinkPredServing(Serving):
     def search_names(self, q: str, limit: int) -> list[dict]:
         """Entities whose name or id starts with ``q`` (case-insensitive), then those that contain it."""
         _, graph, _ = self.run.entities.searcher()
-        key = q.strip().lower()
+        key = nfc(q).strip().lower()
         if not key:
             return []
         if self._prefixes is not None:  # millions of names: sorted once, searched by bisection (no "contains")
@@ -280,7 +281,7 @@ class LinkPredServing(Serving):
                 self.degraded = (f"{len(rows)} entities were added to the run, but loading its new index failed "
                                  f"({type(exc).__name__}: {exc}); answers come from the index as it was. Restart "
                                  "the server.")
-            return {"added": len(rows), "entities": meta["entities"], "ids": [r["id"] for r in rows]}
+            return {"added": len(rows), "entities": meta["entities"], "ids": [nfc(r["id"].strip()) for r in rows]}
         finally:
             self.adding = None
             self._add_gate.release()

@@ -123,6 +123,12 @@ class LinkPredRun(Run):
         one per process (:mod:`kgc.linkpred.answer.sharded`, ``chunk_size`` entities per file; the answer adds ``shards``)."""
         return self.entities.update(type=type, force=force, progress=progress, nproc=nproc, **params)
 
+    def drop_added(self, *, progress: bool = True) -> dict:
+        """Remove every entity added to the run (``kgc index --drop-added``): the index is rebuilt with the graph's
+        entities only and the copies of record in ``RUN/added/`` are removed; the only call that removes them.
+        Returns index/meta.json with ``dropped`` and ``note``."""
+        return self.entities.drop_added(progress=progress)
+
     def add_entities(self, path: str | Path, *, progress: bool = True, guard=None, batch_size: int | None = None,
                      keep_loaded: bool = False) -> dict:
         """Embed the entities of a TSV (``id<TAB>name<TAB>description``) and append them to the index in one

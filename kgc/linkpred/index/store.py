@@ -35,11 +35,11 @@ import torch
 
 from kgc.errors import KGCError
 from kgc.fileio import Transaction, recover, run_lock, sha256_cached, sha256_file, sweep, write_error, write_text
-from kgc.data.graph import KnowledgeGraph
+from kgc.data.graph import KnowledgeGraph, nfc
 from kgc.linkpred.index import types as index_types
 from kgc.linkpred.index.types import IndexOptions
 from kgc.linkpred.index.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
-                                RECORD_FOLDER, kept_added, read_new_entities, record_path, stored_entities,
+                                RECORD_FOLDER, copies_of_record, kept_added, prunable, read_new_entities, record_path, stored_entities,
                                 tsv)
 from kgc.linkpred.model import LinkPredictor
 from kgc.training.run import RunDir
@@ -189,12 +189,14 @@ def _reusable_table(folder: Path, meta: dict | None, current: dict, entities: in
 
 def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, progress: bool = True,
                 config: IndexOptions | None = None, reuse_embeddings: bool = True, faiss_device: str = "auto",
-                keep: list[NewEntity] | None = None, sources: list[dict] | None = None, embed=None) -> dict:
+                keep: list[NewEntity] | None = None, sources: list[dict] | None = None, embed=None,
+                drop: bool = False) -> dict:
     """Build ``run/index`` from scratch for the graph's entities, as ``config`` says (default: the recipe's
     ``index:`` section). The entity table is reused from a stored ``entities.npy`` made by the same weights
     and texts (only the FAISS structure is rebuilt) unless ``reuse_embeddings`` is false. ``faiss_device``:
     auto (a FAISS GPU when there is one), gpu or cpu. ``keep``: added entities to embed and append in the same
-    commit (a rebuild keeps them; ``sources``: where they came from). ``embed``: what computes the table when it
+    commit (a rebuild keeps them; ``sources``: where they came from); ``drop``: the index's added list is removed in
+    the same commit (``kgc index --drop-added``). ``embed``: what computes the table when it
     is not reused, ``embed(model, batch_size, progress)`` -> (entities, dim) float32 (default: the model's
     ``entity_table``; ``kgc index --nproc N``: :meth:`kgc.linkpred.answer.sharded.Shards.encode`). Returns the new
     ``meta.json``.
@@ -212,7 +214,7 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
     try:
         return _build(run, model, folder, start, batch_size=batch_size, progress=progress, config=config,
                       reuse_embeddings=reuse_embeddings, faiss_device=faiss_device, keep=keep or [],
-                      sources=sources or [], embed=embed)
+                      sources=sources or [], embed=embed, drop=drop)
     except BaseException:
         if made and not any(folder.iterdir()):  # no empty index/ left behind
             folder.rmdir()
@@ -221,7 +223,7 @@ def build_index(run: RunDir, model: LinkPredictor, *, batch_size: int = 256, pro
 
 def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, batch_size: int, progress: bool,
            config: IndexOptions, reuse_embeddings: bool, faiss_device: str, keep: list[NewEntity],
-           sources: list[dict], embed=None) -> dict:
+           sources: list[dict], embed=None, drop: bool = False) -> dict:
     sweep(folder)  # staged files of a build or add that never committed
     current = fingerprint(run, model)
     entities = model.bank.graph.num_entities
@@ -251,6 +253,8 @@ def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, bat
             table, meta = _with_added(meta, table, index, keep, vectors, sources)
         if keep or stored is None or stored.shape[0] != table.shape[0]:
             tx.write_npy("entities.npy", table)
+        if drop:
+            tx.remove(ADDED_FILE)
         meta["seconds"] = round(time.perf_counter() - start, 2)
         return _commit(tx, run, meta, table, index, keep)
 
@@ -312,12 +316,11 @@ def _commit(tx: Transaction, run: RunDir, meta: dict, table: np.ndarray, index, 
         tx.write_json("meta.json", meta)  # every file of the index, and its description, in one commit
         tx.commit()
     except BaseException:
-        if made:  # a list no commit names: not left to be taken for one
-            record.unlink(missing_ok=True)
+        if made and not tx.committed:  # a list no commit names: not left to be taken for one (past the commit
+            record.unlink(missing_ok=True)  # point the journal names it: the next reader completes the commit)
         raise
-    for old in (run.path / RECORD_FOLDER).glob("*.tsv"):  # the lists no commit names any more (dropped ones too)
-        if old != record:
-            old.unlink(missing_ok=True)
+    for old in prunable(run.path, record, added):  # earlier lists this one holds whole; nothing else is removed
+        old.unlink(missing_ok=True)
     return meta
 
 
@@ -521,7 +524,7 @@ def _add_locked(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: 
     if (reason := stale_reason(run, model)) is not None:
         raise KGCError(f"{run.index}: cannot add entities: {reason}. Build it first with `kgc index {run.path}`.")
     meta = _meta(run)
-    before = {e.id for e in stored_entities(run.index)} if meta.get("added_entities") else set()
+    before = {nfc(e.id) for e in stored_entities(run.index)} if meta.get("added_entities") else set()
     check_new(graph, rows, str(path), "Give the new entity a new id; an existing entity can be queried as it is.")
     for lineno, e in rows:
         if e.id in before:
@@ -549,3 +552,23 @@ def rebuild_index(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, *, p
         sources = (meta or {}).get("added_entities", {}).get("sources", [])
         built = build_index(run, model, progress=progress, keep=keep, sources=sources, **build_options)
         return {**built, "note": note} if note else built
+
+
+def drop_added(run: RunDir, model: LinkPredictor, *, progress: bool = True, **build_options) -> dict:
+    """``kgc index RUN --drop-added``: the index rebuilt with the graph's entities only (its type and parameters
+    kept), its added list removed in the same commit, then every copy of record in ``RUN/added/`` — the one command
+    that removes them. Killed after the commit, the copies are still there and the next rebuild restores them from
+    them: run it again. Returns the new meta.json with ``dropped`` (how many entities) and ``note``."""
+    with run_lock(run.path, "dropping the added entities"):
+        recover(run.index)
+        meta, _damaged = _meta_or_damage(run.index)
+        copies = sorted(Path(run.path, RECORD_FOLDER).glob("*.tsv"))
+        count = max([added_count(meta)] + [len(listed) for _, listed in copies_of_record(run.path)])
+        built = build_index(run, model, progress=progress, keep=[], drop=True, **build_options)
+        for copy in copies:
+            copy.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (run.path / RECORD_FOLDER).rmdir()
+        where = f"; {len(copies)} cop{'y' if len(copies) == 1 else 'ies'} of record removed from " \
+            f"{run.path / RECORD_FOLDER}" if copies else ""
+        return {**built, "dropped": count, "note": f"dropped {count} added entities{where}"}
