@@ -37,13 +37,24 @@ def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
              text_only: bool = typer.Option(False, "--text-only",
                                             help="a run with a structural model: rank by its text model alone (its "
                                                  "re-ranking applies), into results.text.json"),
+             inductive: bool = typer.Option(False, "--inductive",
+                                            help="rank the run's dataset's inference graph (a GraIL split's: its "
+                                                 "entities unseen in training), every entity of it a candidate, "
+                                                 "into results.inductive.json"),
+             negatives: Optional[int] = typer.Option(None, "--negatives",
+                                                     help="with --inductive or --entities-from: GraIL's protocol, "
+                                                          "each triple against N candidates per side (itself and "
+                                                          "N-1 sampled corruptions; GraIL: 50), the draws written "
+                                                          "in ranks.inductive-N.tsv"),
+             seed: int = typer.Option(0, "--seed", help="with --negatives: the draws' seed"),
              progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
     """Evaluate a run on a split: filtered link prediction (both directions) or C-STS similarity."""
     import kgc
 
     run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
     options = {"rerank": rerank, "entities_from": entities_from, "candidates": candidates,
-               "use_index": use_index or None, "top_k": top_k, "text_only": text_only or None}
+               "use_index": use_index or None, "top_k": top_k, "text_only": text_only or None,
+               "inductive": inductive or None, "negatives": negatives, "seed": seed if negatives else None}
     split = split or "test"
     try:
         ev, unsaved = run.evaluation(split, batch_size=batch_size, progress=progress,

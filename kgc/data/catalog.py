@@ -41,6 +41,10 @@ class CatalogEntry:
     wikidata5m: str | None = None  # Wikidata5M split (transductive/inductive): archives converted at fetch
     generated: str | None = None  # made by kgc itself on first use, under this folder (no files to find)
     command: str | None = None  # a generated entry: the command that writes it into a folder
+    # a folder kgc derives from other datasets' files (GraIL's splits with their graph's texts): derive(name, the
+    # data homes, find_dataset) -> the folder, written on first use; fetch(name, home, echo) downloads its sources
+    derive: Callable[[str, list[Path], Callable], Path] | None = None
+    fetch: Callable[..., Path] | None = None
 
     @property
     def task(self) -> str | None:
@@ -51,6 +55,17 @@ class CatalogEntry:
 def task_reading(files: tuple[str, ...]) -> str | None:
     """The registered task whose datasets hold one of ``files`` (:attr:`kgc.training.task.Task.dataset_files`)."""
     return next((name for name in TASKS if set(TASKS[name].dataset_files) & set(files)), None)
+
+
+def _grail_entries() -> list[CatalogEntry]:
+    """GraIL's eight inductive splits (:mod:`kgc.data.grail`): a training graph, a disjoint inference graph."""
+    from kgc.data import grail
+
+    about = {"wn18rr": "WN18RR", "fb237": "FB15k-237"}
+    return [CatalogEntry(name, name, f"GraIL's inductive {about[kg]} v{v} (Teru et al. 2020): a training graph and an "
+                         f"inference graph of unseen entities, {about[kg]}'s texts", url=grail.GRAIL_URL,
+                         derive=grail.split_folder, fetch=grail.fetch)
+            for name, (kg, v) in grail.SPLITS.items()]
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -97,6 +112,7 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry("wikidata5m-inductive", "Wikidata5M-inductive", "Wikidata5M, inductive split (test entities "
                      "unseen in training)", url="https://deepgraphlearning.github.io/project/wikidata5m",
                      wikidata5m="inductive"),
+        *_grail_entries(),
     ]
 }
 
@@ -186,6 +202,8 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str | None = 
     if entry.task != task:
         raise KGCError(f"dataset {entry.name!r} is a {entry.task} dataset, and the recipe has task {task}; "
                        f"set task: {entry.task} or pick a {task} dataset")
+    if entry.derive is not None:
+        return entry.derive(entry.name, [home for _, home in data_homes()], find_dataset), "derived"
     for label, home in data_homes():
         for folder in _candidates(entry, home):
             if _looks_like_dataset(folder, files):
@@ -236,6 +254,8 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     if entry.url is None:
         raise KGCError(f"{entry.name} has no download home; it ships inside the pykeen wheel")
     home = dest_home or data_homes()[0][1]
+    if entry.fetch is not None:
+        return entry.fetch(entry.name, home, echo=echo)
     target = home / entry.folder
     if _looks_like_dataset(target, entry.probe):
         return target

@@ -236,7 +236,34 @@ class LinkPredTask(Task):
         extra = SpecialTokens.from_tokenizer(tokenizer).n_single
         lengths = tokenize(tokenizer, graph.full_texts, graph.num_entities).lengths + extra  # in chunks, as arrays
         report = check_graph(graph, allow_unseen_relations=d.allow_unseen_relations).with_lengths(lengths, d.max_tokens)
+        report = cls._check_inference(Path(folder), graph, report)
         return report.strict() if strict else report
+
+    @staticmethod
+    def _check_inference(folder: Path, graph, report):
+        """A dataset that brings an inference graph (``folder/inference``, a GraIL split's): its counts, every
+        entity with a text, and the entities it shares with the training graph (the published WN18RR v3 shares 8:
+        a warning naming them)."""
+        from dataclasses import replace
+
+        from kgc.data.check import Finding
+        from kgc.data.graph import read_graph
+
+        if not (folder / "inference" / "test.tsv").is_file():
+            return report
+        ind = read_graph(folder / "inference", long_text=False)
+        shared = sorted(set(graph.entities) & set(ind.entities))
+        t = {s: len(ind.splits[s]) for s in ("train", "dev", "test")}
+        found = [Finding("note", f"inference graph {folder / 'inference'}: {ind.num_entities:,} entities, every one "
+                                 f"with a text; {t['train']:,} known triples, {t['dev']:,} dev and {t['test']:,} test "
+                                 "queries (kgc evaluate RUN --inductive)")]
+        if shared:
+            found.append(Finding("warning", f"{len(shared)} entities of the inference graph are in the training graph "
+                                            f"too ({', '.join(shared[:5])}{', …' if len(shared) > 5 else ''}): as the "
+                                            "split was published; an inductive figure counts them as unseen"))
+        else:
+            found.append(Finding("note", "the training and inference graphs share no entity"))
+        return replace(report, findings=report.findings + found)
 
     @classmethod
     def check_triples_welcome(cls) -> None:
@@ -261,8 +288,11 @@ class LinkPredTask(Task):
         lines = []
         if k.get("inductive"):
             info = k["inductive"]
+            protocol = k.get("protocol")
+            how = (f"each against {protocol['negatives']} sampled negatives (GraIL's protocol, seed {protocol['seed']})"
+                   if protocol else "filtered")
             lines.append(f"inductive {info['folder']} {split}: {len(evaluation.ranks)} queries over {info['entities']} "
-                         f"entities ({info['candidates']}), filtered, realistic ranks ({evaluation.seconds:.1f}s)")
+                         f"entities ({info['candidates']}), {how}, realistic ranks ({evaluation.seconds:.1f}s)")
         else:
             search = k["search"]
             how = "" if search is None else (f", within the top {search['top_k']} of its {search['index']['type']} "
@@ -281,7 +311,9 @@ class LinkPredTask(Task):
                              f"for all: {grid}; chosen: {each}):")
             else:
                 lines.append(f"fused, alpha = {fused['alpha']} (dev MRR by alpha: {grid}):")
-        kind = "inductive" if k.get("inductive") else "text" if k.get("text_only") else None
+        from kgc.linkpred.answer.results import evaluation_kind
+
+        kind = evaluation_kind(k)
         lines += [format_table(r), f"wrote {run.dir.results(split, kind)} and {run.dir.table('ranks', split, kind)}"]
         return lines
 

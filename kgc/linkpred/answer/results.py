@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | None = None, *,
                  batch_size: int | None = None, rerank: bool | None = None, progress: bool = False,
                  entities_from: str | Path | None = None, candidates: str | None = None, use_index: bool = False,
-                 top_k: int | None = None, text_only: bool = False,
+                 top_k: int | None = None, text_only: bool = False, inductive: bool = False,
+                 negatives: int | None = None, seed: int = 0,
                  echo=print) -> "tuple[Evaluation, str, str | None]":
     """(evaluation, split, kind of its results file: None, "text" or "inductive") of ``split`` (test or dev):
     filtered ranks, both directions, in PyKEEN's layout (``.results`` with a ``"kgc"`` block, ``.ranks``,
@@ -30,12 +31,24 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
     unseen in training — ``candidates`` ``"split"`` (the entities of the split's triples, SimKGC's protocol) or
     ``"all"``; ``use_index`` ranks within the top ``top_k`` (100) of the run's index, re-scored exactly;
     ``text_only``: a run with a structural model ranked by its text model alone, as a run without one is (its
-    ``eval.rerank`` applies). Bad combinations of options are one KGCError, before the model is loaded."""
+    ``eval.rerank`` applies). ``inductive``: the run's dataset's own inference graph (a GraIL split's
+    ``inference/``: :mod:`kgc.data.grail`), every one of its entities a candidate; ``negatives``: GraIL's protocol
+    instead of the full ranking — each triple against ``negatives`` - 1 sampled corruptions per side, drawn with
+    ``seed`` (:mod:`kgc.linkpred.evaluation.sampled`), into ``results.inductive-<negatives>…``. Bad combinations of
+    options are one KGCError, before the model is loaded."""
     from kgc.linkpred.evaluation.scoring import evaluate
 
     split = split or "test"
     if split not in ("test", "dev"):
         raise KGCError(f"split {split!r}: choose test or dev")
+    if inductive:
+        if entities_from is not None:
+            raise KGCError("--inductive ranks over the run's dataset's inference graph; give it or --entities-from "
+                           "FOLDER, not both")
+        entities_from, candidates = inference_folder(predictor), candidates or "all"
+    if negatives is not None and entities_from is None:
+        raise KGCError("--negatives samples corrupted triples of an inference graph (GraIL's protocol): give it "
+                       "with --inductive or --entities-from")
     if use_index and entities_from is not None:
         raise KGCError("use_index (--use-index) ranks against the run's own FAISS index; drop it with "
                        "entities_from (--entities-from)")
@@ -58,10 +71,16 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
                            "evaluation; with an empty graph it would boost only the head itself). Drop --rerank.")
         graph, info = inductive_graph(entities_from, predictor.graph(), split=split, candidates=candidates or "split",
                                       long_text=recipe.data.long_text, warn=echo)
-        ev = evaluate(predictor.model_for(graph), graph, split, batch_size=bs, rerank=None, progress=progress,
-                      max_score_bytes=budget)  # never re-ranked, whatever eval.rerank says
+        if negatives is not None:
+            from kgc.linkpred.evaluation.sampled import sampled_evaluate
+
+            ev = sampled_evaluate(predictor.model_for(graph), graph, split, negatives=negatives, seed=seed,
+                                  batch_size=bs, progress=progress)
+        else:
+            ev = evaluate(predictor.model_for(graph), graph, split, batch_size=bs, rerank=None, progress=progress,
+                          max_score_bytes=budget)  # never re-ranked, whatever eval.rerank says
         ev.results["kgc"]["inductive"] = info
-        return ev, split, "inductive"
+        return ev, split, evaluation_kind(ev.results["kgc"])
     graph = predictor.graph()
     if not len(graph.splits[split]):
         raise KGCError(f"{graph.source}: the {split} split has no triples to rank (train with testing= / "
@@ -95,6 +114,30 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
     if text_only:
         ev.results["kgc"]["text_only"] = True  # the run's structural model left out
     return ev, split, "text" if text_only else None
+
+
+def evaluation_kind(k: dict) -> str | None:
+    """The kind of an evaluation's files (``results[.kind][.split].json``) from its ``kgc`` block: ``inductive``,
+    ``inductive-50`` (GraIL's sampled protocol, 50 candidates), ``text`` (the text model alone) or None."""
+    if k.get("inductive"):
+        protocol = k.get("protocol")
+        return f"inductive-{protocol['candidates']}" if protocol else "inductive"
+    return "text" if k.get("text_only") else None
+
+
+def inference_folder(predictor: "Predictor") -> Path:
+    """The inference graph of the run's dataset (``FOLDER/inference``, as a GraIL split has), or one KGCError."""
+    from kgc.data.catalog import find_dataset
+
+    data = predictor.recipe.data
+    folder, _ = find_dataset(data.dataset, data.path)
+    inference = Path(folder) / "inference"
+    if not (inference / "test.tsv").is_file():
+        raise KGCError(f"{predictor.dir.path}: its dataset ({data.dataset}, {folder}) has no inference graph "
+                       f"({inference}/test.tsv). --inductive is for a dataset that brings one (GraIL's splits: "
+                       "data.dataset: grail-wn18rr-v1 … grail-fb237-v4); for another folder of unseen entities give "
+                       "--entities-from FOLDER.")
+    return inference
 
 
 def evaluate_fused(predictor: "Predictor", entities: "EntityIndex", split: str, batch_size: int,

@@ -5,6 +5,7 @@ a benchmark runs (this module imports neither torch nor numpy: ``kgc --help`` st
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from kgc.training.task import BenchCommand, Param
@@ -48,6 +49,18 @@ COMMANDS = (
                                                         "compare their test MRR (0: not)", min=0),
          Param("profile", "flag", False, ("--profile/--no-profile",), "the top operators of a step each way "
                                                                       "(torch.profiler)"), SETS)),
+    BenchCommand(
+        "grail", "kgc.linkpred.bench.grail:bench_grail",
+        "GraIL's inductive splits: each trained on its training graph, its inference graph ranked both ways (every "
+        "entity; 50 sampled candidates), beside PageRank, rules mined on the inference graph and text + rules; "
+        "seconds and query cost. Writes RUNS/inductive.json and RUNS/inductive.md.",
+        (_recipe("recipes/grail_wn18rr.yaml"),
+         Param("splits", "strs", None, ("--splits",), "comma-separated (default: all eight, grail-wn18rr-v1 … "
+                                                      "grail-fb237-v4)"),
+         Param("runs", "path", Path("runs/grail"), ("--runs",), "a folder for the runs (a finished one is reused) "
+                                                                "and the table"),
+         Param("negatives", "int", 50, ("--negatives",), "candidates per side in GraIL's protocol", min=2),
+         Param("seed", "int", 0, ("--seed",), "the draws' seed", min=0), SETS, PROGRESS)),
     BenchCommand(
         "loss", f"{SPEED}:bench_loss",
         "The objective alone: false-negative masks by binary search (training's) against torch.isin, s/step.",

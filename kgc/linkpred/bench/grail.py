@@ -1,0 +1,172 @@
+"""``kgc bench grail RECIPE``: GraIL's inductive splits, each trained on its training graph and evaluated on its
+inference graph, both protocols, beside the structural rows the same inference graph gives without training.
+
+For each split (default: all eight, ``grail-wn18rr-v1`` … ``grail-fb237-v4``; the recipe's graph family first):
+
+1. ``kgc train RECIPE --set data.dataset=SPLIT --out RUNS/SPLIT`` (a finished run is reused; its seconds kept);
+2. the text model on the inference graph: the full filtered ranking over every inference entity
+   (``kgc evaluate --inductive``) and GraIL's 50 candidates (``--negatives 50``, the draws in the ranks file);
+3. on the same queries and the same draws: personalized PageRank from the query's entity over the known inference
+   graph (:mod:`kgc.linkpred.evaluation.pagerank`, a floor), closed path rules mined on the known inference graph
+   (:mod:`kgc.linkpred.structure.rules`), and the text model fused with those rules,
+   α·z(text) + (1 − α)·z(rules), one α for all queries chosen on the inference graph's dev triples by MRR;
+4. the seconds of training, of each evaluation, and the text model's query cost (ms per query encoded).
+
+The rows go to ``RUNS/inductive.json`` and ``RUNS/inductive.md`` (docs/results/inductive.md holds this machine's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kgc.errors import KGCError
+
+ALPHAS = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+def _metrics(results: dict) -> dict:
+    both = results["both"]["realistic"]
+    return {"MRR": round(float(both["inverse_harmonic_mean_rank"]), 4), "H@1": round(float(both["hits_at_1"]), 4),
+            "H@3": round(float(both["hits_at_3"]), 4), "H@10": round(float(both["hits_at_10"]), 4)}
+
+
+def _z(x: torch.Tensor) -> torch.Tensor:
+    return (x - x.mean(dim=1, keepdim=True)) / (x.std(dim=1, unbiased=False, keepdim=True) + 1e-12)
+
+
+def structural_rows(run, graph, *, negatives: int, seed: int, batch_size: int = 128) -> dict:
+    """PageRank, rules and text + rules on ``graph`` (the inference graph, the run's relation ids): both
+    protocols each, the draws the same as the text model's (same seed)."""
+    from kgc.linkpred.evaluation.pagerank import pagerank_scores, transition
+    from kgc.linkpred.evaluation.sampled import filtered_ranks, sampled_ranks
+    from kgc.linkpred.evaluation.scoring import entity_states
+    from kgc.linkpred.structure.options import RulesOptions
+    from kgc.linkpred.structure.rules import RuleModel, mine_graph
+
+    rows: dict[str, dict] = {}
+    p = transition(graph)
+
+    def ppr(q: np.ndarray) -> torch.Tensor:
+        return pagerank_scores(p, q[:, 0])
+
+    config = run.recipe.structure if isinstance(run.recipe.structure, RulesOptions) else RulesOptions()
+    start = time.perf_counter()
+    rules, edges = mine_graph(config, graph)
+    mined = time.perf_counter() - start
+    rule_model = RuleModel(rules, edges, graph.num_entities, 2 * graph.num_relations, config.rule_aggregation)
+
+    def rule(q: np.ndarray) -> torch.Tensor:
+        return rule_model.scores(q[:, 0], q[:, 1]).float()
+
+    model = run.predictor.model_for(graph)
+    heads = np.unique(np.concatenate([graph.both_directions(s)[:, 0] for s in ("dev", "test")]))
+    engine, table, _, _, _ = entity_states(model, batch_size=batch_size, heads=heads)
+    table = table.float().to(model.device)
+
+    def text(q: np.ndarray) -> torch.Tensor:
+        with torch.no_grad():
+            return (engine(q[:, 0], q[:, 1]).float().to(table.device) @ table.T).cpu()
+
+    def fused(alpha: float):
+        return lambda q: alpha * _z(text(q)) + (1 - alpha) * _z(rule(q))
+
+    grid = {a: _metrics(filtered_ranks(graph, "dev", fused(a), batch_size=batch_size).results)["MRR"]
+            for a in ALPHAS} if len(graph.splits["dev"]) else {1.0: None}
+    alpha = max(grid, key=lambda a: (grid[a] or 0, a))
+
+    def on_candidates(full):
+        return lambda q, c: torch.gather(full(q), 1, torch.as_tensor(c))
+
+    for name, full in (("pagerank", ppr), ("rules", rule), ("text + rules", fused(alpha))):
+        tick = time.perf_counter()
+        rows[name] = {"full": _metrics(filtered_ranks(graph, "test", full, batch_size=batch_size).results),
+                      "sampled": _metrics(sampled_ranks(graph, "test", on_candidates(full), negatives=negatives,
+                                                        seed=seed, batch_size=batch_size).results),
+                      "seconds": round(time.perf_counter() - tick, 2)}
+    rows["rules"]["mined"] = {"rules": len(rules), "seconds": round(mined, 2)}
+    rows["text + rules"]["alpha"] = {"chosen": alpha, "dev MRR": {str(a): m for a, m in grid.items()}}
+    return rows
+
+
+def bench_grail(recipe_path: Path, *, splits: list[str] | None = None, runs: Path = Path("runs/grail"),
+                negatives: int = 50, seed: int = 0, overrides: list[str] | None = None, progress: bool = False,
+                echo=print) -> dict:
+    """Train and evaluate ``splits`` (module docstring); returns ``{"rows": [...], "machine": …}``."""
+    from kgc.data.grail import SPLITS
+    from kgc.encoding.precision import describe_cpu
+    from kgc.linkpred.evaluation.inductive import inductive_graph
+    from kgc.linkpred.answer.results import inference_folder
+    from kgc.fileio import write_json, write_text
+    from kgc.recipe import load_recipe
+    from kgc.training.loop import train
+    from kgc.training.task import open_run
+
+    splits = list(splits or SPLITS)
+    unknown = [s for s in splits if s not in SPLITS]
+    if unknown:
+        raise KGCError(f"--splits: {', '.join(unknown)} are not GraIL splits ({', '.join(SPLITS)})")
+    out = Path(runs)
+    rows = []
+    for name in splits:
+        run_dir = out / name
+        if not (run_dir / "train_summary.json").is_file():
+            echo(f"{name}: training {recipe_path} → {run_dir}")
+            tick = time.perf_counter()
+            train(load_recipe(recipe_path, [*(overrides or []), f"data.dataset={name}"]), out=run_dir,
+                  progress=progress, echo=lambda line: None)
+            echo(f"{name}: trained in {time.perf_counter() - tick:.0f}s")
+        run = open_run(run_dir, echo=None)
+        summary = run.dir.summary() or {}
+        tick = time.perf_counter()
+        full = run.evaluation("test", inductive=True, progress=progress)
+        full_seconds = time.perf_counter() - tick
+        tick = time.perf_counter()
+        sampled = run.evaluation("test", inductive=True, negatives=negatives, seed=seed, progress=progress)
+        sampled_seconds = time.perf_counter() - tick
+        graph, info = inductive_graph(inference_folder(run.predictor), run.predictor.graph(), split="test",
+                                      candidates="all", long_text=run.recipe.data.long_text)
+        structure = structural_rows(run, graph, negatives=negatives, seed=seed)
+        k = full.results["kgc"]
+        row = {"split": name, "train_seconds": summary.get("train_seconds"), "train_steps": summary.get("steps"),
+               "precision": (summary.get("precision") or {}).get("name"),
+               "entities": info["entities"], "test_triples": int(len(graph.splits["test"])),
+               "text": {"full": _metrics(full.results), "sampled": _metrics(sampled.results),
+                        "seconds": {"full": round(full_seconds, 2), "sampled": round(sampled_seconds, 2)},
+                        "query_ms": round(1000 * k["query_encoding_seconds"] / max(1, k["queries"]), 3)},
+               **structure, "shared_entities": info["seen_in_training"]}
+        rows.append(row)
+        echo(f"{name}: text MRR {row['text']['full']['MRR']:.4f} H@10 {row['text']['full']['H@10']:.4f} (all "
+             f"{info['entities']} entities); H@10 {row['text']['sampled']['H@10']:.4f} against {negatives - 1} "
+             f"negatives; text + rules MRR {row['text + rules']['full']['MRR']:.4f}; PageRank MRR "
+             f"{row['pagerank']['full']['MRR']:.4f}")
+    result = {"rows": rows, "negatives": negatives, "seed": seed, "recipe": str(recipe_path),
+              "overrides": overrides or [], "machine": describe_cpu(), "torch_threads": torch.get_num_threads()}
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "inductive.json", result)
+    write_text(out / "inductive.md", table(result))
+    echo(f"wrote {out / 'inductive.json'} and {out / 'inductive.md'}")
+    return result
+
+
+def table(result: dict) -> str:
+    """The rows as markdown: per split, each method's full-ranking MRR / H@10 and its H@10 against the sampled
+    negatives, then the costs."""
+    methods = ("text", "text + rules", "rules", "pagerank")
+    head = ("| split | " + " | ".join(f"{m} MRR | {m} H@10 | {m} H@10 ({result['negatives']})" for m in methods)
+            + " | train s | eval s | ms/query |")
+    lines = [head, "|" + "---|" * (1 + 3 * len(methods) + 3)]
+    for r in result["rows"]:
+        cells = [r["split"]]
+        for m in methods:
+            cells += [f"{r[m]['full']['MRR']:.4f}", f"{r[m]['full']['H@10']:.4f}", f"{r[m]['sampled']['H@10']:.4f}"]
+        train = f"{r['train_seconds']:.0f}" if r.get("train_seconds") else "-"
+        cells += [train, f"{r['text']['seconds']['full'] + r['text']['seconds']['sampled']:.1f}",
+                  f"{r['text']['query_ms']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + json.dumps({"negatives": result["negatives"], "seed": result["seed"],
+                                                    "recipe": result["recipe"]}) + "\n"

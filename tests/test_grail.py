@@ -1,0 +1,220 @@
+"""GraIL's inductive splits (kgc.data.grail) and their two protocols: the full ranking over the inference graph
+(kgc's filtered evaluation over an --entities-from folder) and GraIL's 50 sampled negatives
+(kgc.linkpred.evaluation.sampled), each against a brute-force reference."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kgc.data.graph import KnowledgeGraph, read_graph
+from kgc.errors import KGCError
+from tests.conftest import cli
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _entities(rows) -> set[str]:
+    return {e for h, _, t in rows for e in (h, t)}
+
+
+def _read(path: Path) -> list[tuple[str, str, str]]:
+    return [tuple(line.split("\t")) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", ["grail-wn18rr-v1", "grail-fb237-v1", "grail-wn18rr-v3"])
+def test_a_split_is_its_training_graph_and_an_inference_graph_with_texts(name, cache, data_home):
+    """The derived folder's training graph is GraIL's vN, byte for byte, with the texts of its own entities only
+    (no inference entity can be embedded in training); inference/ is vN_ind with its entities' texts. WN18RR v3 as
+    published shares 8 entities between the two graphs: said in grail.json, not hidden."""
+    from kgc.data import grail
+    from kgc.data.catalog import find_dataset
+
+    folder, where = find_dataset(name)
+    assert where == "derived" and folder == cache / "datasets" / name
+    train_src, ind_src = grail.source(name, [data_home])
+    for sub, src in ((folder, train_src), (folder / "inference", ind_src)):
+        for file, tsv in grail.KG_SPLITS.items():
+            assert (sub / tsv).read_bytes() == (src / file).read_bytes()
+    train_entities = _entities(r for f in grail.FILES for r in _read(train_src / f))
+    ind_entities = _entities(r for f in grail.FILES for r in _read(ind_src / f))
+    texts = {line.split("\t")[0] for line in (folder / "entity2text.txt").read_text().splitlines()}
+    assert texts == train_entities  # the training graph's text bank: its own entities, every one with a text
+    ind_texts = {line.split("\t")[0] for line in (folder / "inference" / "entity2text.txt").read_text().splitlines()}
+    assert ind_texts == ind_entities
+    meta = json.loads((folder / "grail.json").read_text())
+    assert meta["shared_entities"] == sorted(train_entities & ind_entities)
+    assert (len(meta["shared_entities"]) == 8) == (name == "grail-wn18rr-v3")
+    graph = read_graph(folder)  # what kgc train reads: the graph's entities are the training graph's
+    assert set(graph.entities) == train_entities
+    assert find_dataset(name)[0] == folder  # the second time: read, not written again (its stamp matches)
+
+
+def test_a_changed_source_file_is_refused(cache, data_home, tmp_path, monkeypatch):
+    """A GraIL file that is not the published one (here: a line cut) is one message naming it."""
+    from kgc.data.catalog import find_dataset
+
+    home = tmp_path / "home"
+    shutil.copytree(data_home / "GraIL" / "WN18RR_v1", home / "GraIL" / "WN18RR_v1")
+    shutil.copytree(data_home / "GraIL" / "WN18RR_v1_ind", home / "GraIL" / "WN18RR_v1_ind")
+    (home / "WN18RR").symlink_to(data_home / "WN18RR")
+    f = home / "GraIL" / "WN18RR_v1" / "test.txt"
+    f.write_text("".join(f.read_text().splitlines(keepends=True)[:-1]))
+    monkeypatch.setenv("KGC_DATA_HOME", str(home))
+    with pytest.raises(KGCError, match=r"test\.txt: sha256 .* is not the published file's"):
+        find_dataset("grail-wn18rr-v1")
+
+
+def _toy_inference_graph() -> KnowledgeGraph:
+    rng = np.random.default_rng(3)
+    n, r = 40, 3
+    known = np.unique(np.stack([rng.integers(0, n, 120), rng.integers(0, r, 120), rng.integers(0, n, 120)], 1), axis=0)
+    known = known[known[:, 0] != known[:, 2]]
+    test = np.array([[1, 0, 2], [3, 1, 4], [5, 2, 6], [7, 0, 8], [9, 1, 10]])
+    test = test[[not ((known == t).all(1)).any() for t in test]]
+    return KnowledgeGraph(entities=[f"e{i}" for i in range(n)], names=[f"e{i}" for i in range(n)],
+                          descriptions=[""] * n, relations=[f"r{i}" for i in range(r)],
+                          relation_texts=[f"r{i}" for i in range(r)],
+                          splits={"train": known, "dev": np.zeros((0, 3), np.int64), "test": test})
+
+
+def test_negatives_are_drawn_as_grail_draws_them():
+    """Every draw is from the pool, never the query's own entity, never a known-graph triple (read in both
+    directions: a replaced head's triple (h', r, t) is checked as (t, inverse r, h'))."""
+    from kgc.linkpred.evaluation.ranking import query_directions
+    from kgc.linkpred.evaluation.sampled import sample_negatives
+
+    g = _toy_inference_graph()
+    known = {tuple(t) for t in g.splits["train"].tolist()}
+    pool = np.arange(0, 30)
+    for target, queries in query_directions(g, g.splits["test"]).items():
+        drawn = sample_negatives(g, queries, pool, 49, np.random.default_rng(0))
+        assert drawn.shape == (len(queries), 49) and np.isin(drawn, pool).all()
+        for (e, rel, _), row in zip(queries, drawn):
+            assert (row != e).all()
+            for d in row:
+                triple = (e, rel, d) if rel < g.num_relations else (d, rel - g.num_relations, e)
+                assert triple not in known
+
+
+class _Fixed:
+    """A stand-in model: fixed random unit vectors for entities and for each (head, relation) query."""
+
+    device = torch.device("cpu")
+    precision = "fp32"
+
+    def __init__(self, g: KnowledgeGraph, dim: int = 8) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.table = torch.nn.functional.normalize(torch.randn(g.num_entities, dim, generator=gen), dim=-1)
+        self.rel = torch.randn(2 * g.num_relations, dim, generator=gen)
+
+    def query(self, h, r):
+        return torch.nn.functional.normalize(self.table[torch.as_tensor(h)] + self.rel[torch.as_tensor(r)], dim=-1)
+
+
+def test_the_sampled_protocol_equals_a_brute_force_count(monkeypatch):
+    """Each query's rank among itself and its 49 negatives (written in its row) equals a count of the candidates
+    scored above it (+ half the ties), and Hits@10 / MRR are those ranks' means over both sides."""
+    from kgc.linkpred.evaluation import sampled
+
+    g = _toy_inference_graph()
+    model = _Fixed(g)
+
+    class Engine:
+        passes: dict = {}
+
+        def __call__(self, h, r):
+            return model.query(h, r)
+
+    monkeypatch.setattr("kgc.linkpred.evaluation.scoring.entity_states",
+                        lambda *a, **k: (Engine(), model.table, "stand-in", 0.0, 0.0))
+    model.eval = lambda: None
+    ev = sampled.sampled_evaluate(model, g, "test", negatives=50, seed=1, batch_size=2)
+    index = {e: i for i, e in enumerate(g.entities)}
+    ranks = []
+    for row in ev.ranks:
+        h, a = index[row["head"]], index[row["answer"]]
+        rel = g.relations.index(row["relation"].removeprefix("inverse ")) + (
+            g.num_relations if row["relation"].startswith("inverse ") else 0)
+        q = model.query([h], [rel])[0]
+        negs = [index[e] for e in row["negatives"].split(",")]
+        assert len(negs) == 49
+        true, others = float(q @ model.table[a]), [float(q @ model.table[e]) for e in negs]
+        rank = 1 + sum(o > true for o in others) + 0.5 * sum(o == true for o in others)
+        assert row["rank"] == rank
+        ranks.append(rank)
+    both = ev.results["both"]["realistic"]
+    assert both["hits_at_10"] == pytest.approx(np.mean(np.array(ranks) <= 10))
+    assert both["inverse_harmonic_mean_rank"] == pytest.approx(np.mean(1 / np.array(ranks)))
+    assert ev.results["kgc"]["protocol"]["candidates"] == 50
+    again = sampled.sampled_evaluate(model, g, "test", negatives=50, seed=1, batch_size=3)
+    assert [r["negatives"] for r in again.ranks] == [r["negatives"] for r in ev.ranks]  # the seed fixes the draws
+
+
+def test_evaluate_inductive_asks_for_an_inference_graph(trained_quick):
+    """--inductive on a run whose dataset brings no inference graph is one message naming the ways on; --negatives
+    alone too."""
+    out = cli("evaluate", trained_quick, "--inductive", "--no-progress", check=False)
+    assert out.exit_code == 2 and "has no inference graph" in out.stderr and "--entities-from" in out.stderr
+    out = cli("evaluate", trained_quick, "--negatives", "50", "--no-progress", check=False)
+    assert out.exit_code == 2 and "give it with --inductive or --entities-from" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def trained_quick(tiny_bert, tmp_path_factory, data_home):
+    import kgc
+    from tests.test_api import tiny_linkpred
+
+    out = tmp_path_factory.mktemp("grail") / "run"
+    kgc.train(tiny_linkpred(tiny_bert), out, progress=False, train__max_steps=1, echo=None)
+    return out
+
+
+def test_a_grail_run_trains_on_its_graph_and_ranks_the_inference_graph_both_ways(tiny_bert, cache, data_home,
+                                                                                  tmp_path):
+    """A tiny model trained 2 steps on grail-wn18rr-v1: its text bank never held an inference entity; --inductive
+    ranks the inference graph's test triples over its 922 entities (filtered by all its triples), --negatives 50 over
+    50 candidates each, into their own files, the draws beside the ranks."""
+    import kgc
+    from tests.test_api import tiny_linkpred
+
+    recipe = tiny_linkpred(tiny_bert)
+    recipe["data"] = {"dataset": "grail-wn18rr-v1", "neighbor_text": False, "max_tokens": 16}
+    run = tmp_path / "run"
+    kgc.train(recipe, run, progress=False, train__max_steps=2, echo=None)
+    from kgc.data import grail
+
+    _, ind = grail.source("grail-wn18rr-v1", [data_home])
+    ind_only = _entities(r for f in grail.FILES for r in _read(ind / f))
+    loaded = kgc.load(run, echo=None)
+    assert not ind_only & set(loaded.predictor.graph().entities)
+    out = cli("evaluate", run, "--inductive", "--no-progress")
+    results = json.loads((run / "results.inductive.json").read_text())
+    assert results["kgc"]["inductive"]["entities"] == 922 and results["kgc"]["inductive"]["candidates"] == "all"
+    assert results["kgc"]["queries"] == 2 * 188
+    out = cli("evaluate", run, "--inductive", "--negatives", "50", "--no-progress")
+    assert "each against 49 sampled negatives (GraIL's protocol, seed 0)" in out.stdout, out.stdout
+    sampled = json.loads((run / "results.inductive-50.json").read_text())
+    assert sampled["kgc"]["protocol"]["negatives"] == 49
+    rows = (run / "ranks.inductive-50.tsv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 188 and "negatives" in rows[0]
+    assert all(len(r.split("\t")[-1].split(",")) == 49 for r in rows[1:])
+
+
+def test_data_check_reads_both_graphs_of_a_split(cache, data_home):
+    """`kgc data check grail-wn18rr-v3`: the training graph's report, then the inference graph's counts, and the
+    8 entities the published v3 shares between its graphs as a warning (not an error); v1 shares none."""
+    out = cli("data", "check", "grail-wn18rr-v3")
+    assert "inference graph" in out.stdout and "5,084 entities, every one with a text" in out.stdout
+    assert "warning: 8 entities of the inference graph are in the training graph too" in out.stdout
+    out = cli("data", "check", "grail-wn18rr-v1")
+    assert "the training and inference graphs share no entity" in out.stdout
