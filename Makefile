@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test test-heavy test-wheel test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure
+.PHONY: install quickstart test test-heavy test-wheel test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure bench-grail
 
 install: $(VENV)/.installed
 
@@ -179,6 +179,14 @@ study-wn18rr-figure: install
 	done; \
 	if [ -z "$$runs" ]; then echo "no row of $(TABLE) has trained yet: make study-wn18rr-table first" >&2; exit 2; fi; \
 	$(BIN)/kgc curves $$runs --out $(TABLE)/curves.png
+
+# GraIL's eight inductive splits (docs/results/inductive.md): each trained on its training graph (~10 minutes on 2 CPU
+# cores), its inference graph ranked both ways (every entity; 50 candidates) beside PageRank, rules and text + rules;
+# one table in runs/grail/inductive.md (a finished split is reused: run it again after a stop)
+GRAIL = runs/grail
+bench-grail: install
+	$(BIN)/kgc bench grail recipes/grail_wn18rr.yaml --runs $(GRAIL) --out $(GRAIL)/wn18rr.json
+	$(BIN)/kgc bench grail recipes/grail_fb237.yaml --runs $(GRAIL) --out $(GRAIL)/fb237.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site

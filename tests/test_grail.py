@@ -218,3 +218,27 @@ def test_data_check_reads_both_graphs_of_a_split(cache, data_home):
     assert "warning: 8 entities of the inference graph are in the training graph too" in out.stdout
     out = cli("data", "check", "grail-wn18rr-v1")
     assert "the training and inference graphs share no entity" in out.stdout
+
+
+def test_the_bench_table_merges_the_two_recipes_rows(tmp_path):
+    """`make bench-grail` runs the WN18RR and FB15k-237 recipes into one folder: the second keeps the first's rows
+    (same draws), replaces a split it measured again, and orders the eight as the catalog does."""
+    from kgc.linkpred.bench import grail as bench
+
+    metrics = {"MRR": 0.5, "H@1": 0.4, "H@3": 0.6, "H@10": 0.7}
+    def row(split, mrr):
+        method = {"full": {**metrics, "MRR": mrr}, "sampled": metrics, "seconds": 1.0}
+        return {"split": split, "recipe": "r.yaml", "train_seconds": 60.0,
+                "text": {**method, "seconds": {"full": 1.0, "sampled": 2.0}, "query_ms": 0.5},
+                "text + rules": method, "rules": method, "pagerank": method}
+    path = tmp_path / "inductive.json"
+    path.write_text(json.dumps({"negatives": 50, "seed": 0, "rows": [row("grail-fb237-v1", 0.1),
+                                                                    row("grail-wn18rr-v2", 0.2)]}))
+    kept = bench._earlier_rows(path, 50, 0)
+    assert [r["split"] for r in kept] == ["grail-fb237-v1", "grail-wn18rr-v2"]
+    assert bench._earlier_rows(path, 51, 0) == [] and bench._earlier_rows(tmp_path / "none.json", 50, 0) == []
+    text = bench.table({"negatives": 50, "seed": 0, "rows": [row("grail-wn18rr-v1", 0.3)] + kept})
+    lines = text.splitlines()
+    assert lines[0].startswith("| split | text MRR | text H@10 | text H@10 (50) |")
+    assert lines[2].startswith("| grail-wn18rr-v1 | 0.3000 |") and "| 60 | 3.0 | 0.50 |" in lines[2]
+    assert "recipes: r.yaml; 50 candidates per side, seed 0" in text

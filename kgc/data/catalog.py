@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import tarfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from kgc.data.download import download
 from kgc.errors import KGCError
 from kgc.fileio import atomic_dir, sha256_file
 from kgc.registry import DATASETS, TASKS
@@ -274,12 +274,7 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
             return target
         for fname, expected in entry.files.items():
             url = f"{entry.url}/{fname}"
-            try:
-                with urllib.request.urlopen(url, timeout=60) as resp, open(tmp / fname, "wb") as out:
-                    shutil.copyfileobj(resp, out)
-            except OSError as exc:
-                raise KGCError(f"could not download {url} ({exc}). Offline? Copy the files "
-                               f"({', '.join(entry.files)}) into {target} by hand.") from None
+            download(url, tmp / fname, f"Copy the files ({', '.join(entry.files)}) into {target} by hand.")
             got = sha256_file(tmp / fname)
             if expected is None:
                 echo(f"  {fname}: sha256 {got} (not pinned in the catalog)")

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from kgc.data.download import download
 from kgc.errors import KGCError
 from kgc.fileio import atomic_dir, cache_home, sha256_file, write_json, write_text
 
@@ -206,12 +206,7 @@ def fetch(name: str, home: Path, echo=print) -> Path:
         with atomic_dir(root / f, replace=True) as tmp:
             for file in FILES:
                 url = f"{GRAIL_URL}/{f}/{file}"
-                try:
-                    with urllib.request.urlopen(url, timeout=60) as resp, open(tmp / file, "wb") as out:
-                        shutil.copyfileobj(resp, out)
-                except OSError as exc:
-                    raise KGCError(f"could not download {url} ({exc}). Offline? Copy GraIL's data/{f}/ into "
-                                   f"{root / f} by hand.") from None
+                download(url, tmp / file, f"Copy GraIL's data/{f}/ into {root / f} by hand.")
                 if sha256_file(tmp / file) != SHA256[f"{f}/{file}"]:
                     raise KGCError(f"{url}: not the published file (sha256 differs); refusing it")
         echo(f"  {root / f}: {', '.join(FILES)}")

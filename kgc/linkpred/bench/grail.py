@@ -1,7 +1,8 @@
 """``kgc bench grail RECIPE``: GraIL's inductive splits, each trained on its training graph and evaluated on its
 inference graph, both protocols, beside the structural rows the same inference graph gives without training.
 
-For each split (default: all eight, ``grail-wn18rr-v1`` … ``grail-fb237-v4``; the recipe's graph family first):
+For each split (default: the four of the recipe's graph, e.g. ``grail-wn18rr-v1`` … ``v4`` for
+``recipes/grail_wn18rr.yaml``; ``make bench-grail`` runs both recipes, all eight, into one table):
 
 1. ``kgc train RECIPE --set data.dataset=SPLIT --out RUNS/SPLIT`` (a finished run is reused; its seconds kept);
 2. the text model on the inference graph: the full filtered ranking over every inference entity
@@ -106,7 +107,13 @@ def bench_grail(recipe_path: Path, *, splits: list[str] | None = None, runs: Pat
     from kgc.training.loop import train
     from kgc.training.task import open_run
 
-    splits = list(splits or SPLITS)
+    if not splits:  # the four of the recipe's own graph (its data.dataset: grail-wn18rr-v1 → WN18RR v1–v4)
+        named = load_recipe(recipe_path, overrides or []).data.dataset
+        if named not in SPLITS:
+            raise KGCError(f"{recipe_path}: data.dataset is {named!r}, not a GraIL split; give --splits, or a recipe "
+                           "on one (recipes/grail_wn18rr.yaml, recipes/grail_fb237.yaml)")
+        splits = [name for name, (kg, _) in SPLITS.items() if kg == SPLITS[named][0]]
+    splits = list(splits)
     unknown = [s for s in splits if s not in SPLITS]
     if unknown:
         raise KGCError(f"--splits: {', '.join(unknown)} are not GraIL splits ({', '.join(SPLITS)})")
@@ -144,13 +151,30 @@ def bench_grail(recipe_path: Path, *, splits: list[str] | None = None, runs: Pat
              f"{info['entities']} entities); H@10 {row['text']['sampled']['H@10']:.4f} against {negatives - 1} "
              f"negatives; text + rules MRR {row['text + rules']['full']['MRR']:.4f}; PageRank MRR "
              f"{row['pagerank']['full']['MRR']:.4f}")
-    result = {"rows": rows, "negatives": negatives, "seed": seed, "recipe": str(recipe_path),
-              "overrides": overrides or [], "machine": describe_cpu(), "torch_threads": torch.get_num_threads()}
+    for row in rows:
+        row.update(recipe=str(recipe_path), overrides=overrides or [])
+    earlier = _earlier_rows(out / "inductive.json", negatives, seed)
+    done = {r["split"] for r in rows}
+    rows = sorted([r for r in earlier if r["split"] not in done] + rows, key=lambda r: list(SPLITS).index(r["split"]))
+    result = {"rows": rows, "negatives": negatives, "seed": seed, "machine": describe_cpu(),
+              "torch_threads": torch.get_num_threads()}
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "inductive.json", result)
     write_text(out / "inductive.md", table(result))
     echo(f"wrote {out / 'inductive.json'} and {out / 'inductive.md'}")
     return result
+
+
+def _earlier_rows(path: Path, negatives: int, seed: int) -> list[dict]:
+    """The rows an earlier ``kgc bench grail`` into the same folder wrote (another recipe's splits: the WN18RR and
+    FB15k-237 recipes fill one table), when they were ranked against the same draws; none otherwise."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(earlier, dict) or (earlier.get("negatives"), earlier.get("seed")) != (negatives, seed):
+        return []
+    return [r for r in earlier.get("rows", []) if isinstance(r, dict) and "split" in r]
 
 
 def table(result: dict) -> str:
@@ -168,5 +192,6 @@ def table(result: dict) -> str:
         cells += [train, f"{r['text']['seconds']['full'] + r['text']['seconds']['sampled']:.1f}",
                   f"{r['text']['query_ms']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + json.dumps({"negatives": result["negatives"], "seed": result["seed"],
-                                                    "recipe": result["recipe"]}) + "\n"
+    recipes = sorted({r["recipe"] for r in result["rows"]})
+    return "\n".join(lines) + f"\n\nrecipes: {', '.join(recipes)}; {result['negatives']} candidates per side, seed " \
+        f"{result['seed']}\n"
