@@ -401,8 +401,8 @@ class Study:
         from optuna.trial import TrialState
 
         others = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                  if t.number != trial.number]
-        if self.finished() + len(others) >= self.asked:  # workers beside this one will finish what was asked
+                  if t.number != trial.number] if os.environ.get("KGC_TUNE_WORKER") is not None else []
+        if others and self.finished() + len(others) >= self.asked:  # --jobs: the other workers finish what was asked
             trial.set_user_attr("surplus", True)
             trial.study.stop()
             raise Surplus(f"{self.finished()} trials finished and {len(others)} running of the {self.asked} asked")
@@ -727,9 +727,10 @@ class DuplicatePoint(Exception):
 
 
 class Surplus(DuplicatePoint):
-    """A trial a worker asked for when the trials finished and those running in other workers already make the
-    number asked (Optuna's MaxTrialsCallback counts only at a trial's end, so ``--trials 2 --jobs 2`` ran 3): it
-    trains nothing, stops its worker, and is left out of the study's outputs."""
+    """A trial a ``--jobs`` worker asked for when the trials finished and those running in the other workers already
+    make the number asked (Optuna's MaxTrialsCallback counts only at a trial's end, so ``--trials 2 --jobs 2`` ran
+    3): it trains nothing, stops its worker, and is left out of the study's outputs. A process on its own (no
+    ``--jobs``) never counts running trials: one left RUNNING by a process that died is not a worker."""
 
 
 def sampler_seed(seed: int, study) -> int:

@@ -239,7 +239,7 @@ def test_bad_new_entities_are_refused(trained, added):
         "empty_name.tsv": ("x1\t\tdesc\n", "empty_name.tsv:1: empty name"),
         "repeat.tsv": ("r1\tone\n\nr1\tagain\n", "repeat.tsv:3: id 'r1' repeats line 1"),
         "existing.tsv": (f"{added['held']}\tsome name\n", "existing.tsv:1: .* already an entity of the run's graph"),
-        "again.tsv": (added["file"].read_text(), "again.tsv:1: id 'new_copy' was already added"),  # the same ids
+        "again.tsv": ("new_copy\tanother name\n", "again.tsv:1: id 'new_copy' was already added"),  # the same id
         "blank.tsv": ("\n\n", "blank.tsv: no entities"),
     }
     for name, (text, message) in cases.items():
@@ -247,6 +247,10 @@ def test_bad_new_entities_are_refused(trained, added):
         with pytest.raises(KGCError, match=message):
             add_entities(run.dir, model, graph, tmp / name)
     assert json.loads((trained / "index" / "meta.json").read_text())["added_entities"]["count"] == 2  # unchanged
+    # the same file again (an add retried after an error past its commit point): nothing to do, said
+    out = kgc("index", trained, "--add", added["file"], "--no-progress")
+    assert "its entities are in the index already, as they are" in out.stdout
+    assert json.loads((trained / "index" / "meta.json").read_text())["added_entities"]["count"] == 2
 
 
 def test_rebuild_keeps_added_entities(trained, added):

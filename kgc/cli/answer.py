@@ -67,6 +67,10 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
         return
     if add is not None:
         meta = run.add_entities(add, progress=progress)
+        if meta.get("already"):
+            _echo(f"{add}: its entities are in the index already, as they are (an earlier add of this file); "
+                  f"nothing was changed → {run.path / 'index'}")
+            return
         if meta.get("note"):
             _echo(f"note: {meta['note']}")
         _echo(f"added {meta['added_entities']['sources'][-1]['count']} entities from {add}: the index holds "

@@ -273,6 +273,9 @@ class LinkPredServing(Serving):
                                        lambda m: f"POST /entities, entities[{int(m.group(1)) - 1}]",
                                        str(exc)).replace(str(path), "POST /entities"),)
                     raise
+            if meta.get("already"):  # the same entities again (a retried request): nothing changed
+                return {"added": 0, "entities": meta["entities"], "ids": [nfc(r["id"].strip()) for r in rows],
+                        "note": "these entities are in the index already, as they are; nothing was changed"}
             # committed: whatever happens now, the reply says the entities were added (they are, on disk)
             try:
                 self._swap_in()

@@ -524,7 +524,10 @@ def _add_locked(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, path: 
     if (reason := stale_reason(run, model)) is not None:
         raise KGCError(f"{run.index}: cannot add entities: {reason}. Build it first with `kgc index {run.path}`.")
     meta = _meta(run)
-    before = {nfc(e.id) for e in stored_entities(run.index)} if meta.get("added_entities") else set()
+    stored = {nfc(e.id): e for e in stored_entities(run.index)} if meta.get("added_entities") else {}
+    before = set(stored)
+    if stored and all(stored.get(e.id) == e for _, e in rows):  # the same add again (say, after a failed rename
+        return {**meta, "already": True}                          # past its commit point): nothing to do
     check_new(graph, rows, str(path), "Give the new entity a new id; an existing entity can be queried as it is.")
     for lineno, e in rows:
         if e.id in before:
