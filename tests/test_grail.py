@@ -160,6 +160,54 @@ def test_the_sampled_protocol_equals_a_brute_force_count(monkeypatch):
     assert [r["negatives"] for r in again.ranks] == [r["negatives"] for r in ev.ranks]  # the seed fixes the draws
 
 
+def test_the_full_ranking_equals_pykeens_evaluator_on_the_same_scores():
+    """filtered_ranks (the PageRank, rules and text + rules rows' full ranking) gives PyKEEN's own filtered
+    evaluation of a PyKEEN model on the same inference graph: every metric, both sides, every rank type — with ties
+    (scores rounded to 1 decimal, so realistic, optimistic and pessimistic ranks differ)."""
+    from pykeen.evaluation import RankBasedEvaluator
+    from pykeen.models import DistMult
+    from pykeen.triples import TriplesFactory
+
+    from kgc.linkpred.evaluation.sampled import filtered_ranks
+
+    g = _toy_inference_graph()
+    r = g.num_relations
+    factory = TriplesFactory(mapped_triples=torch.as_tensor(g.splits["train"]),
+                             entity_to_id={e: i for i, e in enumerate(g.entities)},
+                             relation_to_id={x: i for i, x in enumerate(g.relations)})
+    model = DistMult(triples_factory=factory, embedding_dim=4, random_seed=0)
+
+    def rounded(fn):  # ties on purpose: pykeen's score_t / score_h through one rounding, for both evaluators
+        return lambda *a, **k: torch.round(fn(*a, **k) * 10) / 10
+
+    model.score_t, model.score_h = rounded(model.score_t), rounded(model.score_h)
+
+    def scores(queries: np.ndarray) -> torch.Tensor:
+        with torch.no_grad():
+            out = torch.empty(len(queries), g.num_entities)
+            tail = queries[:, 1] < r
+            if tail.any():
+                out[torch.as_tensor(tail)] = model.score_t(torch.as_tensor(queries[tail][:, :2]))
+            if (~tail).any():
+                q = queries[~tail]
+                out[torch.as_tensor(~tail)] = model.score_h(torch.as_tensor(np.stack([q[:, 1] - r, q[:, 0]], 1)))
+            return out
+
+    ours = filtered_ranks(g, "test", scores, batch_size=2)
+    theirs = RankBasedEvaluator(filtered=True).evaluate(
+        model, torch.as_tensor(g.splits["test"]), batch_size=2, use_tqdm=False,
+        additional_filter_triples=[torch.as_tensor(g.splits["train"])]).to_dict()
+    compared = 0
+    for side in ("head", "tail", "both"):
+        for rank_type in ("realistic", "optimistic", "pessimistic"):
+            for key, value in theirs[side][rank_type].items():
+                assert ours.results[side][rank_type][key] == pytest.approx(value, nan_ok=True), (side, rank_type, key)
+                compared += 1
+    assert compared > 100
+    real = theirs["both"]
+    assert real["optimistic"]["arithmetic_mean_rank"] < real["pessimistic"]["arithmetic_mean_rank"]  # ties hit
+
+
 def test_evaluate_inductive_asks_for_an_inference_graph(trained_quick):
     """--inductive on a run whose dataset brings no inference graph is one message naming the ways on; --negatives
     alone too."""
