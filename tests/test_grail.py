@@ -256,6 +256,37 @@ def test_a_grail_run_trains_on_its_graph_and_ranks_the_inference_graph_both_ways
     rows = (run / "ranks.inductive-50.tsv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 188 and "negatives" in rows[0]
     assert all(len(r.split("\t")[-1].split(",")) == 49 for r in rows[1:])
+    _the_structural_rows_score_each_block_once(run, sampled)
+
+
+def _the_structural_rows_score_each_block_once(run: Path, sampled: dict) -> None:
+    """kgc bench grail's structural rows on the same run: the text + rules grid at α = 1 is the text model's own
+    dev MRR over every inference entity, the same draws give the text row's sampled figure at α = 1, and the text
+    and rule scores of each block of queries are computed (z-scored) once for all α and both protocols."""
+    import kgc
+    from kgc.linkpred.answer.results import inference_folder
+    from kgc.linkpred.bench import grail as bench
+    from kgc.linkpred.evaluation.inductive import inductive_graph
+    from kgc.training.task import open_run
+
+    opened = open_run(run, echo=None)
+    graph, _ = inductive_graph(inference_folder(opened.predictor), opened.predictor.graph(), split="test",
+                               candidates="all", long_text=False)
+    scored = []
+    real_z = bench._z
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "_z", lambda x: scored.append(len(x)) or real_z(x))
+        mp.setattr(bench, "ALPHAS", (0.0, 0.5, 1.0))
+        rows = bench.structural_rows(opened, graph, negatives=50, seed=0, batch_size=128)
+    blocks = sum(-(-len(graph.splits[s]) // 128) * 2 for s in ("dev", "test"))  # both directions
+    assert len(scored) == 2 * blocks  # text and rules, once per block (was 2 × (3 α × dev + 2 protocols × test))
+    dev_text = kgc.load(run, echo=None).evaluation("dev", inductive=True).results["both"]["realistic"]
+    grid = rows["text + rules"]["alpha"]["dev MRR"]
+    assert grid["1.0"] == pytest.approx(dev_text["inverse_harmonic_mean_rank"], abs=1e-4)
+    assert set(rows) == {"pagerank", "rules", "text + rules"} and rows["rules"]["mined"]["rules"] >= 0
+    if rows["text + rules"]["alpha"]["chosen"] == 1.0:
+        assert rows["text + rules"]["sampled"]["H@10"] == pytest.approx(
+            sampled["both"]["realistic"]["hits_at_10"], abs=1e-4)
 
 
 def test_data_check_reads_both_graphs_of_a_split(cache, data_home):

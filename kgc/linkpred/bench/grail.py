@@ -40,9 +40,24 @@ def _z(x: torch.Tensor) -> torch.Tensor:
     return (x - x.mean(dim=1, keepdim=True)) / (x.std(dim=1, unbiased=False, keepdim=True) + 1e-12)
 
 
+def _once(scores):
+    """``scores(queries)``, computed once per block of queries: the α grid and both protocols ask for the same
+    blocks again (the dev grid once per α, the test blocks once per protocol)."""
+    seen: dict[bytes, torch.Tensor] = {}
+
+    def call(q: np.ndarray) -> torch.Tensor:
+        key = np.ascontiguousarray(q).tobytes()
+        if key not in seen:
+            seen[key] = scores(q)
+        return seen[key]
+
+    return call
+
+
 def structural_rows(run, graph, *, negatives: int, seed: int, batch_size: int = 128) -> dict:
     """PageRank, rules and text + rules on ``graph`` (the inference graph, the run's relation ids): both
-    protocols each, the draws the same as the text model's (same seed)."""
+    protocols each, the draws the same as the text model's (same seed). The text and rule scores of a block of
+    queries and their z-scores are computed once, whatever α and protocol ask for them."""
     from kgc.linkpred.evaluation.pagerank import pagerank_scores, transition
     from kgc.linkpred.evaluation.sampled import filtered_ranks, sampled_ranks
     from kgc.linkpred.evaluation.scoring import entity_states
@@ -61,6 +76,7 @@ def structural_rows(run, graph, *, negatives: int, seed: int, batch_size: int = 
     mined = time.perf_counter() - start
     rule_model = RuleModel(rules, edges, graph.num_entities, 2 * graph.num_relations, config.rule_aggregation)
 
+    @_once
     def rule(q: np.ndarray) -> torch.Tensor:
         return rule_model.scores(q[:, 0], q[:, 1]).float()
 
@@ -69,12 +85,15 @@ def structural_rows(run, graph, *, negatives: int, seed: int, batch_size: int = 
     engine, table, _, _, _ = entity_states(model, batch_size=batch_size, heads=heads)
     table = table.float().to(model.device)
 
-    def text(q: np.ndarray) -> torch.Tensor:
+    @_once
+    def z_text(q: np.ndarray) -> torch.Tensor:
         with torch.no_grad():
-            return (engine(q[:, 0], q[:, 1]).float().to(table.device) @ table.T).cpu()
+            return _z((engine(q[:, 0], q[:, 1]).float().to(table.device) @ table.T).cpu())
+
+    z_rule = _once(lambda q: _z(rule(q)))
 
     def fused(alpha: float):
-        return lambda q: alpha * _z(text(q)) + (1 - alpha) * _z(rule(q))
+        return lambda q: alpha * z_text(q) + (1 - alpha) * z_rule(q)
 
     grid = {a: _metrics(filtered_ranks(graph, "dev", fused(a), batch_size=batch_size).results)["MRR"]
             for a in ALPHAS} if len(graph.splits["dev"]) else {1.0: None}
