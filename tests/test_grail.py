@@ -59,6 +59,37 @@ def test_a_split_is_its_training_graph_and_an_inference_graph_with_texts(name, c
     assert find_dataset(name)[0] == folder  # the second time: read, not written again (its stamp matches)
 
 
+def test_a_lookup_trusts_the_stamp_until_a_text_file_changes(cache, data_home, tmp_path, monkeypatch):
+    """A second lookup of a built split hashes no text file (their size and time are the stamp's); a text file
+    rewritten since (another time) is hashed again, and a changed text rebuilds the split with it."""
+    from kgc.data import grail
+    from kgc.data.catalog import find_dataset
+
+    home = tmp_path / "home"
+    (home / "GraIL").mkdir(parents=True)
+    for f in grail.folders("grail-wn18rr-v1"):
+        (home / "GraIL" / f).symlink_to(data_home / "GraIL" / f)
+    shutil.copytree(data_home / "WN18RR", home / "WN18RR")
+    monkeypatch.setenv("KGC_DATA_HOME", str(home))
+    folder, _ = find_dataset("grail-wn18rr-v1")
+    hashed = []
+    real = grail.sha256_cached
+    monkeypatch.setattr(grail, "sha256_cached", lambda p, *a: hashed.append(Path(p).parent.name) or real(p, *a))
+    stamp = (folder / "grail.json").stat().st_mtime_ns
+    assert find_dataset("grail-wn18rr-v1")[0] == folder
+    assert "WN18RR" not in hashed and (folder / "grail.json").stat().st_mtime_ns == stamp
+    texts = home / "WN18RR" / "entity2text.txt"
+    lines = texts.read_text().splitlines(keepends=True)
+    own = {line.split("\t")[0] for line in (folder / "entity2text.txt").read_text().splitlines()}
+    first = next(i for i, line in enumerate(lines) if line.split("\t")[0] in own)
+    key = lines[first].split("\t")[0]
+    lines[first] = f"{key}\tan edited text\n"
+    texts.write_text("".join(lines))
+    find_dataset("grail-wn18rr-v1")
+    assert "WN18RR" in hashed
+    assert f"{key}\tan edited text\n" in (folder / "entity2text.txt").read_text()
+
+
 def test_a_changed_source_file_is_refused(cache, data_home, tmp_path, monkeypatch):
     """A GraIL file that is not the published one (here: a line cut) is one message naming it."""
     from kgc.data.catalog import find_dataset
