@@ -194,13 +194,44 @@ def _index_rows(run: Path, n: int) -> None:
     assert meta["entities"] == n, meta["entities"]
 
 
-def writes_of(command: Command, tmp: Path) -> int:
-    """How many writes the command makes (a clean run of it, here): the sweep's points."""
+def count_of(command: Command, tmp: Path, counter) -> int:
+    """How many writes (renames) the command makes in a clean run of it, here: the sweep's points."""
     tmp.mkdir()
     args = command.prepare(tmp)
-    start = fileio.writes_so_far()
+    start = counter()
     cli(*args)
-    return fileio.writes_so_far() - start
+    return counter() - start
+
+
+def writes_of(command: Command, tmp: Path) -> int:
+    return count_of(command, tmp, fileio.writes_so_far)
+
+
+def one_fault_then_again(command: Command, place: Path, fault: str, n: int, where: str, says: tuple[str, ...], *,
+                         strict: bool) -> None:
+    """One cell: the command with ``fault`` at its n-th point fails with one message (one of ``says`` in it), no
+    traceback, what it replaces as before and nothing staged left (``strict``; else a failure past a commit point
+    may leave what the next reader completes); the same command again succeeds and nothing staged is left."""
+    place.mkdir()
+    args = command.prepare(place)
+    before = command.before(place)
+    fileio._FAULTS.clear()
+    fileio._FAULTS[fault] = n
+    try:
+        out = cli(*args, check=False)
+    finally:
+        fileio._FAULTS.clear()
+    assert out.exit_code == 2, (where, out)
+    assert out.stderr.count("error:") == 1 and any(s in out.stderr for s in says), (where, out.stderr)
+    assert "Traceback" not in out.stderr + out.stdout, where
+    if strict or "committed" not in out.stderr:  # past a commit point the next reader completes it instead
+        command.after_failure(place, before)
+    if strict:
+        assert not leftovers(place), (where, leftovers(place))
+    again = cli(*_again(args, place), check=False)
+    assert again.exit_code == 0, (where, again)
+    command.done(place)
+    assert not leftovers(place), (where, leftovers(place))
 
 
 def points(n: int) -> list[int]:
@@ -216,26 +247,8 @@ def test_a_full_disk_at_each_write(commands, name, tmp_path):
     total = writes_of(command, tmp_path / "count")
     assert total >= 1
     for n in points(total):
-        place = tmp_path / f"at{n}"
-        place.mkdir()
-        args = command.prepare(place)
-        before = command.before(place)
-        fileio._FAULTS.clear()
-        fileio._FAULTS["write"] = n
-        try:
-            out = cli(*args, check=False)
-        finally:
-            fileio._FAULTS.clear()
-        where = f"{name}, ENOSPC at write {n} of {total}"
-        assert out.exit_code == 2, (where, out)
-        assert out.stderr.count("error:") == 1 and "No space left" in out.stderr, (where, out.stderr)
-        assert "Traceback" not in out.stderr + out.stdout, where
-        command.after_failure(place, before)
-        assert not leftovers(place), (where, leftovers(place))
-        again = cli(*_again(args, place), check=False)
-        assert again.exit_code == 0, (where, again)
-        command.done(place)
-        assert not leftovers(place), (where, leftovers(place))
+        one_fault_then_again(command, tmp_path / f"at{n}", "write", n, f"{name}, ENOSPC at write {n} of {total}",
+                             ("No space left",), strict=True)
 
 
 def _again(args: list, place: Path) -> list:
@@ -349,11 +362,7 @@ RENAMED = ["train", "index", "force", "add", "evaluate", "structure", "export", 
 
 def renames_of(command: Command, tmp: Path) -> int:
     """How many renames that publish a file or folder the command makes (a clean run of it): the points."""
-    tmp.mkdir()
-    args = command.prepare(tmp)
-    start = fileio.renames_so_far()
-    cli(*args)
-    return fileio.renames_so_far() - start
+    return count_of(command, tmp, fileio.renames_so_far)
 
 
 @pytest.mark.parametrize("name", RENAMED)
@@ -365,27 +374,8 @@ def test_an_io_error_at_each_rename(commands, name, tmp_path):
     total = renames_of(command, tmp_path / "count")
     assert total >= 1
     for n in (points(total) if FULL else [total]):  # make test: the last rename of each row (what publishes)
-        place = tmp_path / f"at{n}"
-        place.mkdir()
-        args = command.prepare(place)
-        before = command.before(place)
-        fileio._FAULTS.clear()
-        fileio._FAULTS["rename-eio"] = n
-        try:
-            out = cli(*args, check=False)
-        finally:
-            fileio._FAULTS.clear()
-        where = f"{name}, EIO at rename {n} of {total}"
-        assert out.exit_code == 2, (where, out)
-        assert out.stderr.count("error:") == 1 and ("I/O error" in out.stderr or "Input/output error" in out.stderr), \
-            (where, out.stderr)
-        assert "Traceback" not in out.stderr + out.stdout, where
-        if "committed" not in out.stderr:  # past a commit point the next reader completes it instead
-            command.after_failure(place, before)
-        again = cli(*_again(args, place), check=False)
-        assert again.exit_code == 0, (where, again)
-        command.done(place)
-        assert not leftovers(place), (where, leftovers(place))
+        one_fault_then_again(command, tmp_path / f"at{n}", "rename-eio", n, f"{name}, EIO at rename {n} of {total}",
+                             ("I/O error", "Input/output error"), strict=False)
 
 
 @pytest.mark.parametrize("name", RENAMED if FULL else ["structure"])

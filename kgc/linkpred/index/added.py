@@ -141,7 +141,7 @@ def _prefix(short: list[NewEntity], long: list[NewEntity]) -> bool:
     return len(short) <= len(long) and long[: len(short)] == short
 
 
-def _newest(lists: list[tuple[Path, list[NewEntity]]], run_dir: Path) -> tuple[Path, list[NewEntity]] | None:
+def _newest(lists: list[tuple[Path, list[NewEntity]]]) -> tuple[Path, list[NewEntity]] | None:
     """The longest of ``lists`` when every other is a prefix of it (an add appends, so the lists one run recorded
     form a chain and the longest is the last); None when there are none. Two that diverge are one KGCError."""
     if not lists:
@@ -204,7 +204,7 @@ def kept_added(run_dir: Path, folder: Path, meta: dict | None, damaged_meta: str
     found = copies_of_record(run_dir)
     if listed is not None:
         found.append((f, listed))
-    newest = _newest(found, run_dir)
+    newest = _newest(found)
     if newest is None:
         if f.is_file():  # cut, and nothing to restore it from
             why = f"meta.json, which recorded it, is damaged too ({damaged_meta})" if damaged_meta is not None else \
