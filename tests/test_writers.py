@@ -37,12 +37,12 @@ ALLOWED: dict[tuple[str, str, str], str] = {
                                                                "TemporaryDirectory",
     ("training/trackers.py", "__init__", "sqlite"): "MLflow's own SQLite store (mlflow.db), in MLflow's "
                                                      "transactions",
-    ("tune.py", "__init__", "sqlite"): "Optuna's SQLite study (SQLite's own journal; a full disk under it is one "
+    ("tune/study.py", "__init__", "sqlite"): "Optuna's SQLite study (SQLite's own journal; a full disk under it is one "
                                        "message: kgc.tune)",
-    ("tune.py", "_tune", "sqlite"): "the same study's URL handed to the workers",
-    ("tune.py", "storage_error", "sqlite"): "the path read out of the study's URL to name its disk (no connection)",
-    ("tune.py", "mlflow_parent", "sqlite"): "MLflow's own SQLite store of a study's runs (STUDY/mlflow/mlflow.db)",
-    ("tune.py", "check_sqlite_storage", "sqlite"): "the study's SQLite file opened read-only (mode=ro) to check it "
+    ("tune/command.py", "_tune", "sqlite"): "the same study's URL handed to the workers",
+    ("tune/storage.py", "storage_error", "sqlite"): "the path read out of the study's URL to name its disk (no connection)",
+    ("training/study_trackers.py", "parent", "sqlite"): "MLflow's own SQLite store of a study's runs (STUDY/mlflow/mlflow.db)",
+    ("tune/storage.py", "check_sqlite_storage", "sqlite"): "the study's SQLite file opened read-only (mode=ro) to check it "
                                                    "before Optuna opens it: it writes nothing",
 }
 

@@ -26,18 +26,22 @@ metrics). Nothing here changes what a run computes.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import importlib.util
 import io
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from kgc.errors import KGCError
 from kgc.fileio import append_line, write_text
 from kgc.registry import TRACKERS
+
+from kgc.training.study_trackers import STUDY, mlflow_experiment
+
+if TYPE_CHECKING:
+    from kgc.training.study_trackers import StudyFacts, StudyTracking
 
 NOT_SCALARS = ("step", "epoch")
 
@@ -78,30 +82,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-STUDY: dict[str, Any] = {}  # a tuning study's trial being trained here: experiment, parent run, tags (kgc tune)
-
-
-def mlflow_experiment(client, name: str, artifacts: Path) -> str:
-    """The id of the MLflow experiment ``name`` in ``client``'s store, made (its artefacts under ``artifacts``) when
-    the store has none of that name: a kgc run's experiment and a ``kgc tune`` study's."""
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=artifacts.resolve().as_uri())
-
-
-@contextlib.contextmanager
-def study_trial(experiment: str, parent_run_id: str, uri: str, tags: dict[str, str]):
-    """While a ``kgc tune`` trial trains in this process: its MLflow run is a child of the study's parent run, in
-    the study's experiment and store, tagged with the trial's number and the study (so MLflow's table compares a
-    study's trials as one)."""
-    STUDY.update(experiment=experiment, parent=parent_run_id, uri=uri, tags=tags)
-    try:
-        yield
-    finally:
-        STUDY.clear()
-
-
 class Tracker:
     """One destination, registered in :data:`kgc.registry.TRACKERS` under its ``name`` (``@TRACKERS.register``; a
     plugin's through the ``kgc.trackers`` entry points). ``resume_step``: the step a resumed run restarts from
@@ -130,6 +110,12 @@ class Tracker:
     def after_evaluate(cls, run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
         """After ``kgc evaluate RUN`` of a run this tracker followed: its figures, where the tracker keeps them
         (nothing by default: a tracker of curves only)."""
+
+    @classmethod
+    def for_study(cls, study: "StudyFacts") -> "StudyTracking | None":
+        """A ``kgc tune`` study's record in this tracker (told of each trial and of the study's end), or None: a
+        tracker that keeps runs one by one (the default; MLflow keeps a study as a parent run)."""
+        return None
 
 
 @TRACKERS.register
@@ -199,6 +185,12 @@ class MLflowTracker(Tracker):
         if (run_dir / "mlflow" / "run_id").is_file():
             check_available([cls.name])
             cls(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
+
+    @classmethod
+    def for_study(cls, study: "StudyFacts") -> "StudyTracking":
+        from kgc.training.study_trackers import MLflowStudy
+
+        return MLflowStudy(study)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -403,6 +395,15 @@ def open_trackers(names: Iterable[str], run_dir: Path, params: dict[str, Any], *
     names = list(dict.fromkeys(names))
     check_available(names)
     return Trackers([TRACKERS[n](run_dir, params, title=title, resume_step=resume_step) for n in names])
+
+
+def study_trackings(names: Iterable[str], *, folder: Path, name: str, identity: dict[str, Any], metric: str,
+                    direction: str) -> list["StudyTracking"]:
+    """The records of one ``kgc tune`` study in the trackers ``names`` that keep studies (``Tracker.for_study``)."""
+    from kgc.training.study_trackers import StudyFacts
+
+    facts = StudyFacts(folder=Path(folder), name=name, identity=identity, metric=metric, direction=direction)
+    return [t for t in (TRACKERS[n].for_study(facts) for n in names) if t is not None]
 
 
 def log_results(names: Iterable[str], run_dir: Path, results_file: Path, metrics: dict[str, float]) -> None:
