@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kgc.errors import KGCError
-from kgc.registry import TASKS
+from kgc.registry import TASKS, lazy
 from kgc.training.task import BenchCommand, Param
 
 __all__ = ["BenchCommand", "Param", "bench_serve", "commands", "run_bench", "tables"]
 
 SERVE = BenchCommand(
-    "serve", "kgc.bench:bench_serve",
+    "serve", lazy("kgc.bench:bench_serve"),
     "Start `kgc serve RUN` on 127.0.0.1, drive it with N concurrent clients, report answers/s and latency.",
     (Param("run_dir", "path", help="a trained run (its index is built first if missing)", required=True),
      Param("clients", "ints", "1,8,32", ("--clients",), "concurrent clients, one row each"),
@@ -34,7 +34,7 @@ SERVE = BenchCommand(
      Param("threads", "int", None, ("--threads",), "the server's torch threads", min=1),
      Param("add", "int", 0, ("--add",), "then one more row: the most clients while one more adds this many entities "
                                         "(on a linked copy of RUN)", min=0)),
-    adapt="kgc.bench:serve_arguments", show="kgc.bench:show_serve")
+    adapt=lazy("kgc.bench:serve_arguments"), show=lazy("kgc.bench:show_serve"))
 
 
 def serve_arguments(values: dict[str, Any]) -> tuple[list, dict]:

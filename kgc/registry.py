@@ -5,8 +5,9 @@ A registry sits below everything that registers into it, so a lower layer can lo
 importing the layer that defines it: the recipe builds its unions (``model`` on ``conditioner``, a task's own,
 such as link prediction's ``index`` on ``type``) and checks ``train.trackers`` here, the data catalog asks a task to
 check a fetched folder. Members register themselves when their module is imported (``@CONDITIONERS.register``);
-on the first lookup a registry imports its built-in modules, named here — the one place that lists them (no
-import statement, so the layer contract in pyproject.toml sees no upward import) — and then every entry point of
+on the first lookup a registry imports its built-in modules, named here as ``lazy(...)`` references — the one
+place that lists them; the layer contract in pyproject.toml sees each as an edge from here and allows exactly
+these (a resolver loads its members, as entry points load plugins) — and then every entry point of
 its group (``kgc.conditioners``, ``kgc.index_types``, ``kgc.structures``, ``kgc.trackers``, ``kgc.tasks``,
 ``kgc.datasets``): another package adds a
 member by naming, in its own ``pyproject.toml``, a module that registers it or the member itself::
@@ -21,12 +22,12 @@ member by naming, in its own ``pyproject.toml``, a module that registers it or t
 
 from __future__ import annotations
 
-import importlib
 import types
 from collections.abc import Iterator, Mapping
 from typing import Callable, Generic, TypeVar
 
 from kgc.errors import KGCError
+from kgc.lazy import Lazy, lazy  # re-exported: kgc's modules take references by name from the resolver
 
 T = TypeVar("T")
 
@@ -61,7 +62,7 @@ class Registry(Mapping, Generic[T]):
         if not self._loaded:
             self._loaded = True  # first: a built-in module that looks itself up while importing does not recurse
             for module in self._builtins:
-                importlib.import_module(module)
+                Lazy(module).load()
             for point in plugins(self.group):
                 try:
                     self._plugin(point)
@@ -148,18 +149,18 @@ def plugins(group: str | None) -> list:
 
 
 # conditioners: kgc.conditioning.base.Conditioner subclasses (kgc/conditioning/<name>.py)
-CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", ("kgc.conditioning",), default="biencoder",
+CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", (lazy("kgc.conditioning"),), default="biencoder",
                                   group="kgc.conditioners")
 # tasks: kgc.training.task.Task subclasses, one package each (kgc/linkpred, kgc/csts)
-TASKS: Registry = Registry("task", "task", ("kgc.linkpred", "kgc.csts"), default="linkpred", group="kgc.tasks")
+TASKS: Registry = Registry("task", "task", (lazy("kgc.linkpred"), lazy("kgc.csts")), default="linkpred", group="kgc.tasks")
 # index types: kgc.linkpred.index.types.IndexType instances (flat, ivf, hnsw, ivfpq), each with its Options
-INDEX_TYPES: Registry = Registry("index type", "index.type", ("kgc.linkpred.index.types",), default="flat",
+INDEX_TYPES: Registry = Registry("index type", "index.type", (lazy("kgc.linkpred.index.types"),), default="flat",
                                  group="kgc.index_types")
 # trackers: kgc.training.trackers.Tracker subclasses (tensorboard, mlflow, csv, wandb)
-TRACKERS: Registry = Registry("tracker", "train.trackers", ("kgc.training.trackers",), group="kgc.trackers")
+TRACKERS: Registry = Registry("tracker", "train.trackers", (lazy("kgc.training.trackers"),), group="kgc.trackers")
 # datasets another package adds to the catalog: kgc.data.catalog.CatalogEntry instances (the built-in entries are
 # kgc.data.catalog.CATALOG, a task's own its Task.datasets(); all three are what `kgc data list` and fetch read)
 DATASETS: Registry = Registry("dataset", "data.dataset", (), group="kgc.datasets")
 # structural models beside the text model: kgc.linkpred.structure.kinds.StructureKind instances (pykeen, rules)
-STRUCTURES: Registry = Registry("structural model", "structure.model", ("kgc.linkpred.structure.kinds",),
+STRUCTURES: Registry = Registry("structural model", "structure.model", (lazy("kgc.linkpred.structure.kinds"),),
                                 default="pykeen", group="kgc.structures")

@@ -90,7 +90,9 @@ class CSTSTask(Task):
 
     @classmethod
     def public_names(cls):
-        return {"CSTSRun": "kgc.csts.run:CSTSRun"}
+        from kgc.registry import lazy
+
+        return {"CSTSRun": lazy("kgc.csts.run:CSTSRun")}
 
     @classmethod
     def datasets(cls) -> list:

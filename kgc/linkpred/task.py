@@ -146,8 +146,11 @@ class LinkPredTask(Task):
 
     @classmethod
     def public_names(cls):
-        return {"LinkPredRun": "kgc.linkpred.answer.run:LinkPredRun", "Answers": "kgc.linkpred.answer.topk:Answers",
-                "QueryOptions": "kgc.linkpred.answer.query:QueryOptions"}
+        from kgc.registry import lazy
+
+        return {"LinkPredRun": lazy("kgc.linkpred.answer.run:LinkPredRun"),
+                "Answers": lazy("kgc.linkpred.answer.topk:Answers"),
+                "QueryOptions": lazy("kgc.linkpred.answer.query:QueryOptions")}
 
     @classmethod
     def api_hooks(cls):

@@ -14,7 +14,6 @@ Adding a task is one package that defines both and registers the description in 
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -161,8 +160,9 @@ class Task(ABC):
 
     @classmethod
     def public_names(cls) -> dict[str, str]:
-        """Names ``import kgc`` and ``kgc.api`` offer for this task (``kgc.<name>``), each as ``"module:attribute"``,
-        imported on first use only (:func:`public_name`): its run class …"""
+        """Names ``import kgc`` and ``kgc.api`` offer for this task (``kgc.<name>``), each a
+        ``lazy("module:attribute")`` (:mod:`kgc.lazy`: the import graph sees it), imported on first use only
+        (:func:`public_name`): its run class …"""
         return {}
 
     # ------------------------------------------------------------ the memory estimate's figures
@@ -260,8 +260,9 @@ class Param:
 
 
 def _load(target: str) -> Callable:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    from kgc.registry import Lazy
+
+    return Lazy(target).load()
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,14 @@ class BenchCommand:
     params: tuple[Param, ...] = ()
     adapt: str | None = None
     show: str | None = None
+
+    def __post_init__(self) -> None:
+        from kgc.registry import Lazy
+
+        for key in ("target", "adapt", "show"):  # each a reference by name, checked now (kgc's own: lazy(...))
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, Lazy):
+                object.__setattr__(self, key, Lazy(value))
 
     def run(self, *args: Any, **options: Any) -> dict:
         """The figures: the target called with ``args`` and ``options`` as they are (the API's way in)."""
@@ -352,13 +361,12 @@ def public_name(name: str) -> Any:
     """The object a task offers as ``name`` (:meth:`Task.public_names`), imported now; None when no task does. The
     tasks that loaded are asked (a task plugin that fails to import is said where the tasks are used, not here: the
     CLI's imports ask this, and `kgc --help` must answer)."""
-    import importlib
+    from kgc.registry import Lazy
 
     for task in TASKS.lenient().values():
         where = task.public_names().get(name)
         if where is not None:
-            module, _, attribute = where.partition(":")
-            return getattr(importlib.import_module(module), attribute)
+            return Lazy(where).load()
     return None
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from kgc.training.task import BenchCommand, Param
 from kgc.errors import KGCError
+from kgc.registry import lazy
+from kgc.training.task import BenchCommand, Param
 
 SPEED = "kgc.linkpred.bench.speed"
 SETS = Param("overrides", "repeat", [], ("--set",), "a recipe key, e.g. --set train.lr=3e-5 (repeatable)")
@@ -22,22 +23,23 @@ def _recipe(example: str) -> Param:
 
 COMMANDS = (
     BenchCommand(
-        "inference", f"{SPEED}:bench_inference",
+        "inference", lazy(f"{SPEED}:bench_inference"),
         "Answer every test query (both directions) per conditioner, entity embeddings cached.",
         (Param("dataset", "str", "wn18rr", ("--dataset",)),
          Param("conditioners", "repeat", [], ("--conditioner",), "repeatable (default: every registered one); "
                "options after a colon, e.g. router:cross_attend=top,router_layers=2"),
          Param("limit", "int", None, ("--limit",), "only the first N test triples"), SETS, PROGRESS),
-        show=f"{__name__}:show_inference"),
+        show=lazy(f"{__name__}:show_inference")),
     BenchCommand(
-        "train", f"{SPEED}:bench_train", "Training triples/s: full fine-tuning vs the top n layers over the layer cache.",
+        "train", lazy(f"{SPEED}:bench_train"),
+        "Training triples/s: full fine-tuning vs the top n layers over the layer cache.",
         (_recipe("recipes/wn18rr_csr.yaml"),
          Param("trainable_layers", "int", 2, ("--trainable-layers",)),
          Param("steps", "int", 5, ("--steps",)), Param("batch_size", "int", 32, ("--batch-size",)), SETS,
          Param("full", "flag", True, ("--full/--no-full",), "--no-full: only the top-n row (a recipe's own pace), "
                                                              "no speed-up"))),
     BenchCommand(
-        "precision", "kgc.linkpred.bench.precision:bench_precision",
+        "precision", lazy("kgc.linkpred.bench.precision:bench_precision"),
         "fp32 and bf16 side by side, alternating: the matrix rate at the model's shapes (the limit), training "
         "triples/s and the share of the limit a step reaches, entities and queries encoded per second, and with "
         "--mrr-steps the test MRR after equal steps; the CPU's model and flags.",
@@ -50,7 +52,7 @@ COMMANDS = (
          Param("profile", "flag", False, ("--profile/--no-profile",), "the top operators of a step each way "
                                                                       "(torch.profiler)"), SETS)),
     BenchCommand(
-        "grail", "kgc.linkpred.bench.grail:bench_grail",
+        "grail", lazy("kgc.linkpred.bench.grail:bench_grail"),
         "GraIL's inductive splits: each trained on its training graph, its inference graph ranked both ways (every "
         "entity; 50 sampled candidates), beside PageRank, rules mined on the inference graph and text + rules; "
         "seconds and query cost. Writes RUNS/inductive.json and RUNS/inductive.md.",
@@ -62,24 +64,24 @@ COMMANDS = (
          Param("negatives", "int", 50, ("--negatives",), "candidates per side in GraIL's protocol", min=2),
          Param("seed", "int", 0, ("--seed",), "the draws' seed", min=0), SETS, PROGRESS)),
     BenchCommand(
-        "loss", f"{SPEED}:bench_loss",
+        "loss", lazy(f"{SPEED}:bench_loss"),
         "The objective alone: false-negative masks by binary search (training's) against torch.isin, s/step.",
         (_recipe("recipes/wn18rr_laptop.yaml"), Param("steps", "int", 20, ("--steps",), min=1),
          Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
     BenchCommand(
-        "inputs", f"{SPEED}:bench_inputs",
+        "inputs", lazy(f"{SPEED}:bench_inputs"),
         "The host's share of a training step: a batch's inputs one entity at a time, as built before in the step, "
         "and prepared a step ahead; then steps with a tiny BERT, inputs in the step against prefetched.",
         (_recipe("recipes/wn18rr_biencoder.yaml"), Param("steps", "int", 10, ("--steps",), min=1),
          Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
     BenchCommand(
-        "rules", f"{SPEED}:bench_rules",
+        "rules", lazy(f"{SPEED}:bench_rules"),
         "Mined rules scoring a split's queries: per-relation tables (small graphs) against per-batch rows, s.",
         (_recipe("recipes/umls_biencoder.yaml (its data: and structure: sections, structure.model=rules)"),
          Param("split", "str", "test", ("--split",), "test, dev or train: whose queries are scored"),
          Param("batch_size", "int", 64, ("--batch-size",), min=1), SETS)),
     BenchCommand(
-        "structure", f"{SPEED}:bench_structure",
+        "structure", lazy(f"{SPEED}:bench_structure"),
         "PyKEEN alone on its own copy of the dataset (its pipeline, the recipe's structure: settings): test MRR and "
         "Hits@k beside kgc's structure-only and fused rows.",
         (Param("recipe_path", "path", help="a recipe with a structure: section, on a dataset PyKEEN ships (umls, "
@@ -87,9 +89,9 @@ COMMANDS = (
          Param("seeds", "ints", "0", ("--seeds",), "comma-separated seeds; the table shows the mean", min=0),
          Param("run", "path", None, ("--run",), "a run of the recipe, evaluated: its text, structure and fused rows "
                                                 "beside PyKEEN's"), SETS, PROGRESS),
-        adapt=f"{__name__}:structure_arguments", show=f"{__name__}:show_structure"),
+        adapt=lazy(f"{__name__}:structure_arguments"), show=lazy(f"{__name__}:show_structure")),
     BenchCommand(
-        "index", f"{SPEED}:bench_index",
+        "index", lazy(f"{SPEED}:bench_index"),
         "Index types on synthetic clustered unit vectors: build time, size, queries/s, recall@10 vs exact.",
         (Param("entities", "int", 1_000_000, ("--entities",), min=1), Param("dim", "int", 384, ("--dim",), min=1),
          Param("queries", "int", 1000, ("--queries",), min=1),
@@ -105,9 +107,9 @@ COMMANDS = (
          Param("seed", "int", 0, ("--seed",)),
          Param("threads", "int", None, ("--threads",), "FAISS threads (default: every core)", min=1),
          Param("repeats", "int", 3, ("--repeats",), "searches per setting; the fastest counts", min=1)),
-        adapt=f"{__name__}:index_arguments", show=f"{__name__}:show_index"),
+        adapt=lazy(f"{__name__}:index_arguments"), show=lazy(f"{__name__}:show_index")),
     BenchCommand(
-        "scale", "kgc.linkpred.bench.scale:bench_scale",
+        "scale", lazy("kgc.linkpred.bench.scale:bench_scale"),
         "The whole path at each size: generate a graph, then check, tokenise, train a few steps, index, evaluate, "
         "serve (head by name) and add entities, each stage its own process: wall time, peak RSS, bytes per entity, "
         "growth.",
@@ -141,7 +143,7 @@ COMMANDS = (
          Param("seed", "int", 0, ("--seed",)), Param("plot", "path", None, ("--plot",), "a PNG of time and memory per "
                                                                                        "stage"),
          Param("out", "path", None, ("--json", "--out"), "write the figures as JSON")),
-        adapt=f"{__name__}:scale_arguments", show=f"{__name__}:show_scale"),
+        adapt=lazy(f"{__name__}:scale_arguments"), show=lazy(f"{__name__}:show_scale")),
 )
 
 

@@ -27,7 +27,7 @@ import torch
 
 from kgc.data.graph import load_graph
 from kgc.encoding.backbone import resolve_backbone
-from kgc.encoding.precision import autocast, bf16_hardware, describe_cpu
+from kgc.encoding.precision import bf16_hardware, describe_cpu
 from kgc.recipe import load_recipe
 from kgc.training.common import make_optimizer, seed_everything
 from kgc.training.task import task_class
