@@ -148,13 +148,13 @@ def test_link_prediction_owns_its_model_keys(tmp_path):
 OLD = json.loads((ROOT / "tests" / "data" / "runs_at_efc2a8e.json").read_text())
 
 
-def _digest(path: Path) -> dict:
+def _make_runs():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("make_runs", ROOT / "tests" / "data" / "make_runs_at_efc2a8e.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.digest(path)
+    return module
 
 
 @pytest.mark.parametrize("case", sorted(OLD["cases"]))
@@ -164,7 +164,6 @@ def test_a_run_saved_at_efc2a8e_loads_and_answers_the_same(case, toy, tiny_bert,
     commit wrote them (recipe.yaml, train_summary.json but its record of best.pt's bytes, the index's meta, the
     rules) replace today's, and the run loads, answers the same top 3 and evaluates to the same MRR."""
     import kgc
-    from kgc.encoding.precision import cpu_info
     from kgc.recipe import load_recipe
     from kgc.training.loop import train
 
@@ -173,10 +172,11 @@ def test_a_run_saved_at_efc2a8e_loads_and_answers_the_same(case, toy, tiny_bert,
     recipe = load_recipe(None, [f"data.path={toy}", f"model.backbone={tiny_bert}"] + OLD["common"] + before["sets"]
                          + [f"name={case}"])
     train(recipe, out=run, progress=False, echo=lambda m: None)
-    if OLD.get("cpu_model") == cpu_info()["model"]:  # the weights efc2a8e wrote, every tensor and entry: bit for bit on the CPU
-        assert _digest(run / "best.pt") == before["best"]  # that wrote them (another CPU's kernels round otherwise)
-    else:  # the same tensors at least, and below: the same answers and MRR
-        assert {k: v[:2] for k, v in _digest(run / "best.pt")["model"].items()} == \
+    make_runs = _make_runs()
+    if OLD["cpu"] == make_runs.cpu_key():  # the weights efc2a8e wrote, every tensor and entry: bit for bit on a CPU
+        assert make_runs.digest(run / "best.pt") == before["best"]  # of the model and kernel flags that wrote them
+    else:  # another CPU's kernels round otherwise: the same tensors at least, and below: the same answers and MRR
+        assert {k: v[:2] for k, v in make_runs.digest(run / "best.pt")["model"].items()} == \
             {k: v[:2] for k, v in before["best"]["model"].items()}
     files_now = json.loads((run / "train_summary.json").read_text())["files"]
     for name, text in before["files"].items():  # the run as efc2a8e left it, with this machine's paths

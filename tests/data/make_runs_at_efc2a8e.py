@@ -32,6 +32,24 @@ def digest(path: Path) -> dict:
     return one(torch.load(path, map_location="cpu", weights_only=False))
 
 
+# the flags that choose torch's CPU kernels: "AMD EPYC" names Zen 3 (AVX2) and Zen 4 (AVX-512) alike, whose kernels
+# round differently, so the digests are bit for bit only on the model name *and* these flags that recorded them
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                "amx_bf16", "amx_int8")
+
+
+def cpu_key() -> str:
+    """This CPU as the digests depend on it: its model name and which of KERNEL_FLAGS it reports."""
+    model, flags = "", set()
+    for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return " ".join([model] + [f for f in KERNEL_FLAGS if f in flags])
+
+
 def text_files(run: Path) -> dict:
     keep = ["recipe.yaml", "train_summary.json", "metrics.jsonl", "ranks.tsv", "index/meta.json"]
     keep += sorted(str(p.relative_to(run)) for p in (run / "structure").glob("*") if p.suffix in (".json", ".tsv"))
@@ -59,9 +77,7 @@ def main() -> None:
              "hadamard_shared": ["model.conditioner=hadamard", "model.shared_towers=true", "model.tail_map_rank=2"],
              "hypernet_rules": ["model.conditioner=hypernet", "structure.model=rules"]}
     shutil.rmtree(out, ignore_errors=True); out.mkdir(parents=True)
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "")  # the digests are bit for bit this CPU's kernels
-    record = {"commit": "efc2a8e", "common": COMMON, "cases": {}, "cpu_model": model}
+    record = {"commit": "efc2a8e", "common": COMMON, "cases": {}, "cpu": cpu_key()}  # bit for bit: this CPU's kernels
     for case, sets in CASES.items():
         run = out / case
         recipe = load_recipe(None, [f"data.path={toy}", f"model.backbone={bert}"] + COMMON + sets + [f"name={case}"])
