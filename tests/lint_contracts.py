@@ -5,6 +5,7 @@ built-in contract does."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
@@ -14,11 +15,18 @@ from importlinter.contracts.layers import LayersContract
 PACKAGE = Path(__file__).resolve().parents[1] / "kgc"
 
 
+@functools.cache
+def kgc_references() -> tuple:
+    """kgc's lazy references, read from its source once per process (import-linter checks each contract on its own
+    copy of the graph)."""
+    from kgc.lazy import references
+
+    return tuple(references(PACKAGE))
+
+
 def add_lazy_edges(graph, references=None) -> int:
     """Add each lazy reference of kgc (or ``references``) to ``graph`` as an import; returns how many."""
-    from kgc.lazy import references as read
-
-    refs = read(PACKAGE) if references is None else references
+    refs = kgc_references() if references is None else references
     for ref in refs:
         for module in (ref.importer, ref.imported):
             if module not in graph.modules:

@@ -215,13 +215,12 @@ def rooms_and_arrows() -> tuple[set[str], set[tuple[str, str]]]:
     importing another (any import in any of its modules, function-level ones included, and any lazy reference)."""
     import grimp
 
-    from kgc.lazy import references
-    from tests.lint_contracts import add_lazy_edges
+    from tests.lint_contracts import add_lazy_edges, kgc_references
 
     graph = grimp.build_graph("kgc", cache_dir=None)
     # and every lazy("module:attr") reference, but the resolver's own (kgc.registry loading each family's built-ins,
     # the edges pyproject.toml's contracts allow by name)
-    add_lazy_edges(graph, [r for r in references(PACKAGE) if r.importer != "kgc.registry"])
+    add_lazy_edges(graph, [r for r in kgc_references() if r.importer != "kgc.registry"])
 
     def room(module: str) -> str:
         return ".".join(module.split(".")[:2])
@@ -320,7 +319,6 @@ def test_kgc_bench_is_generated_from_what_the_tasks_contribute():
     import kgc.api
     from kgc.cli import app
     from kgc.cli.bench import _parsed
-    from kgc.training.task import _load
 
     specs = kgc.api.bench_commands()
     assert {"serve", "inference", "train", "loss", "inputs", "rules", "structure", "index", "scale"} <= set(specs)
@@ -330,12 +328,12 @@ def test_kgc_bench_is_generated_from_what_the_tasks_contribute():
         values = {p.name: (Path("x") if p.required else p.default) for p in spec.params}
         parsed = _parsed(spec.params, values)
         if spec.adapt:
-            args, kwargs = _load(spec.adapt)(parsed)
+            args, kwargs = spec.adapt.load()(parsed)
         else:
             positional = [p.name for p in spec.params if not p.flags]
             args, kwargs = [parsed[n] for n in positional], {k: v for k, v in parsed.items() if k not in positional}
         kwargs.pop("out", None)
-        inspect.signature(_load(spec.target)).bind(*args, **kwargs, echo=print)  # TypeError: a lost option
+        inspect.signature(spec.target.load()).bind(*args, **kwargs, echo=print)  # TypeError: a lost option
         helped = CliRunner().invoke(app, ["bench", name, "--help"], terminal_width=400).stdout
         for p in spec.params:
             for flag in p.flags:

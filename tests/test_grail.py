@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def test_a_split_is_its_training_graph_and_an_inference_graph_with_texts(name, c
 
 def test_a_lookup_trusts_the_stamp_until_a_text_file_changes(cache, data_home, tmp_path, monkeypatch):
     """A second lookup of a built split hashes no text file (their size and time are the stamp's); a text file
-    rewritten since (another time) is hashed again, and a changed text rebuilds the split with it."""
+    touched since (another time, the same contents) is hashed once and its new time recorded, so the lookups after
+    trust the stamp again; a changed text rebuilds the split with it."""
     from kgc.data import grail
     from kgc.data.catalog import find_dataset
 
@@ -79,6 +81,14 @@ def test_a_lookup_trusts_the_stamp_until_a_text_file_changes(cache, data_home, t
     assert find_dataset("grail-wn18rr-v1")[0] == folder
     assert "WN18RR" not in hashed and (folder / "grail.json").stat().st_mtime_ns == stamp
     texts = home / "WN18RR" / "entity2text.txt"
+    os.utime(texts, ns=(texts.stat().st_atime_ns, texts.stat().st_mtime_ns + 10**9))  # touched: the same contents
+    find_dataset("grail-wn18rr-v1")  # hashed once, the split kept, the new time recorded in its stamp
+    assert hashed.count("WN18RR") == 1 and (folder / "grail.json").stat().st_mtime_ns != stamp
+    assert (folder / "entity2text.txt").stat().st_mtime_ns < stamp + 1  # not rebuilt
+    assert json.loads((folder / "grail.json").read_text())["stats"][str(texts)][1] == texts.stat().st_mtime_ns
+    hashed.clear()
+    find_dataset("grail-wn18rr-v1")  # and trusted again from then on
+    assert "WN18RR" not in hashed
     lines = texts.read_text().splitlines(keepends=True)
     own = {line.split("\t")[0] for line in (folder / "entity2text.txt").read_text().splitlines()}
     first = next(i for i, line in enumerate(lines) if line.split("\t")[0] in own)

@@ -24,7 +24,9 @@ grail-wn18rr-v1`` downloads the six files of a split into ``$KGC_DATA_HOME/GraIL
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -157,12 +159,15 @@ def split_folder(name: str, homes: list[Path], find: Callable[[str], tuple[Path,
     texts_dir, _ = find(GRAPHS[kg][1])
     target = cache_home() / "datasets" / name
     have = _read_stamp(target / "grail.json") or {}
-    paths = [texts_dir / f for f in (*TEXTS, "relation2text.txt") if (texts_dir / f).is_file()]
-    stats = {str(p): _stat(p) for p in paths}
+    found = {texts_dir / f: _stat(texts_dir / f) for f in (*TEXTS, "relation2text.txt")}
+    found = {p: st for p, st in found.items() if st is not None}
+    stats = {str(p): [st.st_size, st.st_mtime_ns, st.st_ino] for p, st in found.items()}
     stamp = {"format": FORMAT, "split": name,
              "sources": {str(p / f): SHA256[f"{p.name}/{f}"] for p in (train_dir, ind_dir) for f in FILES},
-             "texts": {str(p): _digest(p, stats[str(p)], have) for p in paths}}
+             "texts": {str(p): _digest(p, st, stats[str(p)], have) for p, st in found.items()}}
     if {k: have.get(k) for k in stamp} == stamp:
+        if have.get("stats") != stats:  # the same contents, touched or copied (or a cache from before "stats"):
+            write_json(target / "grail.json", {**have, "stats": stats})  # recorded, so the next lookup trusts it
         return target
     graphs = {"train": {f: _triples(train_dir / f) for f in FILES}, "inference": {f: _triples(ind_dir / f) for f in FILES}}
     entities = {g: sorted({e for rows in t.values() for h, _, tl in rows for e in (h, tl)}) for g, t in graphs.items()}
@@ -197,17 +202,22 @@ def split_folder(name: str, homes: list[Path], find: Callable[[str], tuple[Path,
     return target
 
 
-def _stat(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
+def _stat(path: Path) -> os.stat_result | None:
+    """The file's stat, or None where it is not a file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
 
 
-def _digest(path: Path, stat: list[int], have: dict) -> str:
-    """The sha256 of a text file the cached split was built from: read from its stamp while the file's size and
-    modification time are those it recorded (WN18RR's entity2text is 4 MB, hashed otherwise at every lookup)."""
-    if (have.get("stats") or {}).get(str(path)) == stat and str(path) in (have.get("texts") or {}):
+def _digest(path: Path, st: os.stat_result, recorded: list[int], have: dict) -> str:
+    """The sha256 of a text file the cached split was built from: read from its stamp while the file's size,
+    modification time and inode (``recorded``) are those it recorded (WN18RR's entity2text is 4 MB, hashed
+    otherwise at every lookup)."""
+    if (have.get("stats") or {}).get(str(path)) == recorded and str(path) in (have.get("texts") or {}):
         return have["texts"][str(path)]
-    return sha256_cached(path)
+    return sha256_cached(path, st)
 
 
 def fetch(name: str, home: Path, echo=print) -> Path:

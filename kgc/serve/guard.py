@@ -72,8 +72,9 @@ def guarded_protocol(limits: Limits):
             self._arm(limits.head_timeout)
 
         def send_400_response(self, msg: str) -> None:  # h11 refused the bytes (a bad or too long head): JSON too
-            body = json.dumps({"detail": f"{msg.rstrip('.')}: not a valid HTTP/1.1 request (its request line or "
-                                         f"headers; at most {limits.max_header:,} bytes of them)"}).encode()
+            detail = (f"{msg.rstrip('.')}: not a valid HTTP/1.1 request (its request line or headers; at most "
+                      f"{limits.max_header:,} bytes of them)")
+            body = json.dumps({"detail": detail}).encode()
             headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                        (b"connection", b"close")]
             try:
@@ -81,7 +82,7 @@ def guarded_protocol(limits: Limits):
                               h11.Data(data=body), h11.EndOfMessage()):
                     self.transport.write(self.conn.send(event))
             except h11.LocalProtocolError:  # h11 cannot answer in the state it is in: written as bytes
-                self.transport.write(_json(400, b"Bad Request", json.loads(body)["detail"]))
+                self.transport.write(_json(400, b"Bad Request", detail))
             self.transport.close()
 
         # -- the caps: past one, the connection waiting the longest (idle, or its head or body still arriving)

@@ -15,8 +15,6 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 def _json_response():
     """JSONResponse whose body is always valid UTF-8 JSON: a lone surrogate a client sent (``"\\ud800"``) and a
     message repeats is written back as the same escape, never a 500 from the encoder."""
-    import json
-
     from fastapi.responses import JSONResponse
 
     class SafeJSON(JSONResponse):
@@ -25,6 +23,16 @@ def _json_response():
                               separators=(",", ":")).encode("utf-8", "backslashreplace")
 
     return SafeJSON
+
+
+async def _reply(send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    """An ASGI reply of ``{"detail": detail}`` as JSON, before (or instead of) the app: every refusal here."""
+    body = json.dumps({"detail": detail}).encode()
+    extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *extra]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _short(value: Any, most: int = 80) -> Any:
@@ -54,11 +62,8 @@ class _TrustedHosts:
         host = self.host_of(raw)
         if host in self.allowed:
             return await self.app(scope, receive, send)
-        body = json.dumps({"detail": f"Invalid host header {_short(raw, 60)!r}: this server answers "
-                                     f"{', '.join(sorted(self.allowed))}"}).encode()
-        await send({"type": "http.response.start", "status": 400,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await _reply(send, 400, f"Invalid host header {_short(raw, 60)!r}: this server answers "
+                                f"{', '.join(sorted(self.allowed))}")
 
 
 def trusted_hosts_for(host: str) -> list[str] | None:
@@ -85,30 +90,20 @@ class _LimitBodies:
         self.app, self.limits, self.stopping = app, limits, stopping
         self.in_flight = 0  # requests being answered (the event loop's thread alone counts them)
 
-    async def _reply(self, send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        import json
-
-        body = json.dumps({"detail": detail}).encode()
-        extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                *extra]})
-        await send({"type": "http.response.body", "body": body})
-
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         stopping = (503, "the server is stopping; send the request again once it is back",
                     {"retry-after": "5", "connection": "close"})
         if self.stopping.is_set() and scope.get("path") != "/health":
-            return await self._reply(send, *stopping)
+            return await _reply(send, *stopping)
         body = await self._read_body(scope, receive, send)  # before a slot is taken: a slow body holds none
         if body is None:
             return  # answered (400, 408, 413), or the client left
         if self.stopping.is_set() and scope.get("path") != "/health":
-            return await self._reply(send, *stopping)
+            return await _reply(send, *stopping)
         if self.in_flight >= self.limits.max_requests:
-            return await self._reply(send, 503, f"this server is answering {self.limits.max_requests} requests, the "
+            return await _reply(send, 503, f"this server is answering {self.limits.max_requests} requests, the "
                                                 "most it takes at once (kgc serve --max-requests); try again shortly",
                                      {"retry-after": "1"})
         self.in_flight += 1
@@ -128,10 +123,10 @@ class _LimitBodies:
             try:
                 declared = int(length)
             except ValueError:
-                await self._reply(send, 400, "Content-Length is not a number", {"connection": "close"})
+                await _reply(send, 400, "Content-Length is not a number", {"connection": "close"})
                 return None
             if declared > most:
-                await self._reply(send, 413, f"the request body has {declared:,} bytes; this server takes at most "
+                await _reply(send, 413, f"the request body has {declared:,} bytes; this server takes at most "
                                              f"{most:,} (kgc serve --max-body-mb). Split it into smaller requests.",
                                   {"connection": "close"})
                 return None
@@ -142,7 +137,7 @@ class _LimitBodies:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
-                await self._reply(send, 408, f"the request body did not arrive within {self.limits.body_timeout:g}s",
+                await _reply(send, 408, f"the request body did not arrive within {self.limits.body_timeout:g}s",
                                   {"connection": "close"})
                 return None
             if message["type"] != "http.request":  # http.disconnect
@@ -150,7 +145,7 @@ class _LimitBodies:
             chunk = message.get("body", b"")
             received += len(chunk)
             if received > most:
-                await self._reply(send, 413, f"the request body passed {most:,} bytes, the most this server takes "
+                await _reply(send, 413, f"the request body passed {most:,} bytes, the most this server takes "
                                              "(kgc serve --max-body-mb). Split it into smaller requests.",
                                   {"connection": "close"})
                 return None

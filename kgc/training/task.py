@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from kgc.errors import KGCError
 from kgc.recipe import Recipe
-from kgc.registry import TASKS
+from kgc.registry import TASKS, Lazy
 
 if TYPE_CHECKING:
     import numpy as np
@@ -126,6 +126,13 @@ class Task(ABC):
     def explain_request(cls) -> Any:
         """The pydantic model of ``POST /explain``'s body: its fields are the keywords of the run's
         ``explain_inputs`` (None: the server offers no ``/explain``)."""
+        return None
+
+    @classmethod
+    def evaluation_options(cls) -> Any:
+        """The pydantic model of the keywords its run's ``evaluation(split, **options)`` takes beyond the split,
+        ``batch_size`` and ``progress`` (None: none): ``kgc evaluate``'s flags are its fields, every task's together.
+        Import nothing heavy here: ``kgc --help`` reads it."""
         return None
 
     @classmethod
@@ -259,12 +266,6 @@ class Param:
             raise KGCError(f"bench parameter {self.name}: kind {self.kind!r}, not one of {', '.join(KINDS)}")
 
 
-def _load(target: str) -> Callable:
-    from kgc.registry import Lazy
-
-    return Lazy(target).load()
-
-
 @dataclass(frozen=True)
 class BenchCommand:
     """``kgc bench NAME``: ``target`` (``"module:function"``) measures and returns the figures (a JSON-able dict;
@@ -274,15 +275,13 @@ class BenchCommand:
     positional arguments in order, the options as keywords); ``show`` (optional) prints the result after the
     target's own lines: ``show(result, values, echo)``."""
     name: str
-    target: str
+    target: Lazy  # each given as a Lazy or its text (a plugin's "module:function"), kept as a Lazy
     help: str
     params: tuple[Param, ...] = ()
-    adapt: str | None = None
-    show: str | None = None
+    adapt: Lazy | None = None
+    show: Lazy | None = None
 
     def __post_init__(self) -> None:
-        from kgc.registry import Lazy
-
         for key in ("target", "adapt", "show"):  # each a reference by name, checked now (kgc's own: lazy(...))
             value = getattr(self, key)
             if value is not None and not isinstance(value, Lazy):
@@ -290,20 +289,20 @@ class BenchCommand:
 
     def run(self, *args: Any, **options: Any) -> dict:
         """The figures: the target called with ``args`` and ``options`` as they are (the API's way in)."""
-        return _load(self.target)(*args, **options)
+        return self.target.load()(*args, **options)
 
     def call(self, values: dict[str, Any], echo: Callable[[str], None]) -> dict:
         """The figures for the command line's parsed ``values`` (``out`` aside), shown with ``echo``."""
         values = {k: v for k, v in values.items() if k != "out"}
         if self.adapt:
-            args, kwargs = _load(self.adapt)(values)
+            args, kwargs = self.adapt.load()(values)
         else:
             positional = [p.name for p in self.params if not p.flags]
             args = [values[n] for n in positional]
             kwargs = {k: v for k, v in values.items() if k not in positional}
         result = self.run(*args, **kwargs, echo=echo)
         if self.show:
-            _load(self.show)(result, values, echo)
+            self.show.load()(result, values, echo)
         return result
 
 
@@ -361,8 +360,6 @@ def public_name(name: str) -> Any:
     """The object a task offers as ``name`` (:meth:`Task.public_names`), imported now; None when no task does. The
     tasks that loaded are asked (a task plugin that fails to import is said where the tasks are used, not here: the
     CLI's imports ask this, and `kgc --help` must answer)."""
-    from kgc.registry import Lazy
-
     for task in TASKS.lenient().values():
         where = task.public_names().get(name)
         if where is not None:

@@ -32,16 +32,12 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from kgc.errors import KGCError
 from kgc.fileio import append_line, write_text
 from kgc.registry import TRACKERS
-
-from kgc.training.study_trackers import STUDY, mlflow_experiment
-
-if TYPE_CHECKING:
-    from kgc.training.study_trackers import StudyFacts, StudyTracking
+from kgc.training.study_trackers import STUDY, MLflowStudy, StudyFacts, StudyTracking, mlflow_experiment
 
 NOT_SCALARS = ("step", "epoch")
 
@@ -112,7 +108,7 @@ class Tracker:
         (nothing by default: a tracker of curves only)."""
 
     @classmethod
-    def for_study(cls, study: "StudyFacts") -> "StudyTracking | None":
+    def for_study(cls, study: StudyFacts) -> StudyTracking | None:
         """A ``kgc tune`` study's record in this tracker (told of each trial and of the study's end), or None: a
         tracker that keeps runs one by one (the default; MLflow keeps a study as a parent run)."""
         return None
@@ -187,9 +183,7 @@ class MLflowTracker(Tracker):
             cls(run_dir, {}, title="", resume_step=0).results(results_file, metrics)
 
     @classmethod
-    def for_study(cls, study: "StudyFacts") -> "StudyTracking":
-        from kgc.training.study_trackers import MLflowStudy
-
+    def for_study(cls, study: StudyFacts) -> StudyTracking:
         return MLflowStudy(study)
 
     def __init__(self, *args, **kwargs) -> None:
@@ -398,10 +392,8 @@ def open_trackers(names: Iterable[str], run_dir: Path, params: dict[str, Any], *
 
 
 def study_trackings(names: Iterable[str], *, folder: Path, name: str, identity: dict[str, Any], metric: str,
-                    direction: str) -> list["StudyTracking"]:
+                    direction: str) -> list[StudyTracking]:
     """The records of one ``kgc tune`` study in the trackers ``names`` that keep studies (``Tracker.for_study``)."""
-    from kgc.training.study_trackers import StudyFacts
-
     facts = StudyFacts(folder=Path(folder), name=name, identity=identity, metric=metric, direction=direction)
     return [t for t in (TRACKERS[n].for_study(facts) for n in names) if t is not None]
 

@@ -9,7 +9,7 @@ from typing import Callable
 
 from kgc.errors import KGCError
 from kgc.recipe import Recipe, load_recipe
-from kgc.tune.objective import _fmt
+from kgc.tune.space import format_value
 from kgc.tune.storage import STUDY_DB, storage_error
 from kgc.tune.study import Study
 from kgc.tune.workers import _workers
@@ -69,7 +69,7 @@ def _tune(recipe: str | Path, base: Recipe, folder: Path, *, trials: int | None,
     if summary["best"]:
         b = summary["best"]
         echo(f"best: trial {b['trial']}, {study.metric} {b['value']:.4f}: "
-             + ", ".join(f"{k}={_fmt(v)}" for k, v in b["params"].items()))
+             + ", ".join(f"{k}={format_value(v)}" for k, v in b["params"].items()))
         echo(f"wrote {b['recipe']}: kgc train {b['recipe']}")
     redrawn = f", {summary['redrawn']} draws redrawn" if summary["redrawn"] else ""
     echo(f"{summary['complete']} complete, {summary['pruned']} pruned, {summary['failed']} failed{redrawn}; "

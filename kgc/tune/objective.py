@@ -11,7 +11,7 @@ from typing import Any
 from kgc.errors import KGCError
 from kgc.recipe import resolve_recipe
 from kgc.tune.budget import budget_overrides, report_steps
-from kgc.tune.space import suggest
+from kgc.tune.space import format_value, suggest
 
 
 class DuplicatePoint(Exception):
@@ -24,10 +24,6 @@ class Surplus(DuplicatePoint):
     make the number asked (Optuna's MaxTrialsCallback counts only at a trial's end, so ``--trials 2 --jobs 2`` ran
     3): it trains nothing, stops its worker, and is left out of the study's outputs. A process on its own (no
     ``--jobs``) never counts running trials: one left RUNNING by a process that died is not a worker."""
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def run_trial(study: Any, trial) -> float:
@@ -64,7 +60,7 @@ def run_trial(study: Any, trial) -> float:
         import shutil
 
         shutil.rmtree(out)
-    study.echo(f"trial {trial.number}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+    study.echo(f"trial {trial.number}: " + ", ".join(f"{k}={format_value(v)}" for k, v in values.items()))
     last = recipe.train.max_steps  # the budget's last step (None: a budget in minutes)
     start = time.perf_counter()
     best: list[float] = []  # the trial's best dev figure so far (in the study's direction)

@@ -13,7 +13,7 @@ import yaml
 from kgc.fileio import write_text, write_with
 from kgc.recipe import resolve_recipe
 from kgc.tune.budget import _budget_text
-from kgc.tune.objective import _fmt
+from kgc.tune.space import format_value
 
 
 def write_outputs(study: Any) -> dict:
@@ -63,7 +63,7 @@ def best_recipe_text(study: Any, params: dict, value: float, number: int) -> str
     tree.pop("tune", None)
     head = (f"# kgc tune {study.recipe_path} → trial {number} of {study.folder}: best "
             f"{study.metric} {value:.4f} at {_budget_text(study.budget, study.task.unit)}\n"
-            f"# {', '.join(f'{k}={_fmt(v)}' for k, v in params.items())}\n")
+            f"# {', '.join(f'{k}={format_value(v)}' for k, v in params.items())}\n")
     return head + yaml.safe_dump(tree, sort_keys=False)
 
 
@@ -114,5 +114,5 @@ def _markdown(rows: list[dict], metric: str) -> str:
     head = ["trial", "state", metric, "steps", *keys[4:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:  # in the caller's order: best first
-        lines.append("| " + " | ".join("" if r[k] is None else _fmt(r[k]) for k in keys) + " |")
+        lines.append("| " + " | ".join("" if r[k] is None else format_value(r[k]) for k in keys) + " |")
     return "\n".join(lines) + "\n"

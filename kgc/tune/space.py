@@ -12,6 +12,11 @@ from kgc.errors import KGCError
 from kgc.recipe import ParamRange, Recipe
 
 
+def format_value(v: Any) -> str:
+    """A drawn value as trial lines, trials.md and best.yaml show it (floats to 4 significant digits)."""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def grid_points(space: dict[str, ParamRange]) -> dict[str, list] | None:
     """Every value of each parameter when the space is a grid (choices, int ranges, float ranges with a step);
     None when a parameter is a continuous range."""

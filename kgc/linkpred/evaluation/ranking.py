@@ -198,6 +198,26 @@ def record_ranks(evaluator: "RankBasedEvaluator", target: str, ranks: "Ranks", n
     evaluator.num_candidates[target].append(ranks.number_of_options.detach().cpu().numpy())
 
 
+def rank_dense(graph: KnowledgeGraph, triples: np.ndarray, scores: Callable[[np.ndarray], torch.Tensor], *,
+               batch_size: int = 256) -> "RankBasedEvaluator":
+    """Every query of ``triples`` (both directions) ranked against every entity by a scorer without towers:
+    ``scores(queries)`` the (b, entities) scores of each query (e, r, answer); every other known answer (train +
+    dev + test of ``graph``) left out, ties realistic, as :func:`rank_queries` ranks the text model's. The rules,
+    a PyKEEN model, the PageRank floor and text + rules are all ranked here; PyKEEN's ``finalize`` of the
+    returned evaluator gives the metrics."""
+    evaluator = new_evaluator()
+    for target, queries in query_directions(graph, triples).items():
+        for s in range(0, len(queries), batch_size):
+            chunk = queries[s: s + batch_size]
+            dense = scores(chunk).float()
+            known = graph.all_answers[graph.hr_keys(chunk[:, 0], chunk[:, 1])]
+            ranks = rank_queries(lambda r0, r1, c0, c1: dense[r0:r1, c0:c1].clone(), chunk, known,
+                                 graph.num_entities)
+            record_ranks(evaluator, target, ranks, graph.num_entities)
+    evaluator.num_entities = graph.num_entities
+    return evaluator
+
+
 def rank_rows(evaluator: "RankBasedEvaluator", directions: dict[str, np.ndarray], graph: KnowledgeGraph) -> list[dict]:
     """ranks.tsv: one row per query of ``directions``, in order, with the ranks ``evaluator`` recorded for it."""
     rows = []

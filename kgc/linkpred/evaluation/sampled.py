@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from kgc.data.graph import KnowledgeGraph
-from kgc.linkpred.evaluation.ranking import Evaluation, new_evaluator, query_directions, rank_queries, record_ranks
+from kgc.linkpred.evaluation.ranking import Evaluation, new_evaluator, query_directions, rank_dense, record_ranks
 
 NEGATIVES = 50  # candidates per list, the true triple included (GraIL's num_samples)
 
@@ -144,22 +144,11 @@ def sampled_ranks(graph: KnowledgeGraph, split: str, scores: Scores, *, negative
 
 def filtered_ranks(graph: KnowledgeGraph, split: str, scores: Callable[[np.ndarray], torch.Tensor], *,
                    batch_size: int = 256) -> Evaluation:
-    """The full filtered ranking for any scorer over every entity: ``scores(queries)`` the (b, entities) scores
-    of each query (e, r, answer); every other known answer (train + dev + test of ``graph``) is left out, ties are
-    realistic — kgc's text evaluation (:func:`~kgc.linkpred.evaluation.ranking.rank_queries`, PyKEEN's ranks and
-    evaluator) for a scorer without towers (the PageRank floor, rules, text + rules)."""
+    """The full filtered ranking of ``split`` for any scorer over every entity
+    (:func:`~kgc.linkpred.evaluation.ranking.rank_dense`: the PageRank floor, rules, text + rules), as an
+    :class:`Evaluation` with PyKEEN's metrics."""
     triples = graph.splits[split]
-    directions = query_directions(graph, triples)
-    evaluator = new_evaluator()
-    for target, queries in directions.items():
-        for s in range(0, len(queries), batch_size):
-            chunk = queries[s: s + batch_size]
-            dense = scores(chunk).float()
-            known = graph.all_answers[graph.hr_keys(chunk[:, 0], chunk[:, 1])]
-            ranks = rank_queries(lambda r0, r1, c0, c1: dense[r0:r1, c0:c1].clone(), chunk, known,
-                                 graph.num_entities)
-            record_ranks(evaluator, target, ranks, graph.num_entities)
-    results = dict(evaluator.finalize().to_dict())
+    results = dict(rank_dense(graph, triples, scores, batch_size=batch_size).finalize().to_dict())
     results["kgc"] = {"split": split, "triples": int(len(triples)), "queries": int(2 * len(triples)),
                       "entities": graph.num_entities, "dataset": graph.source}
     return Evaluation(results=results, ranks=[], seconds=0.0)

@@ -186,18 +186,10 @@ class RuleStructure(Structure):
 
 def rank_structure(structure: Structure, graph: KnowledgeGraph, split: str, *, batch_size: int = 256) -> dict:
     """The structural model alone on ``split`` (both directions, filtered, realistic ranks): PyKEEN's metrics."""
-    from kgc.linkpred.evaluation.ranking import new_evaluator, query_directions, rank_queries, record_ranks
+    from kgc.linkpred.evaluation.ranking import rank_dense
 
-    evaluator = new_evaluator()
-    for target, queries in query_directions(graph, graph.splits[split]).items():
-        for s in range(0, len(queries), batch_size):
-            chunk = queries[s: s + batch_size]
-            scores = structure.scores(chunk[:, 0], chunk[:, 1])
-            known = graph.all_answers[graph.hr_keys(chunk[:, 0], chunk[:, 1])]
-            ranks = rank_queries(lambda r0, r1, c0, c1: scores[r0:r1, c0:c1].clone(), chunk, known,
-                                 graph.num_entities)
-            record_ranks(evaluator, target, ranks, graph.num_entities)
-    return evaluator.finalize().to_dict()
+    return rank_dense(graph, graph.splits[split], lambda q: structure.scores(q[:, 0], q[:, 1]),
+                      batch_size=batch_size).finalize().to_dict()
 
 
 def load_pykeen(folder: Path, meta: dict, device: str | torch.device, fix: str) -> Structure:
