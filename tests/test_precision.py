@@ -186,6 +186,33 @@ def test_a_bf16_run_ranks_as_fp32_and_answers_on_a_cpu_without_bf16(tmp_path, ti
         assert answer.status_code == 200 and len(answer.json()["predictions"]) == 3
 
 
+def test_a_bf16_step_updates_with_fused_adamw_and_an_fp32_step_with_the_loop(tmp_path, tiny_bert, data_home,
+                                                                             monkeypatch):
+    """AdamW's fused kernel is on for a CPU step in bf16 and off in fp32 (whose bits the saved runs pin), whatever
+    the optimiser was made with; its update is the loop's within float rounding."""
+    from kgc.training import loop
+    from kgc.training.common import fuse_adamw, make_optimizer
+
+    made = []
+    monkeypatch.setattr(loop, "make_optimizer", lambda *a, **k: made.append(make_optimizer(*a, **k)) or made[-1])
+    for amp, fused in (("bf16", True), ("off", False)):
+        kgc.train(tiny_linkpred(tiny_bert, amp=amp), tmp_path / amp, progress=False, echo=None)
+        assert {g["fused"] for g in made[-1].param_groups} == {fused}, amp
+
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(64, 48)), torch.nn.Parameter(torch.randn(48))]
+    copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    loop_opt, fused_opt = (torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01) for ps in (weights, copies))
+    fuse_adamw(fused_opt, True)
+    for step in range(5):
+        grads = [torch.randn_like(w) for w in weights]
+        for ps, opt in ((weights, loop_opt), (copies, fused_opt)):
+            for w, g in zip(ps, grads):
+                w.grad = g.clone()
+            opt.step()
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(weights, copies))
+
+
 CONDITIONER_SETS = {"biencoder": {}, "router": {"router_layers": 1}, "hypernet": {}, "hadamard": {}, "concat": {},
                     "case": {}}
 

@@ -28,9 +28,9 @@ from torch import nn
 from kgc.errors import KGCError
 from kgc.fileio import run_lock, write_json, write_text
 from kgc.recipe import Recipe
-from kgc.training.common import (MetricsLog, end_schedule_at, fit_schedule, linear_schedule, make_optimizer,
-                                 plot_curves, resolve_threads, rng_state, save_checkpoint, seed_everything,
-                                 set_rng_state)
+from kgc.training.common import (MetricsLog, end_schedule_at, fit_schedule, fuse_adamw, linear_schedule,
+                                 make_optimizer, plot_curves, resolve_threads, rng_state, save_checkpoint,
+                                 seed_everything, set_rng_state)
 from kgc.training import distributed as dist
 from kgc.training import estimate
 from kgc.training.prefetch import Prefetcher
@@ -349,6 +349,7 @@ class _Setup:
             if cache is not None:
                 cache.store, cache.hits, cache.misses = kept[1]
         model.set_precision(choice.name)
+        fuse_adamw(self.optimizer, self.device.type == "cuda" or choice.name == "bf16")
         self.precision = choice
         self.clock += choice.seconds  # the probe is in the budget
         self.say(choice.line())

@@ -29,7 +29,7 @@ from kgc.data.graph import load_graph
 from kgc.encoding.backbone import resolve_backbone
 from kgc.encoding.precision import bf16_hardware, describe_cpu
 from kgc.recipe import load_recipe
-from kgc.training.common import make_optimizer, seed_everything
+from kgc.training.common import fuse_adamw, make_optimizer, seed_everything
 from kgc.training.task import task_class
 
 NAMES = ("fp32", "bf16")
@@ -129,9 +129,13 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     echo("matrix products at the model's shapes, GFLOP/s: " + "; ".join(
         f"{s}: fp32 {limit['fp32']['by_shape'][s]:.0f}, bf16 {limit['bf16']['by_shape'][s]:.0f}" for s in shapes))
 
+    def use(name: str) -> None:  # as training runs it: the encoders in ``name``, AdamW fused in bf16
+        model.set_precision(name)
+        fuse_adamw(optimizer, name == "bf16")
+
     task.before_step(model, criterion, 0)  # the loss's entity table (table_negatives), as training's first step
     for name in NAMES:  # warm: the layer cache filled, allocations made, for both
-        model.set_precision(name)
+        use(name)
         for batch in batches:
             _step(task, model, criterion, optimizer, batch)
     flops = {}
@@ -141,7 +145,7 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     seconds = {name: 0.0 for name in NAMES}
     for r in range(rounds):
         for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
-            model.set_precision(name)
+            use(name)
             start = time.perf_counter()
             for batch in batches:
                 _step(task, model, criterion, optimizer, batch)
@@ -161,7 +165,7 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     profiles = {}
     if profile:  # where a step's time goes, each way: the operators with the most self time
         for name in NAMES:
-            model.set_precision(name)
+            use(name)
             profiles[name] = top_operators(lambda: [_step(task, model, criterion, optimizer, b_) for b_ in batches])
             echo(f"top operators of a {name} step (self CPU time): " + ", ".join(
                 f"{op['operator']} {100 * op['share']:.0f} % ({op['calls'] // steps}/step)" for op in profiles[name]))
