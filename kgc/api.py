@@ -207,6 +207,44 @@ def serve(run_dir: str | Path, **options: Any) -> int:
     return run_server(run_dir, **options)
 
 
+def serve_options() -> tuple[type, type]:
+    """The models of what ``kgc serve`` takes, whose fields are its flags: :class:`kgc.serve.ServeOptions` (where
+    it listens, how it batches) and :class:`kgc.serve.Limits`."""
+    from kgc.serve.limits import Limits, ServeOptions
+
+    return ServeOptions, Limits
+
+
+def index_options() -> tuple[dict[str, Any], dict[str, str]]:
+    """Every key an index type reads, ``type`` aside, over the registered types (plugins' too; one that fails to
+    load is left out here and said where the index is used): each key's pydantic field (the first type's that
+    declares it) and a help naming the types that read it — ``kgc index``'s flags, one per key."""
+    from kgc.registry import INDEX_TYPES
+
+    fields: dict[str, Any] = {}
+    readers: dict[str, list[str]] = {}
+    for name, kind in INDEX_TYPES.lenient().items():
+        for key, field in kind.Options.model_fields.items():
+            if key != "type":
+                fields.setdefault(key, field)
+                readers.setdefault(key, []).append(name)
+    return fields, {key: f"{', '.join(readers[key])}: {fields[key].description}" for key in fields}
+
+
+def evaluation_options() -> dict[str, Any]:
+    """The keywords a run's ``evaluation`` takes beyond split, batch size and progress, over the tasks that loaded
+    (:meth:`kgc.training.task.Task.evaluation_options`), each a pydantic field: ``kgc evaluate``'s flags (a task
+    that does not read one refuses it)."""
+    from kgc.registry import TASKS
+
+    fields: dict[str, Any] = {}
+    for task in TASKS.lenient().values():
+        model = task.evaluation_options()
+        for name, field in (model.model_fields.items() if model is not None else ()):
+            fields.setdefault(name, field)
+    return fields
+
+
 def ask_server(url: str, path: str, body: Any, *, timeout: float = 60.0) -> Any:
     """POST ``body`` to a running ``kgc serve`` at ``url`` (``kgc predict --server``): its JSON answer, or one
     KGCError with the server's message (unknown names, bad input) or saying that nothing answers there."""

@@ -51,3 +51,21 @@ class DiskFull(KGCError):
 
 class ServiceStopping(KGCError):
     """``kgc serve`` is stopping (SIGTERM) and did not begin this work: answered 503, nothing was changed."""
+
+
+def validated(model, values):
+    """``model`` (a pydantic model class) from the mapping ``values``, or one KGCError naming the first bad or
+    unknown option: the one way kgc turns options given in Python, on a command line or over HTTP into the model
+    that declares them (:class:`kgc.serve.Limits`, the evaluation's options, …)."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(dict(values))
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        key = ".".join(str(x) for x in e.get("loc", ())) or "options"
+        if e["type"] == "extra_forbidden":
+            raise KGCError(f"unknown option {key!r}; {model.__name__} takes {', '.join(model.model_fields)}") from None
+        if e["type"] == "value_error":  # a rule of the model's own: its sentence, whole
+            raise KGCError(str(e["ctx"]["error"])) from None
+        raise KGCError(f"{key}: {e['msg']} (got {e.get('input')!r})") from None

@@ -8,28 +8,25 @@ from typing import Optional
 
 import typer
 
+import kgc.api as kgc_api
 from kgc.api import QueryOptions
-from kgc.cli.common import _echo, _quick_exit, app
+from kgc.cli.common import ModelFlags, _echo, _quick_exit, app
 from kgc.errors import KGCError
 
 
+_INDEX_FIELDS, _INDEX_HELPS = kgc_api.index_options()
+INDEX_FLAGS = ModelFlags.of("params", _INDEX_FIELDS, optional=True, helps=_INDEX_HELPS)
+
+
 @app.command()
+@INDEX_FLAGS
 def index(run_dir: Path = typer.Argument(..., help="a run directory"),
           device: str = typer.Option("auto", "--device"),
           add: Optional[Path] = typer.Option(None, "--add", help="append new entities (TSV: id<TAB>name<TAB>"
                                                                    "description) to the index, no retraining"),
-          type_: Optional[str] = typer.Option(None, "--type", help="flat (exact), ivf, hnsw or ivfpq; default: "
-                                                                   "the existing index's type, else the recipe's "
-                                                                   "index.type"),
-          nlist: Optional[int] = typer.Option(None, "--nlist", help="ivf, ivfpq: cells (default 4·√entities)"),
-          nprobe: Optional[int] = typer.Option(None, "--nprobe", help="ivf, ivfpq: cells visited per query"),
-          hnsw_m: Optional[int] = typer.Option(None, "--hnsw-m", help="hnsw: links per node"),
-          ef_search: Optional[int] = typer.Option(None, "--ef-search", help="hnsw: search beam width"),
-          ef_construction: Optional[int] = typer.Option(None, "--ef-construction", help="hnsw: build beam width"),
-          pq_bytes: Optional[int] = typer.Option(None, "--pq-bytes", help="ivfpq: bytes per vector (divides dim)"),
-          rescore: Optional[int] = typer.Option(None, "--rescore", help="ivfpq: re-score the top k × rescore "
-                                                                        "exactly (1: off; no rebuild)"),
-          train_size: Optional[int] = typer.Option(None, "--train-size", help="ivf, ivfpq: k-means sample"),
+          type_: Optional[str] = typer.Option(None, "--type", help="flat (exact), ivf, hnsw or ivfpq (or a "
+                                                                   "plugin's); default: the existing index's type, "
+                                                                   "else the recipe's index.type"),
           force: bool = typer.Option(False, "--force", help="rebuild (and re-embed) even when up to date"),
           drop_added: bool = typer.Option(False, "--drop-added",
                                           help="rebuild without the entities added by --add, removing their "
@@ -38,7 +35,8 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
                                               help="encode the entities in N shards, one process each (GPUs: one "
                                                    "each), every finished chunk kept: a killed run resumes; "
                                                    "assembled into one index. Under torchrun: its processes"),
-          progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+          progress: bool = typer.Option(True, "--progress/--no-progress"),
+          params: Optional[dict] = None) -> None:
     """Embed every entity once and store a FAISS index in RUN_DIR/index (entities added before are kept);
     or, with --add, embed new entities with the trained tail tower and append them.
 
@@ -51,8 +49,7 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
     kgc index RUN` (the run folder on a filesystem every node sees); run the same command again after a kill."""
     import kgc
 
-    params = {"nlist": nlist, "nprobe": nprobe, "hnsw_m": hnsw_m, "ef_search": ef_search,
-              "ef_construction": ef_construction, "pq_bytes": pq_bytes, "train_size": train_size, "rescore": rescore}
+    params = params or {}  # the index types' keys (INDEX_FLAGS), None where not given
     if add is not None and (type_ is not None or any(v is not None for v in params.values())):
         raise KGCError("--add appends to the index as it is built; change its type or parameters in a separate "
                        f"`kgc index {run_dir} --type …` first")
@@ -168,41 +165,16 @@ def _print_answer(a: dict, as_json: bool) -> None:
     for p in a["predictions"]:
         _echo(f"{p['rank']:>4}  {p['entity']:<{width}} {p['score']:7.4f}  {p['text'][:80]}")
 
+SERVE_FLAGS = ModelFlags.of("options", kgc_api.serve_options()[0].model_fields)
+LIMIT_FLAGS = ModelFlags.of("limits", kgc_api.serve_options()[1].model_fields)
+
+
 @app.command()
+@LIMIT_FLAGS
+@SERVE_FLAGS
 def serve(run_dir: Path = typer.Argument(..., help="a run directory (link prediction or C-STS)"),
-          host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (127.0.0.1: this machine "
-                                                                "only)"),
-          port: int = typer.Option(8000, "--port", min=0, max=65535),
-          device: str = typer.Option("auto", "--device"),
-          max_batch: int = typer.Option(64, "--max-batch", min=1, help="queries answered in one forward pass"),
-          max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0,
-                                            help="how long a query waits for others to share its batch"),
-          threads: Optional[int] = typer.Option(None, "--threads", min=1,
-                                                help="torch threads for the model (default: torch's, every core)"),
-          max_body_mb: float = typer.Option(8.0, "--max-body-mb", min=0.001,
-                                            help="largest request body taken (MiB; larger: 413)"),
-          body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1,
-                                             help="seconds a whole request body may take to arrive (then 408)"),
-          head_timeout: float = typer.Option(10.0, "--head-timeout", min=0.1,
-                                             help="seconds for a request's line and headers, from the connection "
-                                                  "or the previous reply (then 408, closed)"),
-          max_connections: int = typer.Option(1024, "--max-connections", min=1,
-                                              help="connections open at once (more: 503, closed)"),
-          per_client: int = typer.Option(64, "--per-client", min=1,
-                                         help="connections open at once from one address (more: 503, closed)"),
-          max_requests: int = typer.Option(256, "--max-requests", min=1,
-                                           help="requests answered at once (more: 503)"),
-          keep_alive: float = typer.Option(5.0, "--keep-alive", min=0.1,
-                                           help="seconds a connection that sends nothing is kept open"),
-          send_timeout: float = typer.Option(30.0, "--send-timeout", min=0.1,
-                                             help="seconds a client may take nothing of its reply (then dropped)"),
-          log_level: str = typer.Option("info", "--log-level")) -> None:
+          options: Optional[dict] = None, limits: Optional[dict] = None) -> None:
     """Serve a trained run over HTTP: POST /predict (batched), a page at /, the OpenAPI page at /docs."""
     import kgc
 
-    limits = dict(max_body=int(max_body_mb * (1 << 20)), body_timeout=body_timeout, head_timeout=head_timeout,
-                  max_connections=max_connections, per_client=per_client, max_requests=max_requests,
-                  keep_alive=keep_alive, send_timeout=send_timeout)
-    raise typer.Exit(kgc.api.serve(run_dir, host=host, port=port, device=device, max_batch=max_batch,
-                                   max_wait_ms=max_wait_ms, log_level=log_level, threads=threads, limits=limits,
-                                   echo=_echo))
+    raise typer.Exit(kgc.api.serve(run_dir, limits=limits, echo=_echo, **options))

@@ -10,55 +10,32 @@ from typing import List, Optional
 
 import typer
 
-from kgc.cli.common import _echo, app
+import kgc.api as kgc_api
+from kgc.cli.common import ModelFlags, _echo, app
 from kgc.errors import KGCError, ResultsNotSaved
 
 
+EVAL_FLAGS = ModelFlags.of("options", kgc_api.evaluation_options())
+
+
 @app.command()
+@EVAL_FLAGS
 def evaluate(run_dir: Path = typer.Argument(..., help="a run directory"),
              split: Optional[str] = typer.Option(None, "--split",
                                                  help="link prediction: test (default) or dev; "
                                                       "C-STS: test (default), validation or train"),
-             batch_size: Optional[int] = typer.Option(None, "--batch-size"),
-             rerank: Optional[bool] = typer.Option(None, "--rerank/--no-rerank", help="SimKGC graph re-ranking"),
+             batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
              device: str = typer.Option("auto", "--device"),
-             entities_from: Optional[Path] = typer.Option(
-                 None, "--entities-from", help="inductive: rank the test triples of this KG-BERT folder over its "
-                                               "entities, unseen in training (kgc data inductive-split makes one)"),
-             candidates: Optional[str] = typer.Option(None, "--candidates",
-                                            help="with --entities-from: split (the entities of the evaluated "
-                                                 "split's triples, SimKGC's protocol) or all (every entity of "
-                                                 "the folder)"),
-             use_index: bool = typer.Option(False, "--use-index",
-                                            help="rank within the top --top-k of the run's FAISS index (its type, "
-                                                 "e.g. hnsw), re-scored exactly: what a deployed search returns"),
-             top_k: Optional[int] = typer.Option(None, "--top-k", help="with --use-index: candidates retrieved per "
-                                                                      "query (default 100)"),
-             text_only: bool = typer.Option(False, "--text-only",
-                                            help="a run with a structural model: rank by its text model alone (its "
-                                                 "re-ranking applies), into results.text.json"),
-             inductive: bool = typer.Option(False, "--inductive",
-                                            help="rank the run's dataset's inference graph (a GraIL split's: its "
-                                                 "entities unseen in training), every entity of it a candidate, "
-                                                 "into results.inductive.json"),
-             negatives: Optional[int] = typer.Option(None, "--negatives",
-                                                     help="with --inductive or --entities-from: GraIL's protocol, "
-                                                          "each triple against N candidates per side (itself and "
-                                                          "N-1 sampled corruptions; GraIL: 50), the draws written "
-                                                          "in ranks.inductive-N.tsv"),
-             seed: int = typer.Option(0, "--seed", help="with --negatives: the draws' seed"),
-             progress: bool = typer.Option(True, "--progress/--no-progress")) -> None:
+             progress: bool = typer.Option(True, "--progress/--no-progress"),
+             options: Optional[dict] = None) -> None:
     """Evaluate a run on a split: filtered link prediction (both directions) or C-STS similarity."""
     import kgc
 
     run = kgc.load(run_dir, device=device, echo=lambda m: typer.echo(m, err=True))
-    options = {"rerank": rerank, "entities_from": entities_from, "candidates": candidates,
-               "use_index": use_index or None, "top_k": top_k, "text_only": text_only or None,
-               "inductive": inductive or None, "negatives": negatives, "seed": seed if negatives else None}
     split = split or "test"
     try:
         ev, unsaved = run.evaluation(split, batch_size=batch_size, progress=progress,
-                                     **{k: v for k, v in options.items() if v is not None}), None
+                                     **EVAL_FLAGS.given(options or {})), None
     except ResultsNotSaved as exc:  # the run folder refused the files: the figures are printed all the same
         ev, unsaved = exc.evaluation, exc
     for line in kgc.api.report(run, ev, split):

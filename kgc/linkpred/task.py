@@ -26,8 +26,7 @@ if TYPE_CHECKING:  # imported where used: registering the task (every recipe's v
 def make_loss(recipe: Recipe) -> "SimKGCLoss":
     from kgc.linkpred.loss import SimKGCLoss
 
-    return SimKGCLoss(**{k: v for k, v in recipe.loss.model_dump().items()
-                         if k in SimKGCLoss.__init__.__kwdefaults__})
+    return SimKGCLoss(**recipe.loss.model_dump())  # every field a keyword: one without is a TypeError, not dropped
 
 
 class StepBatch:
@@ -151,6 +150,12 @@ class LinkPredTask(Task):
         return {"LinkPredRun": lazy("kgc.linkpred.answer.run:LinkPredRun"),
                 "Answers": lazy("kgc.linkpred.answer.topk:Answers"),
                 "QueryOptions": lazy("kgc.linkpred.answer.query:QueryOptions")}
+
+    @classmethod
+    def evaluation_options(cls):
+        from kgc.linkpred.evaluation.options import EvalOptions
+
+        return EvalOptions
 
     @classmethod
     def api_hooks(cls):

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from kgc.serve.app import create_app
 from kgc.serve.guard import guarded_protocol
-from kgc.serve.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS, Limits
+from kgc.serve.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS, Limits, ServeOptions
 from kgc.serve.listen import serve, uvicorn_config
 from kgc.serve.middleware import LOOPBACK_NAMES, _LimitBodies, _TrustedHosts, trusted_hosts_for
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_WAIT_MS", "LOOPBACK_NAMES", "Limits", "_LimitBodies", "_TrustedHosts",
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_WAIT_MS", "LOOPBACK_NAMES", "Limits", "ServeOptions", "_LimitBodies", "_TrustedHosts",
            "create_app", "guarded_protocol", "serve", "trusted_hosts_for", "uvicorn_config"]

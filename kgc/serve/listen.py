@@ -10,10 +10,10 @@ import signal
 import sys
 from pathlib import Path
 
-from kgc.errors import KGCError
+from kgc.errors import KGCError, validated
 from kgc.serve.app import create_app
 from kgc.serve.guard import guarded_protocol, untested_versions
-from kgc.serve.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT_MS, Limits
+from kgc.serve.limits import Limits, ServeOptions
 from kgc.serve.middleware import trusted_hosts_for
 
 log = logging.getLogger("kgc.serve")
@@ -50,25 +50,28 @@ def uvicorn_config(app, *, host: str, port: int, limits: Limits, log_level: str 
                           http=guarded_protocol(limits))
 
 
-def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
-          max_batch: int = DEFAULT_MAX_BATCH, max_wait_ms: float = DEFAULT_MAX_WAIT_MS, log_level: str = "info",
-          threads: int | None = None, limits: Limits | dict | None = None, echo=print) -> int:
-    """Run the server until SIGINT/SIGTERM (``kgc serve``); 0 after a clean stop, 2 when the run could not be
-    loaded (the message is printed). ``threads``: torch's intra-op threads (default: torch's own choice)."""
+def serve(run_dir: str | Path, *, limits: Limits | dict | None = None, echo=print, **options) -> int:
+    """Run the server until SIGINT/SIGTERM (``kgc serve``); 0 after a clean stop. ``options``: the fields of
+    :class:`ServeOptions` (``host``, ``port``, ``device``, ``max_batch``, ``max_wait_ms``, ``threads``: torch's
+    intra-op threads, default torch's own choice; ``log_level``), ``limits``: :class:`Limits` or its fields; a bad
+    or unknown one is one KGCError naming it."""
     import uvicorn
 
     from kgc.training.task import open_run
 
-    if threads is not None:
+    o = validated(ServeOptions, options)
+    limits = limits if isinstance(limits, Limits) else validated(Limits, limits or {})
+    host, port, log_level = o.host, o.port, o.log_level
+    if o.threads is not None:
         import torch
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(o.threads)
     # the event loop and the batcher's thread share the GIL: a shorter switch interval than Python's 5 ms keeps
     # the loop answering while the batcher runs Python (resolving names, building answers)
     sys.setswitchinterval(float(os.environ.get("KGC_SERVE_SWITCH_INTERVAL", "0.001")))
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(levelname)s: %(message)s")
-    run = open_run(run_dir, device=device, echo=lambda m: log.info(m))  # not a run: one KGCError, before listening
+    run = open_run(run_dir, device=o.device, echo=lambda m: log.info(m))  # not a run: one KGCError, before listening
     failed: list[str] = []
     server: uvicorn.Server | None = None
 
@@ -79,8 +82,7 @@ def serve(run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, dev
 
     trusted = trusted_hosts_for(host)
     loopback = trusted is not None and "localhost" in trusted
-    limits = Limits(**limits) if isinstance(limits, dict) else limits or Limits()
-    app = create_app(run, max_batch=max_batch, max_wait_ms=max_wait_ms, on_load_error=stop,
+    app = create_app(run, max_batch=o.max_batch, max_wait_ms=o.max_wait_ms, on_load_error=stop,
                      trusted_hosts=trusted, limits=limits)
     stopping = app.state.serving.stopping
     if not loopback:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kgc.errors import KGCError
 from kgc.fileio import Transaction, tsv_text
+from kgc.linkpred.evaluation.options import EvalOptions
 
 if TYPE_CHECKING:
     from kgc.linkpred.answer.entities import EntityIndex
@@ -19,10 +20,7 @@ if TYPE_CHECKING:
 
 
 def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | None = None, *,
-                 batch_size: int | None = None, rerank: bool | None = None, progress: bool = False,
-                 entities_from: str | Path | None = None, candidates: str | None = None, use_index: bool = False,
-                 top_k: int | None = None, text_only: bool = False, inductive: bool = False,
-                 negatives: int | None = None, seed: int = 0,
+                 batch_size: int | None = None, progress: bool = False, options: EvalOptions | None = None,
                  echo=print) -> "tuple[Evaluation, str, str | None]":
     """(evaluation, split, kind of its results file: None, "text" or "inductive") of ``split`` (test or dev):
     filtered ranks, both directions, in PyKEEN's layout (``.results`` with a ``"kgc"`` block, ``.ranks``,
@@ -35,27 +33,18 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
     ``inference/``: :mod:`kgc.data.grail`), every one of its entities a candidate; ``negatives``: GraIL's protocol
     instead of the full ranking — each triple against ``negatives`` - 1 sampled corruptions per side, drawn with
     ``seed`` (:mod:`kgc.linkpred.evaluation.sampled`), into ``results.inductive-<negatives>…``. Bad combinations of
-    options are one KGCError, before the model is loaded."""
+    options are one KGCError, before the model is loaded (:class:`EvalOptions`' rules, and here those that read the
+    run)."""
     from kgc.linkpred.evaluation.scoring import evaluate
 
+    o = options or EvalOptions()
+    rerank, entities_from, candidates, use_index, top_k = o.rerank, o.entities_from, o.candidates, o.use_index, o.top_k
+    text_only, negatives, seed = o.text_only, o.negatives, o.seed
     split = split or "test"
     if split not in ("test", "dev"):
         raise KGCError(f"split {split!r}: choose test or dev")
-    if inductive:
-        if entities_from is not None:
-            raise KGCError("--inductive ranks over the run's dataset's inference graph; give it or --entities-from "
-                           "FOLDER, not both")
+    if o.inductive:
         entities_from, candidates = inference_folder(predictor), candidates or "all"
-    if negatives is not None and entities_from is None:
-        raise KGCError("--negatives samples corrupted triples of an inference graph (GraIL's protocol): give it "
-                       "with --inductive or --entities-from")
-    if use_index and entities_from is not None:
-        raise KGCError("use_index (--use-index) ranks against the run's own FAISS index; drop it with "
-                       "entities_from (--entities-from)")
-    if candidates is not None and entities_from is None:
-        raise KGCError("candidates (--candidates) goes with entities_from (--entities-from)")
-    if top_k is not None and not use_index:
-        raise KGCError("top_k (--top-k) goes with use_index (--use-index)")
     recipe = predictor.recipe
     rr = recipe.eval.rerank.model_dump()
     if rerank is not None:
@@ -65,10 +54,6 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
     if entities_from is not None:
         from kgc.linkpred.evaluation.inductive import inductive_graph
 
-        if rerank:
-            raise KGCError("--rerank with --entities-from: graph re-ranking boosts the train-graph neighbours of "
-                           "the head, and unseen entities have none (SimKGC turns it off for inductive "
-                           "evaluation; with an empty graph it would boost only the head itself). Drop --rerank.")
         graph, info = inductive_graph(entities_from, predictor.graph(), split=split, candidates=candidates or "split",
                                       long_text=recipe.data.long_text, warn=echo)
         if negatives is not None:
@@ -103,10 +88,7 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
         return evaluate_fused(predictor, entities, split, bs, progress), split, None
     search = None
     if use_index:
-        top_k = 100 if top_k is None else top_k
-        if top_k < 1:
-            raise KGCError(f"--top-k {top_k}: rank within at least 1 retrieved entity")
-        search = (entities.open(deep=True), top_k)  # missing: the message says build it
+        search = (entities.open(deep=True), 100 if top_k is None else top_k)  # missing: the message says build it
     ev = evaluate(predictor.model(), graph, split, batch_size=bs, rerank=rr, progress=progress,
                   entity_table=entities.embeddings(), max_score_bytes=budget, search=search)
     if use_index:

@@ -63,16 +63,20 @@ class LinkPredRun(Run):
         self.entities = EntityIndex(self.dir, self.device, model=p.model, graph=p.graph, tokenizer=p.tokenizer,
                                     batch_size=self.recipe.eval.batch_size, echo=self.echo)
 
-    def evaluation(self, split: str | None = None, **options: Any) -> "Evaluation":
+    def evaluation(self, split: str | None = None, *, batch_size: int | None = None, progress: bool = False,
+                   **options: Any) -> "Evaluation":
         """Filtered ranks of ``split`` (test or dev), both directions, in PyKEEN's layout (``.results``, ``.ranks``,
         ``.seconds``), written into the run (``results[.split].json``, ``ranks[.split].tsv``); fused with a structural
-        model (α chosen on dev). Options: ``batch_size``, ``rerank``, ``progress``; ``entities_from`` (a KG-BERT
-        folder) with ``candidates`` (``"split"`` or ``"all"``): over its unseen entities, into ``results.inductive…``;
-        ``use_index``: within the index's top ``top_k`` (100), re-scored exactly; ``text_only``: the text model alone
-        (``results.text…``). See :func:`kgc.linkpred.answer.results.evaluate_run`."""
+        model (α chosen on dev). ``options``: :class:`~kgc.linkpred.evaluation.options.EvalOptions`' fields
+        (``rerank``; ``entities_from``, a KG-BERT folder, with ``candidates``: over its unseen entities, into
+        ``results.inductive…``; ``use_index``: within the index's top ``top_k`` (100), re-scored exactly;
+        ``text_only``: the text model alone, ``results.text…``; ``inductive``, ``negatives``, ``seed``), checked
+        there. See :func:`kgc.linkpred.answer.results.evaluate_run`."""
         from kgc.linkpred.answer.results import evaluate_run, write_evaluation
+        from kgc.linkpred.evaluation.options import EvalOptions
 
-        ev, split, kind = evaluate_run(self.predictor, self.entities, split, echo=self.echo, **options)
+        ev, split, kind = evaluate_run(self.predictor, self.entities, split, batch_size=batch_size, progress=progress,
+                                       options=EvalOptions.of(options), echo=self.echo)
         return self._save(ev, lambda: write_evaluation(self.dir, ev, split, kind), split, kind)  # refused: ResultsNotSaved
 
     def predict(self, head: str, relation: str, top_k: int | None = None, *, progress: bool = False,
