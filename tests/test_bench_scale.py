@@ -13,21 +13,21 @@ import sys
 
 import pytest
 
-from kgc.linkpred.bench import scale
+from kgc.linkpred.bench import scale, workload
 from tests.conftest import cli
 
 # ---------------------------------------------------------------- the pure parts
 
 
 def test_growth_exponent_by_hand():
-    assert scale.growth_exponent(50_000, 10.0, 500_000, 100.0) == 1.0  # 10× entities, 10× time: linear
-    assert scale.growth_exponent(50_000, 10.0, 500_000, 1000.0) == 2.0  # 100× time: quadratic
-    assert scale.growth_exponent(50_000, 7.0, 500_000, 7.0) == 0.0  # constant
+    assert workload.growth_exponent(50_000, 10.0, 500_000, 100.0) == 1.0  # 10× entities, 10× time: linear
+    assert workload.growth_exponent(50_000, 10.0, 500_000, 1000.0) == 2.0  # 100× time: quadratic
+    assert workload.growth_exponent(50_000, 7.0, 500_000, 7.0) == 0.0  # constant
     # 1 GiB -> 2 GiB over 10x entities: log 2 / log 10
-    assert scale.growth_exponent(50_000, 2 ** 30, 500_000, 2 ** 31) == round(math.log(2) / math.log(10), 2) == 0.3
-    assert scale.growth_exponent(500_000, 30.0, 5_000_000, 60.0) == 0.3
+    assert workload.growth_exponent(50_000, 2 ** 30, 500_000, 2 ** 31) == round(math.log(2) / math.log(10), 2) == 0.3
+    assert workload.growth_exponent(500_000, 30.0, 5_000_000, 60.0) == 0.3
     for bad in ((50_000, None, 500_000, 1.0), (50_000, 0.0, 500_000, 1.0), (50_000, 1.0, 50_000, 2.0)):
-        assert scale.growth_exponent(*bad) is None
+        assert workload.growth_exponent(*bad) is None
 
 
 def _row(name, status="ok", seconds=None, rss=None):
@@ -41,7 +41,7 @@ def test_add_growth_between_consecutive_sizes():
                                               _row("serve", "failed", seconds=3.0, rss=900 * 2 ** 20)]},
              {"entities": 5_000_000, "stages": [_row("index", seconds=6000.0, rss=1000 * 2 ** 20),
                                                 _row("serve", seconds=1000.0, rss=4000 * 2 ** 20)]}]
-    scale.add_growth(sizes)
+    workload.add_growth(sizes)
     first, second, third = ({r["name"]: r for r in s["stages"]} for s in sizes)
     assert first["index"]["time_exponent"] is None and first["index"]["memory_exponent"] is None
     assert second["index"]["time_exponent"] == 1.0
@@ -57,17 +57,17 @@ def test_add_growth_between_consecutive_sizes():
 def test_misspellings_and_requests(tmp_path):
     rng = random.Random(0)
     for name in ("Lisbon", "Marble Harbour", "ab", "Old Oak Tree"):
-        typo = scale.misspelt(name, rng)
+        typo = workload.misspelt(name, rng)
         assert typo != name and abs(len(typo) - len(name)) <= 1
     graph = tmp_path / "g"
     graph.mkdir()
     (graph / "entity2text.txt").write_text("".join(f"E{i}\tName {i}, a thing number {i}\n" for i in range(200)))
     (graph / "relation2text.txt").write_text("R1\tpart of\nR2\tnear\n")
-    reqs = scale.head_requests(graph, 40)
+    reqs = workload.head_requests(graph, 40)
     assert len(reqs) == 40 and sum(r["kind"] == "typo" for r in reqs) == 10
     assert all(r["head"].startswith("Name ") for r in reqs if r["kind"] == "name")
     assert {r["relation"] for r in reqs} <= {"R1", "R2"}
-    out = scale.write_added(graph, tmp_path / "added.tsv", 30)
+    out = workload.write_added(graph, tmp_path / "added.tsv", 30)
     lines = out.read_text().splitlines()
     assert len(lines) == 30 and all(len(x.split("\t")) == 3 for x in lines)
     assert lines[0].startswith("kgc-scale-added-0\tName ") and len({x.split("\t")[0] for x in lines}) == 30
@@ -176,9 +176,9 @@ def test_tokenise_stage_times_the_text_bank_apart(tmp_path):
 
     graph = tmp_path / "g"
     synth_graph(graph, entities=300, dev_triples=20, test_triples=20)
-    model = scale.save_tiny_bert(tmp_path / "tiny")
-    recipe = scale.write_recipe(tmp_path / "r.yaml", graph, str(model), 2)
-    got = scale._tokenise(str(recipe), ["data.max_tokens=24"])
+    model = workload.save_tiny_bert(tmp_path / "tiny")
+    recipe = workload.write_recipe(tmp_path / "r.yaml", graph, str(model), 2)
+    got = workload._tokenise(str(recipe), ["data.max_tokens=24"])
     assert got["entities"] == 300
     assert 0 <= got["tokenise_seconds"] <= got["build_model_seconds"]
     assert got["rss_after_tokenise_bytes"] > 0 and got["read_seconds"] >= 0

@@ -92,7 +92,7 @@ def test_kgc_runs_a_flat_index_without_faiss(tiny_bert, tmp_path):
 def test_a_long_row_is_cut_into_pieces_for_its_top_k(monkeypatch):
     import torch
 
-    import kgc.linkpred.index.types as index_types
+    import kgc.linkpred.index.exact as index_types
 
     monkeypatch.setattr(index_types, "SPLIT_TOPK", 100)  # as past 1M entities
     torch.manual_seed(0)
