@@ -39,6 +39,15 @@ def kgc(*args, site: Path | None, cwd: Path, env: dict | None = None) -> subproc
                           text=True, timeout=600)
 
 
+KIT = ("from kgc.testing import check_conditioner, check_tracker\n"
+       "from kgc.linkpred.testing import check_index_type, check_structure_kind\n"
+       "check_conditioner('gated'); check_conditioner('gated', gate_scale=3.0)\n"
+       "check_index_type('sq8'); check_index_type('sq8', bits=4, min_recall=0.5)\n"
+       "check_structure_kind('popularity', smoothing=0.5)\n"
+       "check_tracker('jsonl_copy')\n"
+       "print('passed')\n")  # kgc's own checks of its families (kgc.testing), on the plugin's members
+
+
 def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tiny_bert, tmp_path, data_home):
     site = install(tmp_path / "site")
     recipe = tmp_path / "plugged.yaml"
@@ -52,6 +61,9 @@ def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tin
         "eval: {batch_size: 128, dev_queries: 40}\n"
         "index: {type: sq8}\n"
         "structure: {model: popularity, smoothing: 0.5, alphas: [0.0, 0.5, 1.0]}\n")
+    kit = subprocess.run([sys.executable, "-c", KIT], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])})
+    assert kit.returncode == 0 and kit.stdout.strip() == "passed", kit.stderr[-3000:]  # as a built-in member does
     keys = kgc("recipes", "keys", "model.conditioner", site=site, cwd=tmp_path)
     assert keys.returncode == 0 and "gated" in keys.stdout, keys.stderr
     trained = kgc("train", recipe, "--out", "run", "--no-progress", site=site, cwd=tmp_path)
@@ -64,6 +76,14 @@ def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tin
     assert indexed.returncode == 0, indexed.stderr[-3000:]
     meta = json.loads((run / "index" / "meta.json").read_text())
     assert meta["index"]["type"] == "sq8" and meta["faiss"]["factory"] == "SQ8" and meta["entities"] == 135
+    helped = kgc("index", "--help", site=site, cwd=tmp_path, env={"COLUMNS": "200"})
+    assert "--bits" in helped.stdout and "sq8: bits a dimension" in helped.stdout, helped.stdout  # its own flag
+    rebuilt = kgc("index", "run", "--bits", 4, "--no-progress", site=site, cwd=tmp_path)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    meta = json.loads((run / "index" / "meta.json").read_text())
+    assert meta["index"]["bits"] == 4 and meta["faiss"]["factory"] == "SQ4", meta
+    wrong = kgc("index", "run", "--bits", 5, "--no-progress", site=site, cwd=tmp_path)
+    assert wrong.returncode == 2 and "8, 6 or 4 bits" in wrong.stderr, wrong.stderr  # checked by its model
     answer = kgc("predict", "run", "--head", "virus", "--relation", "location of", "--top-k", 3, "--json",
                  site=site, cwd=tmp_path)
     assert answer.returncode == 0, answer.stderr[-3000:]
