@@ -399,3 +399,17 @@ def test_self_negative_weight_adds_log_w_to_the_heads_logit(table_tails):
             expected[i, col] = math.log(w)
     assert seen["plain"][2, (3 + 2) if table_tails else -1] == -1e4
     torch.testing.assert_close(diff, expected)
+
+
+def test_every_loss_option_is_a_keyword_of_the_loss():
+    """The recipe's loss: section and SimKGCLoss's keywords are one set: a field the loss does not take would be
+    dropped silently if kgc filtered them (it does not: make_loss passes every field, and a stray one is a
+    TypeError)."""
+    from kgc.linkpred.loss import SimKGCLoss
+    from kgc.linkpred.task import make_loss
+    from kgc.recipe import load_recipe
+
+    recipe = load_recipe(None, ["loss.margin=0.05", "loss.pre_batch=0"])
+    assert set(recipe.loss.model_fields) == set(SimKGCLoss.__init__.__kwdefaults__)
+    loss = make_loss(recipe)
+    assert loss.margin == 0.05

@@ -143,23 +143,25 @@ def test_link_prediction_owns_its_model_keys(tmp_path):
         assert load_recipe(current).model.tail_map_rank == 2
 
 
-# ---------------------------------------------------------------- runs saved at efc2a8e (before issue 53)
+# ---------------------------------------------------------------- runs saved at efc2a8e (before issue 53) and f3c8230
+#                                                                   (before issue 65)
 
-OLD = json.loads((ROOT / "tests" / "data" / "runs_at_efc2a8e.json").read_text())
+SAVED = {commit: json.loads((ROOT / "tests" / "data" / f"runs_at_{commit}.json").read_text())
+         for commit in ("efc2a8e", "f3c8230")}
 
 
 def _make_runs():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("make_runs", ROOT / "tests" / "data" / "make_runs_at_efc2a8e.py")
+    spec = importlib.util.spec_from_file_location("make_runs", ROOT / "tests" / "data" / "make_saved_runs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.parametrize("case", sorted(OLD["cases"]))
-def test_a_run_saved_at_efc2a8e_loads_and_answers_the_same(case, toy, tiny_bert, tmp_path):
-    """tests/data/runs_at_efc2a8e.json (tests/data/make_runs_at_efc2a8e.py): a run efc2a8e trained. Today's code
+@pytest.mark.parametrize("commit, case", [(c, case) for c in SAVED for case in sorted(SAVED[c]["cases"])])
+def test_a_run_saved_before_loads_and_answers_the_same(commit, case, toy, tiny_bert, tmp_path):
+    """tests/data/runs_at_COMMIT.json (tests/data/make_saved_runs.py): a run that commit trained. Today's code
     trains the same weights, tensor by tensor (so best.pt is the file that commit wrote); the run's files as that
     commit wrote them (recipe.yaml, train_summary.json but its record of best.pt's bytes, the index's meta, the
     rules) replace today's, and the run loads, answers the same top 3 and evaluates to the same MRR."""
@@ -167,19 +169,20 @@ def test_a_run_saved_at_efc2a8e_loads_and_answers_the_same(case, toy, tiny_bert,
     from kgc.recipe import load_recipe
     from kgc.training.loop import train
 
-    before = OLD["cases"][case]
+    saved = SAVED[commit]
+    before = saved["cases"][case]
     run = tmp_path / case
-    recipe = load_recipe(None, [f"data.path={toy}", f"model.backbone={tiny_bert}"] + OLD["common"] + before["sets"]
+    recipe = load_recipe(None, [f"data.path={toy}", f"model.backbone={tiny_bert}"] + saved["common"] + before["sets"]
                          + [f"name={case}"])
     train(recipe, out=run, progress=False, echo=lambda m: None)
     make_runs = _make_runs()
-    if OLD["cpu"] == make_runs.cpu_key():  # the weights efc2a8e wrote, every tensor and entry: bit for bit on a CPU
+    if saved["cpu"] == make_runs.cpu_key():  # the weights that commit wrote, every tensor and entry: bit for bit on a CPU
         assert make_runs.digest(run / "best.pt") == before["best"]  # of the model and kernel flags that wrote them
     else:  # another CPU's kernels round otherwise: the same tensors at least, and below: the same answers and MRR
         assert {k: v[:2] for k, v in make_runs.digest(run / "best.pt")["model"].items()} == \
             {k: v[:2] for k, v in before["best"]["model"].items()}
     files_now = json.loads((run / "train_summary.json").read_text())["files"]
-    for name, text in before["files"].items():  # the run as efc2a8e left it, with this machine's paths
+    for name, text in before["files"].items():  # the run as that commit left it, with this machine's paths
         text = text.replace(before["paths"]["data"], str(toy)).replace(before["paths"]["backbone"], str(tiny_bert))
         if name == "train_summary.json":  # best.pt's sha256 and size: of this file (a staged write's archive
             text = json.dumps({**json.loads(text), "files": files_now})  # names differ from one save to the next)

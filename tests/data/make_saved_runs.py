@@ -1,8 +1,9 @@
-"""Make tests/data/runs_at_efc2a8e.json: four tiny runs trained by kgc at commit efc2a8e (before the sub-packages,
-the small task protocol and results as data), each as tests/test_recipe_versions.py reads it.
+"""Make tests/data/runs_at_COMMIT.json: four tiny runs trained by kgc at an earlier commit, each as
+tests/test_recipe_versions.py reads it (efc2a8e: before the sub-packages, the small task protocol and results as
+data; f3c8230: before the serve and tune packages, lazy references and options from their models).
 
-    git worktree add /tmp/old efc2a8e && cd /tmp/old
-    PYTHONPATH=/tmp/old python /path/to/tests/data/make_runs_at_efc2a8e.py /tmp/old-runs tests/data/runs_at_efc2a8e.json
+    git worktree add /tmp/old COMMIT && cd /tmp/old
+    PYTHONPATH=/tmp/old python /path/to/tests/data/make_saved_runs.py /tmp/old-runs tests/data/runs_at_COMMIT.json COMMIT
 
 Per run: the recipe given, its text files as that code wrote them (recipe.yaml, train_summary.json, metrics.jsonl,
 ranks.tsv, index/meta.json, structure/*), each tensor of best.pt by name (dtype, shape, sha256 of its bytes) and
@@ -77,7 +78,8 @@ def main() -> None:
              "hadamard_shared": ["model.conditioner=hadamard", "model.shared_towers=true", "model.tail_map_rank=2"],
              "hypernet_rules": ["model.conditioner=hypernet", "structure.model=rules"]}
     shutil.rmtree(out, ignore_errors=True); out.mkdir(parents=True)
-    record = {"commit": "efc2a8e", "common": COMMON, "cases": {}, "cpu": cpu_key()}  # bit for bit: this CPU's kernels
+    commit = sys.argv[3] if len(sys.argv) > 3 else "efc2a8e"
+    record = {"commit": commit, "common": COMMON, "cases": {}, "cpu": cpu_key()}  # bit for bit: this CPU's kernels
     for case, sets in CASES.items():
         run = out / case
         recipe = load_recipe(None, [f"data.path={toy}", f"model.backbone={bert}"] + COMMON + sets + [f"name={case}"])
