@@ -4,6 +4,8 @@ the values reach the part that reads them in its own unit."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -106,6 +108,9 @@ def test_a_field_the_command_has_already_is_refused_at_once():
     field: FieldInfo = Field(False, description="a plugin's force")
     with pytest.raises(KGCError, match="force are the command's own and a model's"):
         ModelFlags.of("params", {"force": field}, optional=True)(command)
+    other: FieldInfo = Field(3, description="a plugin's own")
+    made = ModelFlags.of("params", {"force": field, "bits": other}, optional=True, lenient=True)(command)
+    assert list(inspect.signature(made).parameters) == ["force", "bits"]  # a plugin's clash: left out
 
 
 def test_kgc_evaluate_takes_the_evaluation_options_and_hands_over_those_given(monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ from kgc.errors import KGCError
 
 
 _INDEX_FIELDS, _INDEX_HELPS = kgc_api.index_options()
-INDEX_FLAGS = ModelFlags.of("params", _INDEX_FIELDS, optional=True, helps=_INDEX_HELPS)
+INDEX_FLAGS = ModelFlags.of("params", _INDEX_FIELDS, optional=True, helps=_INDEX_HELPS, lenient=True)  # plugins'
 
 
 @app.command()

@@ -74,12 +74,14 @@ class ModelFlags:
     parameters: tuple[inspect.Parameter, ...]
     scales: Mapping[str, tuple[float, bool]]  # field: (scale, the field holds an int)
     defaults: Mapping[str, Any]  # field: its default in the model (the values :meth:`given` leaves out)
+    lenient: bool = False  # a field named like one of the command's own options is left out (a plugin's), not an error
 
     @classmethod
     def of(cls, into: str, fields: Mapping[str, Any], *, optional: bool = False,
-           helps: Mapping[str, str] | None = None) -> "ModelFlags":
+           helps: Mapping[str, str] | None = None, lenient: bool = False) -> "ModelFlags":
         """The options of ``fields`` (name → pydantic ``FieldInfo``); ``helps``: a help text to use instead of a
-        field's description."""
+        field's description; ``lenient``: fields from plugins, where one that clashes with the command's own option
+        is left out (still a recipe key) rather than breaking every command."""
         import annotated_types
 
         parameters, scales = [], {}
@@ -109,7 +111,7 @@ class ModelFlags:
             parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                                                 default=typer.Option(default, flag, help=help_, **bounds)))
         defaults = {n: f.get_default(call_default_factory=True) for n, f in fields.items()}
-        return cls(into=into, parameters=tuple(parameters), scales=scales, defaults=defaults)
+        return cls(into=into, parameters=tuple(parameters), scales=scales, defaults=defaults, lenient=lenient)
 
     def given(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Only the values that differ from the model's defaults: what the user asked for on the command line."""
@@ -119,6 +121,8 @@ class ModelFlags:
         """The fields' values from the options ``given`` (a scaled one back in the field's unit)."""
         out = {}
         for p in self.parameters:
+            if p.name not in given:  # left out (lenient)
+                continue
             v = given[p.name]
             if v is not None and p.name in self.scales:
                 scale, whole = self.scales[p.name]
@@ -129,15 +133,16 @@ class ModelFlags:
     def __call__(self, func: Callable) -> Callable:
         own = [p for p in inspect.signature(func, eval_str=True).parameters.values() if p.name != self.into]
         clash = {p.name for p in own} & {p.name for p in self.parameters}
-        if clash:
+        if clash and not self.lenient:
             raise KGCError(f"{func.__name__}: option(s) {', '.join(sorted(clash))} are the command's own and a model's")
+        mine = [p for p in self.parameters if p.name not in clash]
 
         @functools.wraps(func)
         def command(*args: Any, **kwargs: Any) -> Any:
-            given = {p.name: kwargs.pop(p.name) for p in self.parameters}
+            given = {p.name: kwargs.pop(p.name) for p in mine}
             return func(*args, **kwargs, **{self.into: self.values(given)})
 
-        ordered = own + list(self.parameters)
+        ordered = own + mine
         command.__signature__ = inspect.Signature(ordered)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in ordered}
         return command
