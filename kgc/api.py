@@ -288,7 +288,7 @@ def bench(command: str, *args: Any, **options: Any) -> dict:
 
 
 def bench_commands(*, lenient: bool = False) -> dict:
-    """Every benchmark ``kgc bench`` runs, by name: its :class:`kgc.training.task.BenchCommand` (what it measures,
+    """Every benchmark ``kgc bench`` runs, by name: its :class:`kgc.harness.BenchCommand` (what it measures,
     its parameters; ``kgc.cli.bench`` makes the commands from them). ``lenient``: those of the tasks that loaded (a
     task plugin that fails to import is said by the command that uses it, not by ``kgc --help``)."""
     from kgc.bench import commands

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from kgc.errors import KGCError
 from kgc.registry import TASKS, lazy
-from kgc.training.task import BenchCommand, Param
+from kgc.harness import BenchCommand, Param
 
 __all__ = ["BenchCommand", "Param", "bench_serve", "commands", "run_bench", "tables"]
 

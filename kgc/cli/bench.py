@@ -1,5 +1,5 @@
 """``kgc bench …``: one command per benchmark, generated from the descriptions the tasks contribute
-(:class:`kgc.training.task.BenchCommand`, ``Task.bench_commands``; ``kgc bench serve`` is every task's). A benchmark's
+(:class:`kgc.harness.BenchCommand`, ``Task.bench_commands``; ``kgc bench serve`` is every task's). A benchmark's
 parameters become typer options and arguments here; its function runs, its result is shown, ``--out FILE`` writes
 the figures as JSON."""
 
@@ -47,7 +47,7 @@ def _parsed(params: tuple, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _command(spec: Any) -> None:
-    """Register ``kgc bench NAME`` for the :class:`kgc.training.task.BenchCommand` ``spec``."""
+    """Register ``kgc bench NAME`` for the :class:`kgc.harness.BenchCommand` ``spec``."""
     params = spec.params
 
     def command(**values: Any) -> None:

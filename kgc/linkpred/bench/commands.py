@@ -1,4 +1,4 @@
-"""Link prediction's ``kgc bench`` commands as data (:class:`kgc.training.task.BenchCommand`): what each measures, its
+"""Link prediction's ``kgc bench`` commands as data (:class:`kgc.harness.BenchCommand`): what each measures, its
 parameters and how its result is shown. ``kgc bench`` and ``kgc.api.bench`` are generated from them; the measuring
 functions live in :mod:`~kgc.linkpred.bench.speed` and :mod:`~kgc.linkpred.bench.scale` and are imported only when
 a benchmark runs (this module imports neither torch nor numpy: ``kgc --help`` stays light)."""
@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from kgc.errors import KGCError
 from kgc.registry import lazy
-from kgc.training.task import BenchCommand, Param
+from kgc.harness import BenchCommand, Param
 
 SPEED = "kgc.linkpred.bench.speed"
 SETS = Param("overrides", "repeat", [], ("--set",), "a recipe key, e.g. --set train.lr=3e-5 (repeatable)")
