@@ -79,13 +79,14 @@ TOY = {"train": [("a0", "likes", "b0"), ("a1", "likes", "b1"), ("a2", "likes", "
 def toy_graph(folder: Path):
     """A 12-entity, 2-relation KG-BERT folder written into ``folder``, read as kgc reads a dataset."""
     from kgc.data.graph import read_graph
+    from kgc.fileio import write_text
 
     folder.mkdir(parents=True, exist_ok=True)
     ents = sorted({e for rows in TOY.values() for h, _, t in rows for e in (h, t)} | {"d0", "d1"})
-    (folder / "entity2text.txt").write_text("".join(f"{e}\tentity {e}\n" for e in ents))
-    (folder / "relation2text.txt").write_text("likes\tlikes\nnear\tis near\n")
+    write_text(folder / "entity2text.txt", "".join(f"{e}\tentity {e}\n" for e in ents))
+    write_text(folder / "relation2text.txt", "likes\tlikes\nnear\tis near\n")
     for split, rows in TOY.items():
-        (folder / f"{split}.tsv").write_text("".join("\t".join(r) + "\n" for r in rows))
+        write_text(folder / f"{split}.tsv", "".join("\t".join(r) + "\n" for r in rows))
     return read_graph(folder)
 
 

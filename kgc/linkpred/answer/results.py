@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 from kgc.errors import KGCError
 from kgc.fileio import Transaction, tsv_text
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | None = None, *,
-                 batch_size: int | None = None, progress: bool = False, options: EvalOptions | None = None,
+                 batch_size: int | None = None, progress: bool = False,
+                 options: "EvalOptions | Mapping[str, Any] | None" = None,
                  echo=print) -> "tuple[Evaluation, str, str | None]":
     """(evaluation, split, kind of its results file: None, "text" or "inductive") of ``split`` (test or dev):
     filtered ranks, both directions, in PyKEEN's layout (``.results`` with a ``"kgc"`` block, ``.ranks``,
@@ -37,7 +38,7 @@ def evaluate_run(predictor: "Predictor", entities: "EntityIndex", split: str | N
     run)."""
     from kgc.linkpred.evaluation.scoring import evaluate
 
-    o = options or EvalOptions()
+    o = EvalOptions.of(options)  # keywords or the model: checked once, here
     rerank, entities_from, candidates, use_index, top_k = o.rerank, o.entities_from, o.candidates, o.use_index, o.top_k
     text_only, negatives, seed = o.text_only, o.negatives, o.seed
     split = split or "test"

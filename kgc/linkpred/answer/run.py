@@ -73,10 +73,9 @@ class LinkPredRun(Run):
         ``text_only``: the text model alone, ``results.text…``; ``inductive``, ``negatives``, ``seed``), checked
         there. See :func:`kgc.linkpred.answer.results.evaluate_run`."""
         from kgc.linkpred.answer.results import evaluate_run, write_evaluation
-        from kgc.linkpred.evaluation.options import EvalOptions
 
         ev, split, kind = evaluate_run(self.predictor, self.entities, split, batch_size=batch_size, progress=progress,
-                                       options=EvalOptions.of(options), echo=self.echo)
+                                       options=options, echo=self.echo)
         return self._save(ev, lambda: write_evaluation(self.dir, ev, split, kind), split, kind)  # refused: ResultsNotSaved
 
     def predict(self, head: str, relation: str, top_k: int | None = None, *, progress: bool = False,

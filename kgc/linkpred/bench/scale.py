@@ -1,7 +1,7 @@
 """``kgc bench scale``: the whole path of link prediction measured on generated graphs of growing size.
 
 For each size (``--entities 50000,500000,5000000``) a graph is generated (``kgc data synth-graph``) and every stage
-runs as its own ``kgc …`` process, as a user runs it, started through a small launcher (:data:`LAUNCHER`) so that the
+runs as its own ``kgc …`` process, as a user runs it, started through a small launcher (:data:`~kgc.linkpred.bench.workload.LAUNCHER`) so that the
 peak resident memory of a stage is that process's own (``ru_maxrss`` from ``os.wait4``), not the bench's:
 
 =========  ==================================================================================================
