@@ -207,42 +207,29 @@ def serve(run_dir: str | Path, **options: Any) -> int:
     return run_server(run_dir, **options)
 
 
-def serve_options() -> tuple[type, type]:
-    """The models of what ``kgc serve`` takes, whose fields are its flags: :class:`kgc.serve.ServeOptions` (where
-    it listens, how it batches) and :class:`kgc.serve.Limits`."""
-    from kgc.serve.limits import Limits, ServeOptions
+def command_options(command: str) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
+    """The pydantic fields whose flags a command takes (``kgc.cli.common.ModelFlags``), by the keyword its values
+    arrive in, each with help texts to use instead of the fields' own: ``serve`` — ``options`` (``kgc.serve.
+    ServeOptions``) and ``limits`` (``Limits``); ``index`` — ``params``, every key an index type reads (plugins'
+    too; a help naming the types that read it); ``evaluate`` — ``options``, the tasks' evaluation options
+    (``Task.evaluation_options``). A plugin that fails to load is left out here, said where its family is used."""
+    from kgc.registry import INDEX_TYPES, TASKS
 
-    return ServeOptions, Limits
+    if command == "serve":
+        from kgc.serve.limits import Limits, ServeOptions
 
-
-def index_options() -> tuple[dict[str, Any], dict[str, str]]:
-    """Every key an index type reads, ``type`` aside, over the registered types (plugins' too; one that fails to
-    load is left out here and said where the index is used): each key's pydantic field (the first type's that
-    declares it) and a help naming the types that read it — ``kgc index``'s flags, one per key."""
-    from kgc.registry import INDEX_TYPES
-
+        return {"options": (dict(ServeOptions.model_fields), {}), "limits": (dict(Limits.model_fields), {})}
     fields: dict[str, Any] = {}
     readers: dict[str, list[str]] = {}
-    for name, kind in INDEX_TYPES.lenient().items():
-        for key, field in kind.Options.model_fields.items():
-            if key != "type":
+    models = [(n, k.Options) for n, k in INDEX_TYPES.lenient().items()] if command == "index" else \
+        [(n, t.evaluation_options()) for n, t in TASKS.lenient().items()]
+    for name, model in models:
+        for key, field in (model.model_fields.items() if model is not None else ()):
+            if key != "type" or command != "index":
                 fields.setdefault(key, field)
                 readers.setdefault(key, []).append(name)
-    return fields, {key: f"{', '.join(readers[key])}: {fields[key].description}" for key in fields}
-
-
-def evaluation_options() -> dict[str, Any]:
-    """The keywords a run's ``evaluation`` takes beyond split, batch size and progress, over the tasks that loaded
-    (:meth:`kgc.training.task.Task.evaluation_options`), each a pydantic field: ``kgc evaluate``'s flags (a task
-    that does not read one refuses it)."""
-    from kgc.registry import TASKS
-
-    fields: dict[str, Any] = {}
-    for task in TASKS.lenient().values():
-        model = task.evaluation_options()
-        for name, field in (model.model_fields.items() if model is not None else ()):
-            fields.setdefault(name, field)
-    return fields
+    helps = {k: f"{', '.join(readers[k])}: {fields[k].description}" for k in fields} if command == "index" else {}
+    return {"params" if command == "index" else "options": (fields, helps)}
 
 
 def ask_server(url: str, path: str, body: Any, *, timeout: float = 60.0) -> Any:

@@ -14,8 +14,8 @@ from kgc.cli.common import ModelFlags, _echo, _quick_exit, app
 from kgc.errors import KGCError
 
 
-_INDEX_FIELDS, _INDEX_HELPS = kgc_api.index_options()
-INDEX_FLAGS = ModelFlags.of("params", _INDEX_FIELDS, optional=True, helps=_INDEX_HELPS, lenient=True)  # plugins'
+_INDEX = kgc_api.command_options("index")["params"]
+INDEX_FLAGS = ModelFlags.of("params", _INDEX[0], optional=True, helps=_INDEX[1], lenient=True)  # plugins' keys too
 
 
 @app.command()
@@ -165,8 +165,9 @@ def _print_answer(a: dict, as_json: bool) -> None:
     for p in a["predictions"]:
         _echo(f"{p['rank']:>4}  {p['entity']:<{width}} {p['score']:7.4f}  {p['text'][:80]}")
 
-SERVE_FLAGS = ModelFlags.of("options", kgc_api.serve_options()[0].model_fields)
-LIMIT_FLAGS = ModelFlags.of("limits", kgc_api.serve_options()[1].model_fields)
+_SERVE = kgc_api.command_options("serve")
+SERVE_FLAGS = ModelFlags.of("options", _SERVE["options"][0])
+LIMIT_FLAGS = ModelFlags.of("limits", _SERVE["limits"][0])
 
 
 @app.command()

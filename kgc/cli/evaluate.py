@@ -15,7 +15,7 @@ from kgc.cli.common import ModelFlags, _echo, app
 from kgc.errors import KGCError, ResultsNotSaved
 
 
-EVAL_FLAGS = ModelFlags.of("options", kgc_api.evaluation_options(), lenient=True)  # a task plugin's too
+EVAL_FLAGS = ModelFlags.of("options", kgc_api.command_options("evaluate")["options"][0], lenient=True)  # a task plugin's too
 
 
 @app.command()
