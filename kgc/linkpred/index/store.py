@@ -161,7 +161,12 @@ def stored_config(run: RunDir) -> IndexOptions | None:
     """An ``index:`` section that rebuilds the run's current index as it is (its type and parameters, from
     meta.json; a stale one too), or None when there is none: to rebuild a stale index without changing its type."""
     meta = _read_meta(run.index)
-    return None if meta is None else index_types.index_options(stored_params(meta))
+    if meta is None:
+        return None
+    params = stored_params(meta)  # resolved: a type may record derived values beside its options (sq8's train_size)
+    kind = index_types.TYPES.get(params.get("type"))
+    keys = kind.Options.model_fields if kind is not None else params
+    return index_types.index_options({k: v for k, v in params.items() if k in keys})
 
 
 def index_params(run: RunDir, model: LinkPredictor) -> dict:

@@ -36,7 +36,8 @@ class Gated(Hadamard):
         return f"gated (plugin, scale={options.get('gate_scale', 1.0):g})"
 
     def export_spec(self) -> dict[str, Any]:
-        return self._spec(f"normalize(h_s * sigmoid({self.gate_scale:g} * (proj.weight @ h_c + proj.bias)))")
+        return self._spec(f"normalize(h_s * sigmoid({self.gate_scale:g} * (proj.weight @ h_c + proj.bias)))",
+                          gate_scale=self.gate_scale)  # every option it declares, with the value in use
 
     def combine(self, sentence_state, condition_state, condition_index):
         gate = torch.sigmoid(self.gate_scale * self.proj(condition_state))[condition_index]  # (batch, H)
