@@ -219,17 +219,24 @@ def command_options(command: str) -> dict[str, tuple[dict[str, Any], dict[str, s
         from kgc.serve.limits import Limits, ServeOptions
 
         return {"options": (dict(ServeOptions.model_fields), {}), "limits": (dict(Limits.model_fields), {})}
-    fields: dict[str, Any] = {}
-    readers: dict[str, list[str]] = {}
-    models = [(n, k.Options) for n, k in INDEX_TYPES.lenient().items()] if command == "index" else \
-        [(n, t.evaluation_options()) for n, t in TASKS.lenient().items()]
-    for name, model in models:
-        for key, field in (model.model_fields.items() if model is not None else ()):
-            if key != "type" or command != "index":
+    if command == "evaluate":
+        fields: dict[str, Any] = {}
+        for task in TASKS.lenient().values():
+            fields.update({k: f for k, f in _fields(task.evaluation_options()).items() if k not in fields})
+        return {"options": (fields, {})}
+    if command != "index":
+        raise KGCError(f"command_options: {command!r} takes no options from a model (serve, index, evaluate do)")
+    fields, readers = {}, {}
+    for name, kind in INDEX_TYPES.lenient().items():
+        for key, field in _fields(kind.Options).items():
+            if key != "type":  # --type is the command's own
                 fields.setdefault(key, field)
                 readers.setdefault(key, []).append(name)
-    helps = {k: f"{', '.join(readers[k])}: {fields[k].description}" for k in fields} if command == "index" else {}
-    return {"params" if command == "index" else "options": (fields, helps)}
+    return {"params": (fields, {k: f"{', '.join(readers[k])}: {fields[k].description}" for k in fields})}
+
+
+def _fields(model: Any) -> dict[str, Any]:
+    return dict(model.model_fields) if model is not None else {}
 
 
 def ask_server(url: str, path: str, body: Any, *, timeout: float = 60.0) -> Any:

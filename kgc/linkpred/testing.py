@@ -18,22 +18,12 @@ from typing import Any
 
 import numpy as np
 
-
-def fail(what: str, message: str) -> None:
-    """The one way a check fails: AssertionError naming the member (as :func:`kgc.testing.fail`)."""
-    raise AssertionError(f"{what}: {message}")
-
-
-def clustered_unit_vectors(n: int, dim: int, *, clusters: int = 20, seed: int = 0) -> np.ndarray:
-    """(n, dim) float32 unit rows around ``clusters`` random centres: what an index meets (entities in topics)."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((clusters, dim))
-    x = centres[rng.integers(0, clusters, n)] + 0.3 * rng.standard_normal((n, dim))
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+from kgc.conditioning.testing import fail
 
 
 def check_index_type(name: str, *, n: int = 2000, dim: int = 32, min_recall: float = 0.9, **options: Any) -> None:
     """The contract of index type ``name`` (``kgc.registry.INDEX_TYPES``) with ``options`` (its recipe keys)."""
+    from kgc.linkpred.bench.speed import clustered_unit_vectors
     from kgc.linkpred.index import types as index_types
 
     what = f"index type {name!r}"
@@ -46,8 +36,8 @@ def check_index_type(name: str, *, n: int = 2000, dim: int = 32, min_recall: flo
     for key in (*kind.build, *kind.search):
         if key not in kind.Options.model_fields:
             fail(what, f"build/search key {key!r} is not a field of its Options")
-    base = clustered_unit_vectors(n, dim, seed=1)
-    queries = clustered_unit_vectors(100, dim, seed=2)
+    base = clustered_unit_vectors(n, dim, clusters=20, seed=1)  # what an index meets: entities in topics
+    queries = clustered_unit_vectors(100, dim, clusters=20, seed=1, stream=1)  # held out
     params = index_types.resolve(index_types.index_config(None, type=name, **options), n, dim)
     if params.get("type") != name:
         fail(what, f"resolve() gave type {params.get('type')!r}")
