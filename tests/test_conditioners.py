@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kgc.conditioning import CONDITIONERS, Conditioner, build_conditioner
+from kgc.conditioning.testing import CONDITIONS, SENTENCES, checked_build
 from kgc.errors import KGCError
 from kgc.data.texts import SpecialTokens
 from kgc.encoding.backbone import TextEncoder
@@ -65,17 +66,10 @@ def special(tokenizer):
 
 def make(case, encoder, special):
     name, kwargs = CASES[case]
-    torch.manual_seed(0)
-    cond = build_conditioner(name, encoder=encoder, special=special, max_tokens=24, **kwargs).eval()
-    with torch.no_grad():  # zero-initialised parts (residual Hyper-CL's W2) would hide the condition
-        for n, p in cond.named_parameters():
-            if not n.startswith("encoder.") and not p.any():
-                p.normal_(0, 0.1)
-    return cond
+    return checked_build(name, encoder, special, **kwargs)  # as kgc.testing's checks build it
 
 
-SENTS = [[2000, 2001, 2002], [2003], [2004, 2005], [2000, 2001, 2002]]
-CONDS = [[3000], [3001, 3002], [3000], [3001, 3002]]
+SENTS, CONDS = SENTENCES, CONDITIONS  # rows 0 and 3: one sentence under two conditions
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -40,22 +40,32 @@ def fail(what: str, message: str) -> None:
     raise AssertionError(f"{what}: {message}")
 
 
+def checked_build(name: str, encoder: Any, special: Any, **options: Any):
+    """Conditioner ``name`` as the checks build it: seeded, in eval mode, its zero-initialised parts (a residual's
+    second weight) drawn small, which would otherwise hide the condition."""
+    import torch
+
+    from kgc.conditioning import build_conditioner
+
+    torch.manual_seed(0)
+    cond = build_conditioner(name, encoder=encoder, special=special, max_tokens=24, **options).eval()
+    with torch.no_grad():
+        for n, p in cond.named_parameters():
+            if not n.startswith("encoder.") and not p.any():
+                p.normal_(0, 0.1)
+    return cond
+
+
 def check_conditioner(name: str, *, encoder: Any = None, **options: Any) -> None:
     """The contract of conditioner ``name`` (``kgc.registry.CONDITIONERS``) built with ``options``."""
     import torch
 
-    from kgc.conditioning import CONDITIONERS, build_conditioner
+    from kgc.conditioning import CONDITIONERS
 
     what = f"conditioner {name!r}"
     if name not in CONDITIONERS:
         fail(what, f"not registered (known: {', '.join(CONDITIONERS)})")
-    encoder = encoder if encoder is not None else tiny_encoder()
-    torch.manual_seed(0)
-    cond = build_conditioner(name, encoder=encoder, special=special_tokens(), max_tokens=24, **options).eval()
-    with torch.no_grad():  # zero-initialised parts (a residual's second weight) would hide the condition
-        for n, p in cond.named_parameters():
-            if not n.startswith("encoder.") and not p.any():
-                p.normal_(0, 0.1)
+    cond = checked_build(name, encoder if encoder is not None else tiny_encoder(), special_tokens(), **options)
     with torch.no_grad():
         out = cond(SENTENCES, CONDITIONS)
         if out.shape != (len(SENTENCES), cond.out_dim):
