@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kgc.conditioning.base import Explained
+from kgc.encoding.dropout import dropout
 
 
 @dataclass
@@ -161,7 +161,7 @@ class RoutedSelfAttention(nn.Module):
         scores = q @ k.transpose(-1, -2) * self.scaling  # (b, heads, n, m + n)
         scores = scores.masked_fill(keep[:, None, None, :] == 0, torch.finfo(scores.dtype).min)
         probs = scores.softmax(-1)
-        context = F.dropout(probs, self.dropout.p, self.training) @ v  # (b, heads, n, dh)
+        context = dropout(probs, self.dropout.p, self.training) @ v  # (b, heads, n, dh)
         context = context.transpose(1, 2).reshape(b, n, -1)  # (b, n, H)
         if scaled and r.scales == "context":  # CSR's Eq. 1: token i's context × (1 + w_i)
             factor = self._factor(r, hidden_states, probs[..., m:])

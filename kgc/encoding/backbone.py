@@ -182,8 +182,10 @@ class TextEncoder(nn.Module):
     def __init__(self, backbone: nn.Module, pooling: "str | Pooling" = "mean", **pooling_options) -> None:
         from kgc.encoding.pooling import Pooling, build_pooling
 
+        from kgc.encoding.dropout import install
+
         super().__init__()
-        self.backbone = backbone
+        self.backbone = install(backbone)  # dropout masks of a bf16 CPU step from bulk bits; elsewhere as before
         self.pooler = pooling if isinstance(pooling, Pooling) else build_pooling(
             pooling, int(backbone.config.hidden_size), len(backbone.encoder.layer), **pooling_options)
         self.cache = None  # LayerCache of the frozen lower layers (not a module: no weights)

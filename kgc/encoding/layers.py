@@ -30,17 +30,19 @@ def num_layers(backbone: nn.Module) -> int:
 
 def extended_mask(backbone: nn.Module, attention_mask: torch.Tensor, *, dtype: torch.dtype = torch.float32,
                   hidden: torch.Tensor | None = None, padded: bool | None = None):
-    """The (batch, len) 0/1 attention mask in the 4-d form the backbone's attention implementation reads: for SDPA a
-    boolean (batch, 1, len, len) mask (True: attend; None on a CPU when nothing is padded, as Hugging Face does), for
+    """The (batch, len) 0/1 attention mask in the 4-d form the backbone's attention implementation reads: for SDPA
+    (and :mod:`kgc.encoding.dropout`'s) a boolean (batch, 1, len, len) mask (True: attend; None on a CPU when nothing is padded, as Hugging Face does), for
     eager attention an additive one (0 or the dtype's minimum).
 
     Built here rather than by ``transformers.masking_utils.create_bidirectional_mask``, which asks ``mask.all()`` to
     drop a mask without padding: on a GPU that reads a value back, so the host waits for the device before every
     attention (a 4-d mask is passed through as it is). Other implementations get Hugging Face's builder. ``padded``:
     whether the batch has padding, when the caller knows (then nothing is asked of the mask)."""
+    from kgc.encoding.dropout import is_sdpa
+
     how = getattr(backbone.config, "_attn_implementation", None) or "eager"
     keep = attention_mask.bool()[:, None, None, :]
-    if how == "sdpa":  # no padding: no mask (SDPA's fastest kernel), asked only where asking does not wait (a CPU)
+    if is_sdpa(how):  # no padding: no mask (SDPA's fastest kernel), asked only where asking does not wait (a CPU)
         if padded is None and attention_mask.device.type == "cpu" and bool(attention_mask.all()):
             return None
         length = attention_mask.shape[1]  # (batch, 1, len, len) as Hugging Face makes it: SDPA picks the same kernel
