@@ -3,7 +3,7 @@
 A recipe names its schema in ``version:``; a file without one is version 1 (everything before versions existed).
 :func:`upgrade` applies the steps in order, each a pure function of the raw mapping, so a recipe written by any
 earlier kgc loads, and a saved run trains, evaluates and answers as it did. Only this module knows history: the
-schema (kgc/recipe.py and the option models of the members) describes the present.
+schema (kgc/recipe/ and the option models of the members) describes the present.
 
 Version 1 → 2 (2026-11-26): the flat ``model:``, ``index:`` and ``structure:`` sections became discriminated unions
 (on ``model.conditioner``, ``index.type``, ``structure.model``): each member declares only the keys it reads. A

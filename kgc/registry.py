@@ -1,5 +1,5 @@
 """Registries: name → member, one per pluggable family — tasks, conditioners, index types, structural models,
-trackers, datasets — kept in the bottom layer: the one resolver every family is looked up through.
+trackers, datasets, graph formats — kept in the bottom layer: the one resolver every family is looked up through.
 
 A registry sits below everything that registers into it, so a lower layer can look a member up without
 importing the layer that defines it: the recipe builds its unions (``model`` on ``conditioner``, a task's own,
@@ -9,7 +9,7 @@ on the first lookup a registry imports its built-in modules, named here as ``laz
 place that lists them; the layer contract in pyproject.toml sees each as an edge from here and allows exactly
 these (a resolver loads its members, as entry points load plugins) — and then every entry point of
 its group (``kgc.conditioners``, ``kgc.index_types``, ``kgc.structures``, ``kgc.trackers``, ``kgc.tasks``,
-``kgc.datasets``): another package adds a
+``kgc.datasets``, ``kgc.graph_formats``): another package adds a
 member by naming, in its own ``pyproject.toml``, a module that registers it or the member itself::
 
     [project.entry-points."kgc.conditioners"]
@@ -162,5 +162,8 @@ TRACKERS: Registry = Registry("tracker", "train.trackers", (lazy("kgc.training.t
 # kgc.data.catalog.CATALOG, a task's own its Task.datasets(); all three are what `kgc data list` and fetch read)
 DATASETS: Registry = Registry("dataset", "data.dataset", (), group="kgc.datasets")
 # structural models beside the text model: kgc.linkpred.structure.kinds.StructureKind instances (pykeen, rules)
+# graph formats: kgc.data.formats.base.GraphFormat instances (kgbert, label_tsv), each reading one folder layout
+GRAPH_FORMATS: Registry = Registry("graph format", "data.format", (lazy("kgc.data.formats"),),
+                                   group="kgc.graph_formats")
 STRUCTURES: Registry = Registry("structural model", "structure.model", (lazy("kgc.linkpred.structure.kinds"),),
                                 default="pykeen", group="kgc.structures")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kgc.data.graph import read_graph
+from kgc.data.formats import read_graph
 from kgc.errors import KGCError
 from kgc.recipe import load_recipe
 from tests.conftest import cli

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kgc.data.catalog import find_dataset, list_datasets
-from kgc.data.graph import load_graph, read_graph
+from kgc.data.formats import load_graph, read_graph
 from kgc.errors import KGCError
 
 

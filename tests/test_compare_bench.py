@@ -104,7 +104,7 @@ def test_bench_inputs_times_both_assemblies_and_checks_them_equal(tiny_bert, tmp
     its inputs than the step spends building them."""
     from kgc.data.texts import TextBank
     from kgc.errors import KGCError
-    from kgc.linkpred.bench.speed import bench_inputs
+    from kgc.linkpred.bench.steps import bench_inputs
 
     recipe = write_recipe(tmp_path / "r.yaml", tiny_bert)
     result = bench_inputs(recipe, steps=2, batch_size=64, echo=lambda m: None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kgc.data.check import LEAK, check_graph, inverse_pairs
-from kgc.data.graph import read_graph
+from kgc.data.formats import read_graph
 from kgc.errors import KGCError
 from kgc.recipe import load_recipe
 from tests.conftest import cli, write_toy

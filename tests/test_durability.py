@@ -419,7 +419,7 @@ def test_drop_added_is_the_one_way_to_remove_added_entities(run_dir, tmp_path):
 def test_a_refusal_by_the_space_reserve_names_the_reserve(tmp_path, monkeypatch):
     """189 bytes with 15.9 MiB free used to read "needs 189 bytes, 15.9 MiB free" (it fits, by those numbers):
     the reserve that decided is in the message, and the bytes needed count it."""
-    monkeypatch.setattr(fileio, "free_bytes", lambda folder: fileio.SPACE_MARGIN - (100 << 10))
+    monkeypatch.setattr(fileio.space, "free_bytes", lambda folder: fileio.SPACE_MARGIN - (100 << 10))
     with pytest.raises(DiskFull) as err:
         fileio.write_text(tmp_path / "small.json", "x" * 189)
     text = str(err.value)
@@ -454,8 +454,9 @@ def test_saving_the_backbone_on_a_full_disk_is_one_message_and_changes_nothing(t
         raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
 
     monkeypatch.setattr(BertModel, "save_pretrained", full)
-    monkeypatch.setattr(fileio, "free_bytes", lambda _folder: 1 << 20)  # under LOW_SPACE: the disk is full
-    monkeypatch.setattr(fileio, "ensure_space", lambda *a, **k: None)  # the estimate passed; the write itself fails
+    monkeypatch.setattr(fileio.space, "free_bytes", lambda _folder: 1 << 20)  # under LOW_SPACE: the disk is full
+    for module in (fileio, fileio.atomic):  # the estimate passed (the run's copy's, each staged file's) ...
+        monkeypatch.setattr(module, "ensure_space", lambda *a, **k: None)  # ... the write itself fails
     with pytest.raises(DiskFull, match=r"model\.safetensors: cannot be written .* Nothing was changed"):
         save_backbone_files(folder, recipe, tokenizer, weights=True)
     assert snapshot(folder) == before and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]

@@ -217,18 +217,19 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_run(tiny_bert,
 def assert_resume_reproduces(recipe, tmp_path, monkeypatch, *, at_step: int, steps: int) -> None:
     """Train ``recipe`` uninterrupted, and again resumed from its step-``at_step`` checkpoint: the same end."""
     import kgc.training.loop as loop
+    import kgc.training.session as session
 
     full = loop.train(recipe, out=tmp_path / "full", progress=False, echo=lambda m: None)
-    real_save, snapshot = loop.save_checkpoint, tmp_path / "snap"
+    real_save, snapshot = session.save_checkpoint, tmp_path / "snap"
 
     def save_and_snapshot(path, state):
         real_save(path, state)
         if path.name == "last.pt" and state["step"] == at_step and not snapshot.exists():
             shutil.copytree(path.parent.parent, snapshot)
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
+    monkeypatch.setattr(session, "save_checkpoint", save_and_snapshot)  # the session writes last.pt
     loop.train(recipe, out=tmp_path / "other", progress=False, echo=lambda m: None)
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    monkeypatch.setattr(session, "save_checkpoint", real_save)
     loop.train(resume=snapshot, progress=False, echo=lambda m: None)
     a = torch.load(full / "checkpoints" / "last.pt", weights_only=False)
     b = torch.load(snapshot / "checkpoints" / "last.pt", weights_only=False)
@@ -268,7 +269,7 @@ def test_every_conditioner_through_the_cli(model, encoder, tiny_bert, tmp_path, 
     kgc("evaluate", run, "--no-progress")
     res = json.loads((run / "results.json").read_text())["kgc"]
     passes = res["encoder_passes_by_kind"]
-    from kgc.data.graph import load_graph
+    from kgc.data.formats import load_graph
 
     test = load_graph("umls").splits["test"]
     heads = len(np.unique(test[:, [0, 2]]))  # the entities the test queries start from (both directions)

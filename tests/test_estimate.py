@@ -75,12 +75,12 @@ def test_the_estimate_of_a_step_is_within_a_factor_of_a_measured_one(bert, graph
     it adds once the model is built (its peak minus the resident set before the first step) against the estimate's
     parts for it (activations, gradients, AdamW, scores)."""
     from kgc.recipe import load_recipe
-    from kgc.training import estimate, loop
+    from kgc.training import estimate, loop, session
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     libc = ctypes.CDLL(None)
     before: list[int] = []
-    build = loop._Setup._build_objective
+    build = session.Session._build_objective
 
     def measured_from_here(self):  # the model and optimiser exist: from here on, the step's own memory
         build(self)
@@ -89,7 +89,7 @@ def test_the_estimate_of_a_step_is_within_a_factor_of_a_measured_one(bert, graph
         Path("/proc/self/clear_refs").write_text("5")  # the peak resident set starts again from now
         before.append(estimate.resident_bytes()[0])
 
-    monkeypatch.setattr(loop._Setup, "_build_objective", measured_from_here)
+    monkeypatch.setattr(session.Session, "_build_objective", measured_from_here)
     run = loop.train(load_recipe(recipe_file(tmp_path / "r.yaml", bert, graph)), out=tmp_path / "run",
                      progress=False, echo=lambda _m: None)
     memory = json.loads((run / "train_summary.json").read_text())["memory"]

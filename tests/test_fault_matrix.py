@@ -309,7 +309,7 @@ def test_a_folder_is_swept_at_a_process_first_write_into_it_not_at_every_write(t
     (tmp_path / f".a.{dead}.ab.tmp").write_text("x")
     scans: list[str] = []
     real = os.scandir
-    monkeypatch.setattr(fileio.os, "scandir", lambda p=".": scans.append(str(p)) or real(p))
+    monkeypatch.setattr(fileio.staging.os, "scandir", lambda p=".": scans.append(str(p)) or real(p))
     for i in range(50):
         fileio.write_text(tmp_path / f"f{i}.txt", str(i))
     assert scans.count(str(tmp_path)) == 1 and not (tmp_path / f".a.{dead}.ab.tmp").exists()

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from kgc.data.graph import KnowledgeGraph, read_graph
+from kgc.data.formats import read_graph
+from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
 from tests.conftest import cli
 

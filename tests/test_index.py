@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from kgc.linkpred.bench.speed import bench_index, clustered_unit_vectors, index_table
+from kgc.linkpred.bench.retrieval import bench_index, clustered_unit_vectors, index_table
 from kgc.errors import KGCError
 from kgc.linkpred.index import types as index_types
 from kgc.linkpred.answer.entities import EntityIndex
-from kgc.linkpred.index.store import (build_index, index_params, index_plan, load_embeddings, load_index, stored_config,
-                                update_search_params)
+from kgc.linkpred.index.records import stored_config
+from kgc.linkpred.index.store import (build_index, index_params, index_plan, load_embeddings, load_index,
+                                      update_search_params)
 from kgc.linkpred.index.types import TYPES, index_config, resolve, search_index
 from kgc.linkpred.index.types import index_options
 from kgc.recipe import load_recipe

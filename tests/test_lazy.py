@@ -56,7 +56,7 @@ def test_the_graph_sees_what_kgc_api_hands_out():
     assert ("kgc.linkpred.bench.commands", "kgc.linkpred.bench.commands") in edges  # show=lazy(f"{__name__}:…")
     assert {b for a, b in edges if a == "kgc.registry"} == {
         "kgc.conditioning", "kgc.linkpred", "kgc.csts", "kgc.linkpred.index.types", "kgc.linkpred.structure.kinds",
-        "kgc.training.trackers"}
+        "kgc.training.trackers", "kgc.data.formats"}
     from kgc.api import QueryOptions
     from kgc.linkpred.answer.query import QueryOptions as Defined
 

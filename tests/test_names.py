@@ -7,7 +7,8 @@ import pickle
 
 import pytest
 
-from kgc.data.graph import NEAR_MISS, read_graph
+from kgc.data.formats import read_graph
+from kgc.data.graph import NEAR_MISS
 from kgc.errors import KGCError, UnknownName
 from tests.conftest import ROOT
 

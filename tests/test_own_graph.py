@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kgc.data.graph import read_graph
+from kgc.data.formats import read_graph
 from kgc.errors import KGCError
 from tests.conftest import ROOT, cli as kgc, write_toy
 
@@ -243,22 +243,22 @@ def test_an_interrupted_lean_run_resumes_to_the_uninterrupted_result(tiny_bert, 
     """The defaults (train.keep: best) with frozen layers (lean checkpoints): a run stopped after its step-3
     checkpoint and resumed ends with the same best.pt, bit for bit, and the same logged losses."""
     from kgc.recipe import load_recipe
-    from kgc.training import loop
+    from kgc.training import loop, session
 
     monkeypatch.setenv("KGC_CACHE_HOME", str(tmp_path / "cache"))
     recipe = load_recipe(small_recipe(tmp_path / "r.yaml", tiny_bert, EXAMPLE, max_steps=6, checkpoint_every=1),
                          ["encoder.trainable_layers=1", "eval.validate_every_steps=2"])
     full = loop.train(recipe, out=tmp_path / "full", progress=False, echo=lambda m: None)
-    real, snapshot = loop.save_checkpoint, tmp_path / "snap"
+    real, snapshot = session.save_checkpoint, tmp_path / "snap"
 
     def save_and_snapshot(path, state):
         real(path, state)
         if path.name == "last.pt" and state["step"] == 3 and not snapshot.exists():
             shutil.copytree(path.parent.parent, snapshot)
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
+    monkeypatch.setattr(session, "save_checkpoint", save_and_snapshot)
     loop.train(recipe, out=tmp_path / "other", progress=False, echo=lambda m: None)
-    monkeypatch.setattr(loop, "save_checkpoint", real)
+    monkeypatch.setattr(session, "save_checkpoint", real)
     assert torch.load(snapshot / "checkpoints" / "last.pt", weights_only=False)["frozen_keys"]  # lean
     loop.train(resume=snapshot, progress=False, echo=lambda m: None)
     for run in (full, snapshot):

@@ -1,5 +1,5 @@
-"""A package outside kgc adds a conditioner, an index type, a kind of structural model, a tracker and a dataset
-through entry points, and recipes use them all: tests/plugin_demo/ (a whole package: pyproject.toml with its entry
+"""A package outside kgc adds a conditioner, an index type, a kind of structural model, a tracker, a dataset and a
+graph format through entry points, and recipes use them all: tests/plugin_demo/ (a whole package: pyproject.toml with its entry
 points) is installed by pip into a temporary folder and put on ``PYTHONPATH`` of real ``kgc`` processes. Without it the
 same recipe is refused, naming what is registered."""
 
@@ -104,7 +104,7 @@ def test_a_plugins_conditioner_index_type_and_tracker_train_index_and_answer(tin
     assert alone.returncode == 2 and "'gated'" in alone.stderr and "hadamard" in alone.stderr, alone.stderr
 
 
-def test_a_plugins_dataset_is_listed_fetched_checked_and_trained_on(tiny_bert, tmp_path):
+def test_a_plugins_dataset_and_graph_format_are_listed_fetched_checked_and_trained_on(tiny_bert, tmp_path):
     site = install(tmp_path / "site")
     home = tmp_path / "home"
     env = {"KGC_DATA_HOME": str(home)}
@@ -123,6 +123,12 @@ def test_a_plugins_dataset_is_listed_fetched_checked_and_trained_on(tiny_bert, t
                   "--set", "train.batch_size=4", "--set", "data.neighbor_text=false", site=site, cwd=ROOT, env=env)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "finished 2 steps" in trained.stdout
+    from tests.test_graph_formats import ROWS, write_jsonl
+
+    folder = write_jsonl(tmp_path / "jsonl", ROWS)  # the demo's graph format (its kgc.graph_formats entry point)
+    checked = kgc("data", "check", folder, site=site, cwd=tmp_path, env=env)
+    assert checked.returncode == 0 and f"{folder} (JSON lines; graph.jsonl)" in checked.stdout, checked.stdout
+    assert kgc("data", "check", folder, site=None, cwd=tmp_path, env=env).returncode != 0  # not installed: no reader
     unknown = kgc("data", "fetch", "pets", "--dest", home, site=None, cwd=tmp_path, env=env)  # not installed
     assert unknown.returncode == 2 and "pets" in unknown.stderr, unknown.stderr
 

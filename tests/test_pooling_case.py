@@ -214,7 +214,7 @@ def test_a_saved_case_recipe_from_before_case_head_reads_as_legacy(tmp_path):
 
 
 def test_case_refuses_cls_pooling_and_a_width_the_entities_lack(tokenizer, special, tmp_path):
-    from kgc.data.graph import read_graph
+    from kgc.data.formats import read_graph
     from kgc.data.texts import TextBank
     from kgc.errors import KGCError
     from kgc.linkpred.model import LinkPredictor

@@ -190,11 +190,11 @@ def test_a_bf16_step_updates_with_fused_adamw_and_an_fp32_step_with_the_loop(tmp
                                                                              monkeypatch):
     """AdamW's fused kernel is on for a CPU step in bf16 and off in fp32 (whose bits the saved runs pin), whatever
     the optimiser was made with; its update is the loop's within float rounding."""
-    from kgc.training import loop
+    from kgc.training import session
     from kgc.training.common import fuse_adamw, make_optimizer
 
     made = []
-    monkeypatch.setattr(loop, "make_optimizer", lambda *a, **k: made.append(make_optimizer(*a, **k)) or made[-1])
+    monkeypatch.setattr(session, "make_optimizer", lambda *a, **k: made.append(make_optimizer(*a, **k)) or made[-1])
     for amp, fused in (("bf16", True), ("off", False)):
         kgc.train(tiny_linkpred(tiny_bert, amp=amp), tmp_path / amp, progress=False, echo=None)
         assert {g["fused"] for g in made[-1].param_groups} == {fused}, amp

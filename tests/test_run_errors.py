@@ -98,7 +98,7 @@ def test_rank0_errors_reach_every_rank(monkeypatch):
     """`_on_main` under DDP: whatever rank 0 raises (not only KGCError) is broadcast, so the other ranks stop with
     a KGCError naming it; rank 0 re-raises its own exception."""
     from kgc.training import distributed as dist
-    from kgc.training import loop
+    from kgc.training import session as loop
 
     sent = []
 

@@ -62,7 +62,7 @@ def test_nothing_reaches_a_private_member_of_a_run_or_its_parts():
 
 def test_the_faiss_device_is_decided_in_one_place(lp_run):
     callers = [f.name for f in sorted((ROOT / "kgc").rglob("*.py"))
-               if f.name not in ("store.py", "types.py", "speed.py")  # the index store and its types take it
+               if f.name not in ("store.py", "types.py")  # the index store and its types take it
                and re.search(r"faiss_device\s*=", f.read_text(encoding="utf-8"))]
     assert callers == ["entities.py"]
     assert lp_run.entities.faiss_device() == ("cpu" if lp_run.device.type == "cpu" else "auto")

@@ -18,10 +18,10 @@ def folder(tmp_path_factory):
 
 
 def _line_by_line(monkeypatch, folder):
-    import kgc.data.graph as g
+    import kgc.data.formats as g
 
     with monkeypatch.context() as m:
-        m.setattr(g, "_clean_triples", lambda *a, **k: None)
+        m.setattr(g.triples, "_clean_triples", lambda *a, **k: None)
         m.setenv("KGC_GRAPH_CACHE", "0")
         return g.read_graph(folder)
 
@@ -37,16 +37,16 @@ def test_the_array_reader_equals_the_line_reader_and_steps_aside_for_what_it_can
                                                                                       tmp_path):
     import shutil
 
-    import kgc.data.graph as g
+    import kgc.data.formats as g
     from kgc.errors import KGCError
 
     monkeypatch.setenv("KGC_GRAPH_CACHE", "0")
     used = []
-    real = g._clean_triples
-    monkeypatch.setattr(g, "_clean_triples", lambda *a: used.append(a[0].name) or real(*a))
+    real = g.triples._clean_triples
+    monkeypatch.setattr(g.triples, "_clean_triples", lambda *a: used.append(a[0].name) or real(*a))
     fast = g.read_graph(folder)
     assert "train.tsv" in used and (folder / "train.tsv").stat().st_size > 1_000_000
-    assert g._clean_triples is not real and fast.splits["train"].shape[0] > 100_000
+    assert g.triples._clean_triples is not real and fast.splits["train"].shape[0] > 100_000
     _same(fast, _line_by_line(monkeypatch, folder))
     # a blank padded field, a CRLF line, an unknown entity: the line reader reads (or refuses) them
     for damage, check in [(lambda t: t.replace("\t", " \t", 1), "same"), (lambda t: t.replace("\n", "\r\n", 3), "same"),
@@ -63,7 +63,7 @@ def test_the_array_reader_equals_the_line_reader_and_steps_aside_for_what_it_can
 
 
 def test_neighbours_answers_and_lengths_equal_the_python_way(folder, monkeypatch):
-    import kgc.data.graph as g
+    import kgc.data.formats as g
 
     monkeypatch.setenv("KGC_GRAPH_CACHE", "0")
     graph = g.read_graph(folder)
@@ -84,7 +84,7 @@ def test_the_graph_and_token_caches_give_the_same_graph_and_bank_and_follow_the_
                                                                                      tokenizer):
     import os
 
-    import kgc.data.graph as g
+    import kgc.data.formats as g
     from kgc.data import graph_cache
     from kgc.data.texts import TextBank
 

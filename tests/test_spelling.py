@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
-    from kgc.data.graph import read_graph
+    from kgc.data.formats import read_graph
     from kgc.data.synth_graph import synth_graph
 
     folder = tmp_path_factory.mktemp("spelling") / "g"

@@ -167,7 +167,7 @@ def test_bench_structure_is_pykeen_alone(tmp_path):
     the same figures as calling pykeen.pipeline by hand with them."""
     from pykeen.pipeline import pipeline
 
-    from kgc.linkpred.bench.speed import bench_structure, structure_table
+    from kgc.linkpred.bench.structure import bench_structure, structure_table
 
     recipe = tmp_path / "nations.yaml"
     recipe.write_text("data: {dataset: nations}\n"

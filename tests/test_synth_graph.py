@@ -11,7 +11,7 @@ import pytest
 
 from kgc.data import synth_graph as sg
 from kgc.data.check import check_graph
-from kgc.data.graph import read_graph
+from kgc.data.formats import read_graph
 from kgc.errors import KGCError
 from tests.conftest import cli
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kgc.data.graph import read_graph
+from kgc.data.formats import read_graph
 from kgc.data.texts import SpecialTokens, TextBank
 
 

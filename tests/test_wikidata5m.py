@@ -12,7 +12,7 @@ import pytest
 
 from kgc.data import catalog, wikidata5m
 from kgc.data.catalog import fetch_dataset, find_dataset, list_datasets
-from kgc.data.graph import load_graph, read_graph
+from kgc.data.formats import load_graph, read_graph
 from kgc.errors import KGCError
 
 LONG = " ".join(f"w{i}" for i in range(100))

@@ -22,10 +22,16 @@ from typing import Callable
 from kgc.data.download import download
 from kgc.errors import KGCError
 from kgc.fileio import atomic_dir, sha256_file
-from kgc.registry import DATASETS, TASKS
+from kgc.registry import DATASETS, GRAPH_FORMATS, TASKS
 
 KGBERT = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
-KGBERT_FILES = ("train.tsv", "train.txt")  # a KG-BERT or a PyKEEN label-TSV folder holds one (kgc.data.graph)
+
+
+def graph_markers() -> tuple[str, ...]:
+    """The files a graph dataset's folder holds one of: every registered graph format's ``markers``
+    (:mod:`kgc.data.formats`: KG-BERT's ``entity2text.txt``, a label TSV's ``train.tsv`` / ``train.txt``, a
+    plugin format's own)."""
+    return tuple(dict.fromkeys(m for fmt in GRAPH_FORMATS.values() for m in fmt.markers))
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class CatalogEntry:
     files: dict[str, str | None] = field(default_factory=dict)  # file → sha256 (None: not pinned)
     url: str | None = None  # folder URL; each file is url/<file>
     pykeen_bundle: str | None = None  # sub-folder of pykeen/datasets holding train/valid/test.txt
-    probe: tuple[str, ...] = KGBERT_FILES  # a folder holding any of these is the dataset's (a task's dataset_files)
+    probe: tuple[str, ...] | None = None  # a folder holding any of these is the dataset's (None: a graph's markers)
     encrypted: bool = False  # url is one ``openssl enc -aes-256-cbc -a -salt -pbkdf2`` tar archive
     wikidata5m: str | None = None  # Wikidata5M split (transductive/inductive): archives converted at fetch
     generated: str | None = None  # made by kgc itself on first use, under this folder (no files to find)
@@ -49,7 +55,12 @@ class CatalogEntry:
     @property
     def task(self) -> str | None:
         """The registered task that reads this dataset (the one whose ``dataset_files`` are its ``probe``)."""
-        return task_reading(self.probe)
+        return task_reading(self.probes)
+
+    @property
+    def probes(self) -> tuple[str, ...]:
+        """The files any of which marks this dataset's folder (a task's ``dataset_files``; a graph's by default)."""
+        return graph_markers() if self.probe is None else self.probe
 
 
 def task_reading(files: tuple[str, ...]) -> str | None:
@@ -155,7 +166,8 @@ def _pykeen_folder(entry: CatalogEntry) -> Path | None:
     return folder if (folder / "train.txt").is_file() else None
 
 
-def _looks_like_dataset(folder: Path, files: tuple[str, ...] = KGBERT_FILES) -> bool:
+def _looks_like_dataset(folder: Path, files: tuple[str, ...] | None = None) -> bool:
+    files = graph_markers() if files is None else files
     return folder.is_dir() and any((folder / f).exists() for f in files)  # a folder there: the reader says so
 
 
@@ -177,8 +189,8 @@ def dataset_task(name_or_path: str) -> str | None:
 def find_dataset(name_or_path: str, path: str | None = None, task: str | None = None) -> tuple[Path, str]:
     """Return (folder, where-found) for a catalog name or a folder path; a clear error when absent. ``task``: the
     task whose dataset it must be (None: the one that reads this layer's KG-BERT / PyKEEN folders)."""
-    files = TASKS.lookup(task).dataset_files if task is not None else KGBERT_FILES
-    task = task if task is not None else task_reading(KGBERT_FILES)
+    files = TASKS.lookup(task).dataset_files if task is not None else graph_markers()
+    task = task if task is not None else task_reading(files)
     if path is not None:
         folder = Path(path).expanduser()
         if not _looks_like_dataset(folder):
@@ -257,7 +269,7 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     if entry.fetch is not None:
         return entry.fetch(entry.name, home, echo=echo)
     target = home / entry.folder
-    if _looks_like_dataset(target, entry.probe):
+    if _looks_like_dataset(target, entry.probes):
         return target
     if entry.wikidata5m:
         from kgc.data import wikidata5m

@@ -1,7 +1,7 @@
 """What a link-prediction dataset folder holds, and what is wrong with it: ``kgc data check PATH``, and the data
 summary ``kgc train`` prints before it trains.
 
-Reading the folder (:func:`kgc.data.graph.read_graph`) already stops at anything unreadable, with the file, the
+Reading the folder (:func:`kgc.data.formats.read_graph`) already stops at anything unreadable, with the file, the
 line and the fix. On a graph that reads, :func:`check_graph` adds what a reader cannot see line by line:
 
 * **errors** — a relation that occurs in dev or test but in no train triple (the model never trained on it;
@@ -26,11 +26,12 @@ from typing import Sequence
 
 import numpy as np
 
-from kgc.data.graph import SPLIT_FILES, KnowledgeGraph
+from kgc.data.formats import detect
+from kgc.data.formats.triples import SPLIT_FILES
+from kgc.data.graph import KnowledgeGraph
 from kgc.data.ragged import searchsorted, unique_sorted
 from kgc.errors import KGCError
 
-TEXT_FILES = ("entity2text.txt", "entity2textlong.txt", "relation2text.txt")
 
 
 # r' is taken for the inverse of r when (t, r', h) is in train for at least INVERSE_SHARE of r's train triples
@@ -245,8 +246,7 @@ def check_leakage(graph: KnowledgeGraph) -> list[Finding]:
 def check_graph(graph: KnowledgeGraph, *, allow_unseen_relations: bool = False) -> DataReport:
     """The report of a graph that was read (texts cut at ``data.max_tokens``: :meth:`DataReport.with_lengths`)."""
     folder = Path(graph.source)
-    files = [f for names in SPLIT_FILES.values() for f in names if (folder / f).exists()]
-    files += [f for f in TEXT_FILES if (folder / f).exists()]
+    files = [f for f in detect(folder).files if (folder / f).exists()]  # what its format reads, as present
     report = DataReport(folder=str(folder), layout=graph.layout or "?", files=files,
                         triples={s: int(len(graph.splits[s])) for s in SPLIT_FILES},
                         entities=graph.num_entities, relations=graph.num_relations)

@@ -18,11 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from kgc.data.catalog import find_dataset
-from kgc.data.graph import SPLIT_FILES, KnowledgeGraph, read_graph
+from kgc.data.formats import read_graph
+from kgc.data.formats.kgbert import TEXT_FILES
+from kgc.data.formats.triples import SPLIT_FILES
+from kgc.data.graph import KnowledgeGraph
 from kgc.errors import KGCError
 from kgc.fileio import atomic_dir, write_json, write_text
 
-TEXT_FILES = ("entity2text.txt", "relation2text.txt", "entity2textlong.txt")
 CANDIDATES = ("split", "all")
 
 

@@ -7,7 +7,7 @@ Wikidata5M ships as four archives (https://deepgraphlearning.github.io/project/w
     wikidata5m_alias.tar.gz         wikidata5m_entity.txt, wikidata5m_relation.txt   id<TAB>alias1<TAB>alias2…
     wikidata5m_text.txt.gz          wikidata5m_text.txt                              Q-id<TAB>Wikipedia abstract
 
-The fetch converts them once, line by line, into the layout :func:`kgc.data.graph.read_graph` reads, so the
+The fetch converts them once, line by line, into the layout :func:`kgc.data.formats.read_graph` reads, so the
 loader needs no third layout and nothing large is ever held twice:
 
     train.tsv, dev.tsv, test.tsv   every triple, as distributed

@@ -120,6 +120,17 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+class _GraphMarkers:
+    """A class attribute read at each access as the registered graph formats' markers
+    (:func:`kgc.data.catalog.graph_markers`): a format registered later is known too, and the task's registration
+    imports no reader."""
+
+    def __get__(self, obj, owner=None) -> tuple[str, ...]:
+        from kgc.data.catalog import graph_markers
+
+        return graph_markers()
+
+
 class LinkPredTask(Task):
     name = "linkpred"
     title = "link prediction"
@@ -133,7 +144,7 @@ class LinkPredTask(Task):
                        "trainable params", "total params", "train triples/s", "train seconds", "eval seconds",
                        "query seconds", "cache bytes"]
     compare_metric = "MRR"
-    dataset_files = ("train.tsv", "train.txt")  # KG-BERT or PyKEEN label-TSV folders (kgc.data.graph reads them)
+    dataset_files = _GraphMarkers()  # any registered graph format's folder (kgc.data.formats reads them)
     export_description = "link-prediction towers (a run trained with task: linkpred)"
     training: ClassVar[type[Training]]  # LinkPredTraining, below
 
@@ -217,13 +228,13 @@ class LinkPredTask(Task):
 
     @classmethod
     def bench_tables(cls):
-        from kgc.linkpred.bench.speed import tables
+        from kgc.linkpred.bench.commands import tables
 
         return tables()
 
     @classmethod
     def bench_write_request(cls, run, n: int, seed: int = 0):
-        from kgc.linkpred.bench.speed import added_entities_request
+        from kgc.linkpred.bench.workload import added_entities_request
 
         return added_entities_request(run, n, seed)
 
@@ -233,7 +244,7 @@ class LinkPredTask(Task):
         texts longer than ``data.max_tokens`` (the backbone's tokenizer), the files found and the fallbacks taken."""
         from kgc.data.catalog import find_dataset
         from kgc.data.check import check_graph
-        from kgc.data.graph import read_graph
+        from kgc.data.formats import read_graph
         from kgc.data.texts import SpecialTokens, tokenize
         from kgc.encoding.backbone import load_tokenizer, resolve_backbone
 
@@ -255,7 +266,7 @@ class LinkPredTask(Task):
         from dataclasses import replace
 
         from kgc.data.check import Finding
-        from kgc.data.graph import read_graph
+        from kgc.data.formats import read_graph
 
         if not (folder / "inference" / "test.tsv").is_file():
             return report
@@ -342,7 +353,7 @@ class LinkPredTraining(Training):
         import torch
 
         from kgc.data.check import check_graph
-        from kgc.data.graph import load_graph
+        from kgc.data.formats import load_graph
 
         super().__init__(recipe)
         d = recipe.data

@@ -23,7 +23,7 @@ from kgc.conditioning.testing import fail
 
 def check_index_type(name: str, *, n: int = 2000, dim: int = 32, min_recall: float = 0.9, **options: Any) -> None:
     """The contract of index type ``name`` (``kgc.registry.INDEX_TYPES``) with ``options`` (its recipe keys)."""
-    from kgc.linkpred.bench.speed import clustered_unit_vectors
+    from kgc.linkpred.bench.retrieval import clustered_unit_vectors
     from kgc.linkpred.index import types as index_types
 
     what = f"index type {name!r}"
@@ -68,7 +68,7 @@ TOY = {"train": [("a0", "likes", "b0"), ("a1", "likes", "b1"), ("a2", "likes", "
 
 def toy_graph(folder: Path):
     """A 12-entity, 2-relation KG-BERT folder written into ``folder``, read as kgc reads a dataset."""
-    from kgc.data.graph import read_graph
+    from kgc.data.formats import read_graph
     from kgc.fileio import write_text
 
     folder.mkdir(parents=True, exist_ok=True)

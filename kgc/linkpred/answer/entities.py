@@ -67,7 +67,8 @@ class EntityIndex:
         """Build the index when the run has none, and rebuild it when it is stale or damaged (added entities are
         kept), holding the run's lock (another process building it meanwhile is a KGCError naming it). A fresh index
         is only read: a run folder that cannot be written serves answers as long as its index is fresh."""
-        from kgc.linkpred.index.store import NO_INDEX, rebuild_index, stored_config
+        from kgc.linkpred.index.records import stored_config
+        from kgc.linkpred.index.store import NO_INDEX, rebuild_index
 
         if self.stale_reason() is None:
             return
@@ -183,7 +184,8 @@ class EntityIndex:
             return {**self._update(type, force, progress, params, embed=shards.encode), "shards": shards.reports}
 
     def _update(self, type: str | None, force: bool, progress: bool, params: dict, embed=None) -> dict:
-        from kgc.linkpred.index.store import DamagedMeta, index_plan, rebuild_index, stored_config, update_search_params
+        from kgc.linkpred.index.records import DamagedMeta, stored_config
+        from kgc.linkpred.index.store import index_plan, rebuild_index, update_search_params
         from kgc.linkpred.index.types import index_config
         from kgc.training.run import read_json
 
@@ -220,7 +222,8 @@ class EntityIndex:
     def drop_added(self, *, progress: bool = True) -> dict:
         """``kgc index --drop-added``: the index rebuilt without its added entities (type and parameters kept),
         their list and copies of record removed (:func:`kgc.linkpred.index.store.drop_added`)."""
-        from kgc.linkpred.index.store import DamagedMeta, drop_added, stored_config
+        from kgc.linkpred.index.records import DamagedMeta, stored_config
+        from kgc.linkpred.index.store import drop_added
 
         try:
             config = stored_config(self.dir)

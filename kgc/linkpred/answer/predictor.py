@@ -52,7 +52,7 @@ class Predictor:
     def graph(self) -> "KnowledgeGraph":
         """The run's own dataset."""
         def load():
-            from kgc.data.graph import load_graph
+            from kgc.data.formats import load_graph
 
             d = self.recipe.data
             return load_graph(d.dataset, path=d.path, long_text=d.long_text)

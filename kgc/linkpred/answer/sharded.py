@@ -174,7 +174,7 @@ def assemble(job: Job, run: RunDir, model) -> np.ndarray:
 def _rank_model(job: Job, run: RunDir, local: int):
     """The run's model for a rank > 0, on its GPU (``local``'s) when rank 0 runs on one, checked against the job's
     fingerprint (a chunk of other weights or texts is never written)."""
-    from kgc.linkpred.index.store import fingerprint
+    from kgc.linkpred.index.records import fingerprint
     from kgc.linkpred.answer.predictor import Predictor
 
     device = torch.device("cpu")
@@ -295,7 +295,7 @@ class Shards:
     def encode(self, model, batch_size: int, progress: bool) -> np.ndarray:
         """Rank 0, holding the run's lock: the (entities, dim) float32 table, encoded by the group's ranks into
         chunk files (those already written reused), then assembled; :attr:`reports` says who did what."""
-        from kgc.linkpred.index.store import fingerprint
+        from kgc.linkpred.index.records import fingerprint
 
         entities = model.bank.graph.num_entities
         if self.world > entities:

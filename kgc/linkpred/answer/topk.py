@@ -142,7 +142,7 @@ def read_query_file(path: str | Path) -> list[QueryLine]:
     ``inverse``, ``filter_known``, ``include_head``, ``free_text``). A bad line is one KGCError naming it."""
     import json
 
-    from kgc.data.graph import text_lines
+    from kgc.data.formats.lines import text_lines
 
     path = Path(path)
     if not path.is_file():

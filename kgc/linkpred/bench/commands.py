@@ -1,7 +1,7 @@
 """Link prediction's ``kgc bench`` commands as data (:class:`kgc.harness.BenchCommand`): what each measures, its
 parameters and how its result is shown. ``kgc bench`` and ``kgc.api.bench`` are generated from them; the measuring
-functions live in :mod:`~kgc.linkpred.bench.speed` and :mod:`~kgc.linkpred.bench.scale` and are imported only when
-a benchmark runs (this module imports neither torch nor numpy: ``kgc --help`` stays light)."""
+functions live in the package's other modules (:mod:`~kgc.linkpred.bench.speed`, ``steps``, ``retrieval``,
+``structure``, ``precision``, ``grail``, ``scale``) and are imported only when a benchmark runs (this module imports neither torch nor numpy: ``kgc --help`` stays light)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from kgc.registry import lazy
 from kgc.harness import BenchCommand, Param
 
 SPEED = "kgc.linkpred.bench.speed"
+STEPS = "kgc.linkpred.bench.steps"
+RETRIEVAL = "kgc.linkpred.bench.retrieval"
+STRUCTURE = "kgc.linkpred.bench.structure"
 SETS = Param("overrides", "repeat", [], ("--set",), "a recipe key, e.g. --set train.lr=3e-5 (repeatable)")
 PROGRESS = Param("progress", "flag", True, ("--progress/--no-progress",), "progress bars")
 
@@ -69,19 +72,19 @@ COMMANDS = (
         (_recipe("recipes/wn18rr_laptop.yaml"), Param("steps", "int", 20, ("--steps",), min=1),
          Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
     BenchCommand(
-        "inputs", lazy(f"{SPEED}:bench_inputs"),
+        "inputs", lazy(f"{STEPS}:bench_inputs"),
         "The host's share of a training step: a batch's inputs one entity at a time, as built before in the step, "
         "and prepared a step ahead; then steps with a tiny BERT, inputs in the step against prefetched.",
         (_recipe("recipes/wn18rr_biencoder.yaml"), Param("steps", "int", 10, ("--steps",), min=1),
          Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
     BenchCommand(
-        "rules", lazy(f"{SPEED}:bench_rules"),
+        "rules", lazy(f"{STRUCTURE}:bench_rules"),
         "Mined rules scoring a split's queries: per-relation tables (small graphs) against per-batch rows, s.",
         (_recipe("recipes/umls_biencoder.yaml (its data: and structure: sections, structure.model=rules)"),
          Param("split", "str", "test", ("--split",), "test, dev or train: whose queries are scored"),
          Param("batch_size", "int", 64, ("--batch-size",), min=1), SETS)),
     BenchCommand(
-        "structure", lazy(f"{SPEED}:bench_structure"),
+        "structure", lazy(f"{STRUCTURE}:bench_structure"),
         "PyKEEN alone on its own copy of the dataset (its pipeline, the recipe's structure: settings): test MRR and "
         "Hits@k beside kgc's structure-only and fused rows.",
         (Param("recipe_path", "path", help="a recipe with a structure: section, on a dataset PyKEEN ships (umls, "
@@ -91,7 +94,7 @@ COMMANDS = (
                                                 "beside PyKEEN's"), SETS, PROGRESS),
         adapt=lazy(f"{__name__}:structure_arguments"), show=lazy(f"{__name__}:show_structure")),
     BenchCommand(
-        "index", lazy(f"{SPEED}:bench_index"),
+        "index", lazy(f"{RETRIEVAL}:bench_index"),
         "Index types on synthetic clustered unit vectors: build time, size, queries/s, recall@10 vs exact.",
         (Param("entities", "int", 1_000_000, ("--entities",), min=1), Param("dim", "int", 384, ("--dim",), min=1),
          Param("queries", "int", 1000, ("--queries",), min=1),
@@ -170,7 +173,7 @@ def structure_arguments(values: dict[str, Any]) -> tuple[list, dict]:
 
 
 def show_structure(result: dict, values: dict, echo: Callable[[str], None]) -> None:
-    from kgc.linkpred.bench.speed import structure_table
+    from kgc.linkpred.bench.structure import structure_table
     from kgc.training.run import read_results
 
     echo(structure_table(result, None if values.get("run") is None else read_results(values["run"])))
@@ -187,7 +190,7 @@ def index_arguments(values: dict[str, Any]) -> tuple[list, dict]:
 
 
 def show_index(result: dict, values: dict, echo: Callable[[str], None]) -> None:
-    from kgc.linkpred.bench.speed import index_table
+    from kgc.linkpred.bench.retrieval import index_table
 
     echo(index_table(result))
     best = result["fastest_at_recall_0.95"]
@@ -219,3 +222,12 @@ def show_scale(result: dict, values: dict, echo: Callable[[str], None]) -> None:
         echo(scale_table(result))
     for n, names in {s["entities"]: s["failed"] for s in result["sizes"] if s["failed"]}.items():
         echo(f"warning: at {n:,} entities {', '.join(names)} did not complete (see the notes)")
+
+
+def tables() -> dict:
+    """Markdown of the results, by kind, for :meth:`kgc.linkpred.task.LinkPredTask.bench_tables`."""
+    from kgc.linkpred.bench.retrieval import index_table
+    from kgc.linkpred.bench.scale import scale_table
+    from kgc.linkpred.bench.structure import structure_table
+
+    return {"index": index_table, "structure": structure_table, "scale": scale_table}

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kgc.data.graph import load_graph
+from kgc.data.formats import load_graph
 from kgc.encoding.backbone import resolve_backbone
 from kgc.encoding.precision import bf16_hardware, describe_cpu
 from kgc.recipe import load_recipe

@@ -392,7 +392,7 @@ def _tokenise(recipe_path: str, overrides: list[str]) -> dict:
     from kgc.training.estimate import resident_bytes
 
     t0 = time.perf_counter()
-    from kgc.data.graph import load_graph
+    from kgc.data.formats import load_graph
     from kgc.encoding.backbone import resolve_backbone
     from kgc.linkpred import model as models
     from kgc.recipe import load_recipe
@@ -438,3 +438,15 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+
+
+def added_entities_request(run: Any, n: int, seed: int = 0) -> tuple[str, dict, str]:
+    """(path, body, what it does) of the write ``kgc bench serve --add N`` makes while the clients query: ``n``
+    entities to add, with texts as long as the graph's (an entity's name and description, renamed)."""
+    import numpy as np
+
+    graph = run.predictor.graph()
+    rows = np.random.default_rng(seed).integers(0, graph.num_entities, n)
+    entities = [{"id": f"kgc-bench-added-{i}", "name": f"{graph.names[e]} {i}"[:1000],
+                 "description": (graph.descriptions[e] or "")[:10_000]} for i, e in enumerate(rows.tolist())]
+    return "/entities", {"entities": entities}, f"adding {n} entities"

@@ -29,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgc.data.graph import KnowledgeGraph, _strip_name_prefix, nfc, spellings, text_lines
+from kgc.data.formats.lines import text_lines
+from kgc.data.formats.triples import strip_name_prefix
+from kgc.data.graph import KnowledgeGraph, nfc, spellings
 from kgc.errors import KGCError
 from kgc.fileio import sha256_file
 
@@ -94,7 +96,7 @@ def extend_graph(graph: KnowledgeGraph, entities: list[NewEntity]) -> KnowledgeG
         return graph
     return KnowledgeGraph(entities=graph.entities + [e.id for e in entities],
                           names=graph.names + [e.name for e in entities],
-                          descriptions=graph.descriptions + [_strip_name_prefix(e.name, e.description)
+                          descriptions=graph.descriptions + [strip_name_prefix(e.name, e.description)
                                                              for e in entities],
                           relations=graph.relations, relation_texts=graph.relation_texts, splits=graph.splits,
                           source=graph.source)

@@ -14,19 +14,13 @@ it, and an ivfpq index with ``rescore`` re-scores its candidates against it, mem
 (:class:`~kgc.linkpred.index.types.RescoredIndex`; an ivfpq meta.json from before ``rescore`` searches without it
 until ``kgc index RUN`` stores the default).
 
-``meta.json`` also records the byte size and sha256 of every file of the index (``files``). A file that does
-not match — truncated, overwritten, flipped bytes — makes the index *damaged*: :func:`stale_reason` says so, so
-whatever can rebuild it (``kgc predict``, ``kgc index``, ``kgc index --add``) does, and whatever cannot (``kgc
-evaluate``) stops with one message naming the file and ``kgc index RUN --force``. Sizes are checked on every
-load; a sha256 once per process and version of a file (its size, time and inode), and only for files up to
-:data:`HASH_LIMIT` bytes (WN18RR's 63 MB table hashes in ~0.05 s; a larger file is checked by size alone). An
-index written before ``files`` existed is checked by what it records (the FAISS file's size).
+What ``meta.json`` records of the index's files, and how a damaged one is found, is
+:mod:`kgc.linkpred.index.records`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
@@ -38,6 +32,8 @@ from kgc.fileio import Transaction, recover, run_lock, sha256_cached, sha256_fil
 from kgc.data.graph import KnowledgeGraph, nfc
 from kgc.linkpred.index import types as index_types
 from kgc.linkpred.index.types import IndexOptions
+from kgc.linkpred.index.records import (damage_reason, damaged_error, file_records, fingerprint,
+                                       meta_or_damage, read_faiss, read_meta, read_table, stored_params)
 from kgc.linkpred.index.added import (ADDED_FILE, NewEntity, added_count, added_stale_reason, check_new, extend_graph,
                                 RECORD_FOLDER, copies_of_record, kept_added, prunable, read_new_entities, record_path, stored_entities,
                                 tsv)
@@ -45,134 +41,10 @@ from kgc.linkpred.model import LinkPredictor
 from kgc.training.run import RunDir
 
 
-def fingerprint(run: RunDir, model: LinkPredictor) -> dict[str, str]:
-    return {"weights_sha256": run.weights_fingerprint(), "texts_sha256": model.bank.fingerprint(),
-            "weights_file": run.weights_file().name}
-
-
-def _read_meta(folder: Path) -> dict | None:
-    recover(folder)  # an add or build killed mid-commit is completed first (its journal names every rename)
-    f = folder / "meta.json"
-    if not f.is_file():
-        return None
-    try:
-        meta = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DamagedMeta(f, f"unreadable ({exc})") from None
-    kind = (meta.get("index") or {}).get("type", "flat") if isinstance(meta, dict) else None
-    if kind not in index_types.TYPES:
-        raise DamagedMeta(f, f"not an index description kgc wrote (index type {kind!r})")
-    return meta
-
-
-class DamagedMeta(KGCError):
-    """An index's meta.json that cannot be read. The fix rebuilds, never deletes: the index folder holds the
-    entities added to the run (``kgc index --force`` keeps them: :func:`kgc.linkpred.index.added.kept_added`)."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        self.why = why
-        super().__init__(f"{path}: {why}. Rebuild the index with `kgc index {path.parent.parent} --force` (the "
-                         "entities added to it are kept; do not delete the folder: it holds them).")
-
-
-def _meta_or_damage(folder: Path) -> tuple[dict | None, str | None]:
-    """(meta.json, None), or (None, why) when it is damaged: for the commands that repair it."""
-    try:
-        return _read_meta(folder), None
-    except DamagedMeta as exc:
-        return None, exc.why
-
-
-HASH_LIMIT = 1 << 30  # files larger than this are checked by size only (a sha256 of 1 GiB takes ~1 s)
-RECORDED = ("entities.npy", "entities.faiss", ADDED_FILE)  # the files meta.json records the size and sha256 of
-def _file_records(folder: Path, tx: Transaction | None = None) -> dict[str, dict]:
-    """``{file: {"bytes", "sha256"}}`` of the index's files that exist (as ``tx`` will leave them), for
-    meta.json's ``files``."""
-    out = {}
-    for name in RECORDED:
-        if tx is not None and name in tx.removed and name not in tx.staged:
-            continue
-        f = tx.path(name) if tx is not None else folder / name
-        if f.is_file():
-            st = f.stat()
-            out[name] = {"bytes": st.st_size, "sha256": sha256_cached(f, st)}
-    return out
-
-
-def damage_reason(folder: Path, meta: dict, names: tuple[str, ...] = RECORDED) -> str | None:
-    """Which file of the index does not match what meta.json recorded of it (missing, another size, another
-    sha256), e.g. ``"entities.faiss is damaged (size 1234, expected 5678)"``; None when every file (of ``names``)
-    matches. An index from before ``files`` was recorded is checked by what its meta.json holds."""
-    records = meta.get("files")
-    if not isinstance(records, dict):  # an older index: its files must exist, the FAISS file be of its size
-        info = meta.get("faiss") if isinstance(meta.get("faiss"), dict) else {}
-        records = {"entities.npy": {}, "entities.faiss": {"bytes": info.get("bytes")}}
-    for name, rec in records.items():
-        if name not in names:
-            continue
-        f = folder / name
-        if not isinstance(rec, dict):
-            return f"meta.json's record of {name} is damaged"
-        try:
-            st = f.stat()
-        except OSError:
-            if name == ADDED_FILE:
-                continue  # said by added_stale_reason (deleting the added entities is how they are dropped)
-            return f"{name} is missing"
-        if name == ADDED_FILE:
-            continue  # an edited list of added entities is re-read by a rebuild (added_stale_reason), not damage
-        if rec.get("bytes") is not None and st.st_size != rec["bytes"]:
-            return f"{name} is damaged (size {st.st_size}, expected {rec['bytes']})"
-        if rec.get("sha256") and st.st_size <= HASH_LIMIT and sha256_cached(f, st) != rec["sha256"]:
-            return f"{name} is damaged (its sha256 differs from the one recorded when it was written)"
-    return None
-
-
-def _damaged(run: RunDir, what: str, exc: BaseException) -> KGCError:
-    """A file of the index that cannot be read (a truncated .npy, a broken FAISS file), as one message."""
-    detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-    return KGCError(f"{run.index / what}: damaged, cannot be read ({detail}). Rebuild the index with "
-                    f"`kgc index {run.path} --force`.")
-
-
-def _read_table(run: RunDir, **load) -> np.ndarray:
-    """The index's entities.npy (``load``: np.load's options); an unreadable one is :func:`_damaged`."""
-    try:
-        return np.load(run.index / "entities.npy", **load)
-    except (OSError, ValueError, EOFError) as exc:  # damaged in a way its size and checksum did not show
-        raise _damaged(run, "entities.npy", exc) from None
-
-
-def _read_faiss(run: RunDir):
-    """The index's entities.faiss; an unreadable one (truncated, foreign) is :func:`_damaged`."""
-    faiss = index_types.faiss_module()
-    try:
-        return faiss.read_index(str(run.index / "entities.faiss"))
-    except RuntimeError as exc:  # faiss: a truncated or foreign file
-        raise _damaged(run, "entities.faiss", exc) from None
-
-
-def stored_params(meta: dict) -> dict:
-    """The type and parameters an index was built with (indexes from before ``index:`` existed are flat)."""
-    return meta.get("index") or {"type": "flat"}
-
-
-def stored_config(run: RunDir) -> IndexOptions | None:
-    """An ``index:`` section that rebuilds the run's current index as it is (its type and parameters, from
-    meta.json; a stale one too), or None when there is none: to rebuild a stale index without changing its type."""
-    meta = _read_meta(run.index)
-    if meta is None:
-        return None
-    params = stored_params(meta)  # resolved: a type may record derived values beside its options (sq8's train_size)
-    kind = index_types.TYPES.get(params.get("type"))
-    keys = kind.Options.model_fields if kind is not None else params
-    return index_types.index_options({k: v for k, v in params.items() if k in keys})
-
-
 def index_params(run: RunDir, model: LinkPredictor) -> dict:
     """The fresh index's type and parameters plus ``exact`` (only flat is), e.g. for results.json to say what
     a search used: ``{"type": "ivf", "nlist": 4000, "train_size": 256000, "nprobe": 32, "exact": False}``."""
-    params = stored_params(_read_meta(_check_fresh(run, model)))
+    params = stored_params(read_meta(_check_fresh(run, model)))
     return {**params, "exact": params["type"] == "flat"}
 
 
@@ -232,7 +104,7 @@ def _build(run: RunDir, model: LinkPredictor, folder: Path, start: float, *, bat
     sweep(folder)  # staged files of a build or add that never committed
     current = fingerprint(run, model)
     entities = model.bank.graph.num_entities
-    stored = _reusable_table(folder, _meta_or_damage(folder)[0], current, entities) if reuse_embeddings else None
+    stored = _reusable_table(folder, meta_or_damage(folder)[0], current, entities) if reuse_embeddings else None
     source = "reused" if stored is not None else "computed"
     if stored is None and embed is not None:  # e.g. encoded in shards by several processes
         table = embed(model, batch_size, progress)  # (entities, dim)
@@ -310,14 +182,14 @@ def _commit(tx: Transaction, run: RunDir, meta: dict, table: np.ndarray, index, 
     if "added_entities" in meta:
         text = tsv(added)
         tmp = tx.write_text(ADDED_FILE, text)
-        meta["added_entities"]["sha256"] = sha = sha256_cached(tmp)  # _file_records below reads this hash
+        meta["added_entities"]["sha256"] = sha = sha256_cached(tmp)  # file_records below reads this hash
         record = record_path(run.path, sha)  # the list of record outside the index, before the commit names it
         if not record.is_file():
             record.parent.mkdir(exist_ok=True)
             write_text(record, text)
             made = True
     try:
-        meta["files"] = _file_records(folder, tx)
+        meta["files"] = file_records(folder, tx)
         tx.write_json("meta.json", meta)  # every file of the index, and its description, in one commit
         tx.commit()
     except BaseException:
@@ -336,7 +208,7 @@ def index_plan(run: RunDir, model: LinkPredictor, config: IndexOptions | None = 
     reason = stale_reason(run, model)
     if reason is not None:
         return "build", reason
-    meta = _read_meta(run.index)
+    meta = read_meta(run.index)
     have = stored_params(meta)
     want = index_types.resolve(config, model.bank.graph.num_entities, int(meta["dim"]))
     if index_types.build_params(have) != index_types.build_params(want):
@@ -360,7 +232,7 @@ def update_search_params(run: RunDir, model: LinkPredictor, config: IndexOptions
     lock; returns the meta."""
     with run_lock(run.path, "updating the index's search parameters"):
         folder = _check_fresh(run, model)
-        meta = _read_meta(folder)
+        meta = read_meta(folder)
         have = stored_params(meta)
         want = index_types.resolve(config if config is not None else run.recipe.index,
                                    model.bank.graph.num_entities, int(meta["dim"]))
@@ -381,7 +253,7 @@ def stale_reason(run: RunDir, model: LinkPredictor) -> str | None:
     """Why the run's index cannot serve ``model`` (its own graph): missing, stale or damaged (a file that does not
     match meta.json's record of it: :func:`damage_reason`); None when it is fresh."""
     folder = run.index
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     if meta is None:
         return NO_INDEX
     current = fingerprint(run, model)
@@ -413,9 +285,9 @@ def load_embeddings(run: RunDir, model: LinkPredictor, *, added: bool = False) -
     if not (run.index / "meta.json").is_file():
         return None
     _check_fresh(run, model)
-    table = _read_table(run)
+    table = read_table(run)
     if table.ndim != 2 or table.shape[0] < model.bank.graph.num_entities:
-        raise _damaged(run, "entities.npy", ValueError(f"shape {table.shape}"))
+        raise damaged_error(run, "entities.npy", ValueError(f"shape {table.shape}"))
     return table if added else table[: model.bank.graph.num_entities]
 
 
@@ -428,13 +300,13 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
     entities.npy memory-mapped); else the FAISS index (a FAISS GPU). Search it with :func:`search_index` (or
     ``index.search``)."""
     folder = _check_fresh(run, model)
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     params = dict(stored_params(meta))
     if params["type"] == "flat":
-        index = index_types.ExactIndex(_read_table(run, mmap_mode="r"))  # memory-mapped: processes share its pages
+        index = index_types.ExactIndex(read_table(run, mmap_mode="r"))  # memory-mapped: processes share its pages
         found = "flat"
     else:
-        index = _read_faiss(run)
+        index = read_faiss(run)
         found = index_types.type_of(index)
     if found != params["type"] or ("nlist" in params and
                                    index_types.faiss_module().extract_index_ivf(index).nlist != params["nlist"]):
@@ -455,9 +327,9 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
     index_types.set_search_params(index, params)
     table = None
     if (params.get("rescore") or 1) > 1:  # the exact table for re-scoring: memory-mapped, read row by row
-        table = _read_table(run, mmap_mode="r")
+        table = read_table(run, mmap_mode="r")
         if table.shape != (index.ntotal, index.d) or table.dtype != np.float32:
-            raise _damaged(run, "entities.npy", ValueError(f"{table.dtype} {table.shape}, the index holds "
+            raise damaged_error(run, "entities.npy", ValueError(f"{table.dtype} {table.shape}, the index holds "
                                                            f"{index.ntotal} × {index.d}"))
     return index_types.with_rescore(index, table, params)
 
@@ -467,7 +339,7 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
 
 def _meta(run: RunDir) -> dict:
     """The index's meta.json ({} when there is none; an unreadable one is a clear error)."""
-    return _read_meta(run.index) or {}
+    return read_meta(run.index) or {}
 
 
 def added_graph(run: RunDir, graph: KnowledgeGraph) -> KnowledgeGraph:
@@ -493,9 +365,9 @@ def _append(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, new: list[
     if guard is not None:
         with guard():  # a last chance to stop it: past here it is written and committed whatever happens
             pass
-    table = _read_table(run, mmap_mode="r")  # read once, by the concatenate below
+    table = read_table(run, mmap_mode="r")  # read once, by the concatenate below
     exact = stored_params(meta)["type"] == "flat"  # entities.npy is the whole index
-    index = None if exact else _read_faiss(run)
+    index = None if exact else read_faiss(run)
     expected = graph.num_entities + len(before)
     if table.shape[0] != expected or (not exact and index.ntotal != expected):
         held = f"entities.npy holds {table.shape[0]} rows" if exact else \
@@ -553,7 +425,7 @@ def rebuild_index(run: RunDir, model: LinkPredictor, graph: KnowledgeGraph, *, p
     with run_lock(run.path, "building the index"):
         recover(run.index)
         stored = run.index / ADDED_FILE
-        meta, damaged = _meta_or_damage(run.index)
+        meta, damaged = meta_or_damage(run.index)
         keep, note = kept_added(run.path, run.index, meta, damaged)  # the list of record, restored where it was cut
         check_new(graph, list(enumerate(keep, 1)), str(stored),
                   "Remove that line (the graph has the entity now) and rebuild.")
@@ -569,7 +441,7 @@ def drop_added(run: RunDir, model: LinkPredictor, *, progress: bool = True, **bu
     them: run it again. Returns the new meta.json with ``dropped`` (how many entities) and ``note``."""
     with run_lock(run.path, "dropping the added entities"):
         recover(run.index)
-        meta, _damaged = _meta_or_damage(run.index)
+        meta, damaged_error = meta_or_damage(run.index)
         copies = sorted(Path(run.path, RECORD_FOLDER).glob("*.tsv"))
         count = max([added_count(meta)] + [len(listed) for _, listed in copies_of_record(run.path)])
         built = build_index(run, model, progress=progress, keep=[], drop=True, **build_options)
