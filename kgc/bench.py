@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from kgc.errors import KGCError
 from kgc.registry import TASKS, lazy
-from kgc.harness import BenchCommand, Param
+from kgc.harness import SIGNATURE, BenchCommand, Param
 
 __all__ = ["BenchCommand", "Param", "bench_serve", "commands", "run_bench", "tables"]
 
@@ -26,13 +26,13 @@ SERVE = BenchCommand(
     "serve", lazy("kgc.bench:bench_serve"),
     "Start `kgc serve RUN` on 127.0.0.1, drive it with N concurrent clients, report answers/s and latency.",
     (Param("run_dir", "path", help="a trained run (its index is built first if missing)", required=True),
-     Param("clients", "ints", "1,8,32", ("--clients",), "concurrent clients, one row each"),
-     Param("seconds", "float", 20.0, ("--seconds",), "per row", min=0.1),
-     Param("max_requests", "int", 100_000, ("--max-requests",), "per row, at most", min=1),
+     Param("clients", "ints", SIGNATURE, ("--clients",), "concurrent clients, one row each"),
+     Param("seconds", "float", SIGNATURE, ("--seconds",), "per row", min=0.1),
+     Param("max_requests", "int", SIGNATURE, ("--max-requests",), "per row, at most", min=1),
      Param("max_batch", "int", None, ("--max-batch",), "the server's", min=1),
      Param("max_wait_ms", "float", None, ("--max-wait-ms",), "the server's", min=0),
      Param("threads", "int", None, ("--threads",), "the server's torch threads", min=1),
-     Param("add", "int", 0, ("--add",), "then one more row: the most clients while one more adds this many entities "
+     Param("add", "int", SIGNATURE, ("--add",), "then one more row: the most clients while one more adds this many entities "
                                         "(on a linked copy of RUN)", min=0)),
     adapt=lazy("kgc.bench:serve_arguments"), show=lazy("kgc.bench:show_serve"))
 

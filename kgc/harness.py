@@ -7,7 +7,9 @@ kgc's but the errors and :mod:`kgc.lazy`."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from kgc.errors import KGCError
@@ -16,13 +18,49 @@ from kgc.lazy import Lazy
 KINDS = ("int", "float", "str", "path", "flag", "ints", "strs", "repeat")
 
 
+class _Signature:
+    def __repr__(self) -> str:
+        return "SIGNATURE"
+
+
+SIGNATURE: Any = _Signature()  # a Param's default: the measuring function's own, read from its signature
+
+
+def signature_defaults(target: "Lazy") -> dict[str, Any]:
+    """The literal defaults of the parameters of ``target`` (``"module:function"``), read from the module's source
+    with ``ast`` — the module is not imported (a benchmark's imports torch; ``kgc --help`` must not). A default
+    that is not a literal (``Path("runs")``) is left out: its Param writes it."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(target.module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise KGCError(f"{target}: no Python source to read its defaults from")
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == target.attribute), None)
+    if fn is None:
+        raise KGCError(f"{target}: no function {target.attribute} at the top of {spec.origin}")
+    a = fn.args
+    pairs = list(zip((a.posonlyargs + a.args)[len(a.posonlyargs + a.args) - len(a.defaults):], a.defaults))
+    pairs += [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+    out = {}
+    for arg, node in pairs:
+        try:
+            out[arg.arg] = ast.literal_eval(node)
+        except ValueError:
+            continue
+    return out
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter of a benchmark as the command line takes it. ``name``: the keyword it becomes (of the
     benchmark's function, or of its ``adapt``); ``flags``: its options (``("--steps",)``, ``("--full/--no-full",)``
     for a flag pair), none for a positional argument (``required`` unless it has a default); ``kind``: int, float,
     str, path, flag, ints / strs (comma-separated, e.g. ``--clients 1,8,32``: a list; ``min`` bounds each int),
-    repeat (a repeatable option: a list of strings)."""
+    repeat (a repeatable option: a list of strings). ``default``: :data:`SIGNATURE` takes the measuring function's
+    own (:func:`signature_defaults`), so a default is written once, in the function."""
     name: str
     kind: str = "str"
     default: Any = None
@@ -56,6 +94,20 @@ class BenchCommand:
             value = getattr(self, key)
             if value is not None and not isinstance(value, Lazy):
                 object.__setattr__(self, key, Lazy(value))
+        if any(p.default is SIGNATURE for p in self.params):  # written once: in the measuring function's signature
+            defaults = signature_defaults(self.target)
+            params = []
+            for p in self.params:
+                if p.default is SIGNATURE:
+                    if p.name not in defaults:
+                        raise KGCError(f"kgc bench {self.name}: --{p.name.replace('_', '-')}'s default is the "
+                                       f"signature's, but {self.target} has no literal default for {p.name}")
+                    value = defaults[p.name]
+                    if p.kind in ("ints", "strs") and isinstance(value, (tuple, list)):
+                        value = ",".join(map(str, value))  # as the command line writes it: comma-separated
+                    p = dataclasses.replace(p, default=value)
+                params.append(p)
+            object.__setattr__(self, "params", tuple(params))
 
     def run(self, *args: Any, **options: Any) -> dict:
         """The figures: the target called with ``args`` and ``options`` as they are (the API's way in)."""

@@ -152,3 +152,30 @@ def test_the_evaluation_options_are_checked_once_by_their_model(options, message
     with pytest.raises(KGCError, match=message):
         EvalOptions.of(options)
     assert EvalOptions.of({"inductive": True, "negatives": 50, "seed": 3}).negatives == 50
+
+
+def test_a_benchmarks_defaults_are_its_functions_own_written_once():
+    """A bench parameter's default written as SIGNATURE is the measuring function's own, read from its source
+    without importing it: each equals inspect's reading of the imported function (comma-joined for a list flag),
+    and one without a literal default in the signature is refused when the command is described."""
+    import kgc.api
+    from kgc.harness import SIGNATURE, BenchCommand, Param, signature_defaults
+
+    read = 0
+    for name, spec in kgc.api.bench_commands().items():
+        defaults = {k: v.default for k, v in inspect.signature(spec.target.load()).parameters.items()
+                    if v.default is not inspect.Parameter.empty}
+        from_source = signature_defaults(spec.target)
+        assert from_source == {k: v for k, v in defaults.items() if k in from_source}, name  # as inspect reads them
+        for p in spec.params:
+            assert p.default is not SIGNATURE, (name, p.name)
+            if p.name in from_source:
+                want = from_source[p.name]
+                if p.kind in ("ints", "strs") and isinstance(want, (tuple, list)):
+                    want = ",".join(map(str, want))
+                read += p.default == want
+    assert read >= 45  # most of them: kgc bench's defaults live in the functions
+    source = "kgc.linkpred.bench.precision:bench_precision"
+    assert signature_defaults(kgc.registry.lazy(source))["rounds"] == 2
+    with pytest.raises(KGCError, match=r"--out's default is the signature's, but .* no literal default for out"):
+        BenchCommand("x", source, "?", (Param("out", "path", SIGNATURE, ("--out",)),))

@@ -10,12 +10,19 @@ once per version of a file) and :mod:`~kgc.fileio.faults` (the fault matrix's in
 """
 
 from kgc.fileio.space import (cache_home, ensure_space, free_bytes, human_bytes, LOW_SPACE, SPACE_MARGIN,
-                              write_error, _fsize_limit)  # noqa: F401
-from kgc.fileio.faults import (fault, renames_so_far, writes_so_far, _FAULTS)  # noqa: F401
+                              write_error, _fsize_limit)
+from kgc.fileio.faults import (fault, renames_so_far, writes_so_far, _FAULTS)
 from kgc.fileio.staging import (apply_plan, fsync_dir, JOURNAL, pid_alive, recover, STAGED_NAME_MOST, staged_prefix,
-                                sweep_before_writing, sweep_leftovers, umask, _staged_name)  # noqa: F401
+                                sweep_before_writing, sweep_leftovers, umask, _staged_name)
 from kgc.fileio.atomic import (append_line, atomic_dir, atomic_path, npy_writer, staged_path, tsv_text, write_json,
-                               write_npy, write_text, write_tsv, write_with)  # noqa: F401
-from kgc.fileio.transaction import (sweep, Transaction)  # noqa: F401
-from kgc.fileio.digests import (sha256_cached, sha256_file)  # noqa: F401
-from kgc.fileio.lock import (HOLDER_FILE, LOCK_FILE, lock_holder, run_lock)  # noqa: F401
+                               write_npy, write_text, write_tsv, write_with)
+from kgc.fileio.transaction import (sweep, Transaction)
+from kgc.fileio.digests import (sha256_cached, sha256_file)
+from kgc.fileio.lock import (HOLDER_FILE, LOCK_FILE, lock_holder, run_lock)
+
+__all__ = ["cache_home", "ensure_space", "free_bytes", "human_bytes", "LOW_SPACE", "SPACE_MARGIN", "write_error",
+           "_fsize_limit", "fault", "renames_so_far", "writes_so_far", "_FAULTS", "apply_plan", "fsync_dir",
+           "JOURNAL", "pid_alive", "recover", "STAGED_NAME_MOST", "staged_prefix", "sweep_before_writing",
+           "sweep_leftovers", "umask", "_staged_name", "append_line", "atomic_dir", "atomic_path", "npy_writer",
+           "staged_path", "tsv_text", "write_json", "write_npy", "write_text", "write_tsv", "write_with", "sweep",
+           "Transaction", "sha256_cached", "sha256_file", "HOLDER_FILE", "LOCK_FILE", "lock_holder", "run_lock"]

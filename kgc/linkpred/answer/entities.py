@@ -20,6 +20,8 @@ from kgc.fileio import run_lock
 
 if TYPE_CHECKING:
     from kgc.data.graph import KnowledgeGraph
+    from kgc.data.texts import TextBank
+    from kgc.linkpred.index.types import SearchIndex
     from kgc.linkpred.model import LinkPredictor, QueryEngine
     from kgc.training.run import RunDir
 
@@ -96,7 +98,7 @@ class EntityIndex:
 
         return load_index(self.dir, self._model(), faiss_device=self.faiss_device(deep=deep))
 
-    def searcher(self, *, progress: bool = False) -> tuple:
+    def searcher(self, *, progress: bool = False) -> "tuple[SearchIndex, KnowledgeGraph, TextBank]":
         """(index, graph with added entities, TextBank over it), the index built first when missing or stale;
         read once."""
         found = self._search

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -21,8 +21,21 @@ from kgc.errors import KGCError, UnknownName
 from kgc.linkpred.answer.topk import Answers, Query
 from kgc.training.run import ExplainInputs, as_list, silent
 
+
+class Entities(Protocol):
+    """What the predictor asks of the run's entities (:class:`kgc.linkpred.answer.entities.EntityIndex` is the one
+    kgc hands it): the index to search with the graph it answers in and that graph's texts, and the query engine
+    of a conditioner that caches per entity (None for the others)."""
+
+    def searcher(self, *, progress: bool = False) -> "tuple[SearchIndex, KnowledgeGraph, TextBank]": ...
+
+    def query_engine(self) -> "QueryEngine | None": ...
+
 if TYPE_CHECKING:
     from kgc.data.graph import KnowledgeGraph
+    from kgc.data.texts import TextBank
+    from kgc.linkpred.index.types import SearchIndex
+    from kgc.linkpred.model import QueryEngine
     from kgc.linkpred.model import LinkPredictor
     from kgc.linkpred.answer.query import QueryOptions
     from kgc.linkpred.structure.pykeen import Structure
@@ -172,7 +185,7 @@ class Predictor:
                                   kind="head", name=head, suggestions=close)
         return None
 
-    def resolve(self, head: str, relation: str, options: "QueryOptions", entities, *, progress: bool = False,
+    def resolve(self, head: str, relation: str, options: "QueryOptions", entities: Entities, *, progress: bool = False,
                 note: bool = True) -> Query:
         """A question as :meth:`answer_many` takes it, resolved against ``entities``' graph (added entities too).
         ``note``: say a free-text head on ``echo``, with its nearest entities."""
@@ -186,7 +199,7 @@ class Predictor:
                            f"free-text head ({head!r}) cannot be fused. Give an entity id or name.")
         return Query(head, h, r, self.head_tokens(head, h, bank), options)
 
-    def nearest_entities(self, texts: str | Sequence[str], entities, n: int = 5) -> list[list[str]]:
+    def nearest_entities(self, texts: str | Sequence[str], entities: Entities, n: int = 5) -> list[list[str]]:
         """For each text, the ``n`` entities of the index (added ones too) nearest to it by embedding, best first,
         each as a string that resolves to that entity."""
         from kgc.linkpred.index.types import search_index
@@ -198,14 +211,14 @@ class Predictor:
         _, ids = search_index(index, self.embed_entities(items), min(n, index.ntotal))
         return [[graph.resolvable(int(e)) for e in row if e >= 0] for row in ids]
 
-    def free_text_note(self, head: str, entities) -> str:
+    def free_text_note(self, head: str, entities: Entities) -> str:
         """The line said when ``head`` is embedded as free text, naming its nearest entities by embedding."""
         near = self.nearest_entities([head], entities)[0]
         return (f"{head!r} is not an entity of {self.dir.path}: embedded as free text (nearest entities by "
                 f"embedding: {', '.join(near) or '(none)'})")
 
     @torch.no_grad()
-    def query_vectors(self, queries: Sequence[Query], entities) -> np.ndarray:
+    def query_vectors(self, queries: Sequence[Query], entities: Entities) -> np.ndarray:
         """(queries, dim) float32 unit vectors: known heads through ``entities``' query engine when there is one,
         the rest (free text, added entities, other conditioners) in one encoder pass."""
         model = self.model()
@@ -224,7 +237,7 @@ class Predictor:
         return out
 
     @torch.no_grad()
-    def answer_many(self, queries: Sequence[Query], entities) -> list[Answers]:
+    def answer_many(self, queries: Sequence[Query], entities: Entities) -> list[Answers]:
         """Answers to resolved queries, all encoded in one pass and searched in one index call (a run with a
         structural model: ranked by the fused score, as ``kgc evaluate`` ranks); each keeps its own top-k, filters
         and known-answer marks. ``seconds`` on each is the whole batch's."""

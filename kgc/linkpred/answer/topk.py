@@ -18,6 +18,8 @@ from kgc.linkpred.answer.query import QueryOptions
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kgc.linkpred.index.types import SearchIndex
+
 
 @dataclass
 class Prediction:
@@ -91,7 +93,7 @@ def _prediction(rank: int, e: int, score: float, graph: KnowledgeGraph, known: s
     return Prediction(rank, graph.entities[e], graph.full_texts[e], score, e in known, graph.names[e])
 
 
-def search_many(query_vectors: np.ndarray, index, graph: KnowledgeGraph, *, top_ks: list[int],
+def search_many(query_vectors: np.ndarray, index: "SearchIndex", graph: KnowledgeGraph, *, top_ks: list[int],
                 excludes: list[set[int]], knowns: list[set[int]]) -> list[list[Prediction]]:
     """The index's top ``top_ks[i]`` entities for each of (queries, dim) vectors in one index search (as deep as
     the deepest query needs), leaving out the ids in ``excludes[i]``; ``knowns[i]`` marks answers the graph has.

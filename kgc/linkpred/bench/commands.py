@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from kgc.errors import KGCError
 from kgc.registry import lazy
-from kgc.harness import BenchCommand, Param
+from kgc.harness import SIGNATURE, BenchCommand, Param
 
 SPEED = "kgc.linkpred.bench.speed"
 STEPS = "kgc.linkpred.bench.steps"
@@ -28,31 +28,31 @@ COMMANDS = (
     BenchCommand(
         "inference", lazy(f"{SPEED}:bench_inference"),
         "Answer every test query (both directions) per conditioner, entity embeddings cached.",
-        (Param("dataset", "str", "wn18rr", ("--dataset",)),
+        (Param("dataset", "str", SIGNATURE, ("--dataset",)),
          Param("conditioners", "repeat", [], ("--conditioner",), "repeatable (default: every registered one); "
                "options after a colon, e.g. router:cross_attend=top,router_layers=2"),
-         Param("limit", "int", None, ("--limit",), "only the first N test triples"), SETS, PROGRESS),
+         Param("limit", "int", SIGNATURE, ("--limit",), "only the first N test triples"), SETS, PROGRESS),
         show=lazy(f"{__name__}:show_inference")),
     BenchCommand(
         "train", lazy(f"{SPEED}:bench_train"),
         "Training triples/s: full fine-tuning vs the top n layers over the layer cache.",
         (_recipe("recipes/wn18rr_csr.yaml"),
-         Param("trainable_layers", "int", 2, ("--trainable-layers",)),
-         Param("steps", "int", 5, ("--steps",)), Param("batch_size", "int", 32, ("--batch-size",)), SETS,
-         Param("full", "flag", True, ("--full/--no-full",), "--no-full: only the top-n row (a recipe's own pace), "
+         Param("trainable_layers", "int", SIGNATURE, ("--trainable-layers",)),
+         Param("steps", "int", SIGNATURE, ("--steps",)), Param("batch_size", "int", SIGNATURE, ("--batch-size",)), SETS,
+         Param("full", "flag", SIGNATURE, ("--full/--no-full",), "--no-full: only the top-n row (a recipe's own pace), "
                                                              "no speed-up"))),
     BenchCommand(
         "precision", lazy("kgc.linkpred.bench.precision:bench_precision"),
         "fp32 and bf16 side by side, alternating: the matrix rate at the model's shapes (the limit), training "
         "triples/s and the share of the limit a step reaches, entities and queries encoded per second, and with "
         "--mrr-steps the test MRR after equal steps; the CPU's model and flags.",
-        (_recipe("recipes/umls_biencoder.yaml"), Param("steps", "int", 4, ("--steps",), "steps per block", min=1),
-         Param("rounds", "int", 2, ("--rounds",), "blocks each way, alternating", min=1),
-         Param("entities", "int", 1024, ("--entities",), "entities encoded each way", min=1),
-         Param("queries", "int", 256, ("--queries",), "test queries answered each way", min=1),
-         Param("mrr_steps", "int", 0, ("--mrr-steps",), "train the recipe this many steps in fp32 and in bf16 and "
+        (_recipe("recipes/umls_biencoder.yaml"), Param("steps", "int", SIGNATURE, ("--steps",), "steps per block", min=1),
+         Param("rounds", "int", SIGNATURE, ("--rounds",), "blocks each way, alternating", min=1),
+         Param("entities", "int", SIGNATURE, ("--entities",), "entities encoded each way", min=1),
+         Param("queries", "int", SIGNATURE, ("--queries",), "test queries answered each way", min=1),
+         Param("mrr_steps", "int", SIGNATURE, ("--mrr-steps",), "train the recipe this many steps in fp32 and in bf16 and "
                                                         "compare their test MRR (0: not)", min=0),
-         Param("profile", "flag", False, ("--profile/--no-profile",), "the top operators of a step each way "
+         Param("profile", "flag", SIGNATURE, ("--profile/--no-profile",), "the top operators of a step each way "
                                                                       "(torch.profiler)"), SETS)),
     BenchCommand(
         "grail", lazy("kgc.linkpred.bench.grail:bench_grail"),
@@ -60,56 +60,56 @@ COMMANDS = (
         "entity; 50 sampled candidates), beside PageRank, rules mined on the inference graph and text + rules; "
         "seconds and query cost. Writes RUNS/inductive.json and RUNS/inductive.md.",
         (_recipe("recipes/grail_wn18rr.yaml"),
-         Param("splits", "strs", None, ("--splits",), "comma-separated (default: the four of the recipe's graph; "
+         Param("splits", "strs", SIGNATURE, ("--splits",), "comma-separated (default: the four of the recipe's graph; "
                                                       "make bench-grail runs all eight)"),
          Param("runs", "path", Path("runs/grail"), ("--runs",), "a folder for the runs (a finished one is reused) "
                                                                 "and the table"),
-         Param("negatives", "int", 50, ("--negatives",), "candidates per side in GraIL's protocol", min=2),
-         Param("seed", "int", 0, ("--seed",), "the draws' seed", min=0), SETS, PROGRESS)),
+         Param("negatives", "int", SIGNATURE, ("--negatives",), "candidates per side in GraIL's protocol", min=2),
+         Param("seed", "int", SIGNATURE, ("--seed",), "the draws' seed", min=0), SETS, PROGRESS)),
     BenchCommand(
         "loss", lazy(f"{SPEED}:bench_loss"),
         "The objective alone: false-negative masks by binary search (training's) against torch.isin, s/step.",
-        (_recipe("recipes/wn18rr_laptop.yaml"), Param("steps", "int", 20, ("--steps",), min=1),
-         Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
+        (_recipe("recipes/wn18rr_laptop.yaml"), Param("steps", "int", SIGNATURE, ("--steps",), min=1),
+         Param("batch_size", "int", SIGNATURE, ("--batch-size",), "default: the recipe's"), SETS)),
     BenchCommand(
         "inputs", lazy(f"{STEPS}:bench_inputs"),
         "The host's share of a training step: a batch's inputs one entity at a time, as built before in the step, "
         "and prepared a step ahead; then steps with a tiny BERT, inputs in the step against prefetched.",
-        (_recipe("recipes/wn18rr_biencoder.yaml"), Param("steps", "int", 10, ("--steps",), min=1),
-         Param("batch_size", "int", None, ("--batch-size",), "default: the recipe's"), SETS)),
+        (_recipe("recipes/wn18rr_biencoder.yaml"), Param("steps", "int", SIGNATURE, ("--steps",), min=1),
+         Param("batch_size", "int", SIGNATURE, ("--batch-size",), "default: the recipe's"), SETS)),
     BenchCommand(
         "rules", lazy(f"{STRUCTURE}:bench_rules"),
         "Mined rules scoring a split's queries: per-relation tables (small graphs) against per-batch rows, s.",
         (_recipe("recipes/umls_biencoder.yaml (its data: and structure: sections, structure.model=rules)"),
-         Param("split", "str", "test", ("--split",), "test, dev or train: whose queries are scored"),
-         Param("batch_size", "int", 64, ("--batch-size",), min=1), SETS)),
+         Param("split", "str", SIGNATURE, ("--split",), "test, dev or train: whose queries are scored"),
+         Param("batch_size", "int", SIGNATURE, ("--batch-size",), min=1), SETS)),
     BenchCommand(
         "structure", lazy(f"{STRUCTURE}:bench_structure"),
         "PyKEEN alone on its own copy of the dataset (its pipeline, the recipe's structure: settings): test MRR and "
         "Hits@k beside kgc's structure-only and fused rows.",
         (Param("recipe_path", "path", help="a recipe with a structure: section, on a dataset PyKEEN ships (umls, "
                                            "kinships, nations)", required=True),
-         Param("seeds", "ints", "0", ("--seeds",), "comma-separated seeds; the table shows the mean", min=0),
+         Param("seeds", "ints", SIGNATURE, ("--seeds",), "comma-separated seeds; the table shows the mean", min=0),
          Param("run", "path", None, ("--run",), "a run of the recipe, evaluated: its text, structure and fused rows "
                                                 "beside PyKEEN's"), SETS, PROGRESS),
         adapt=lazy(f"{__name__}:structure_arguments"), show=lazy(f"{__name__}:show_structure")),
     BenchCommand(
         "index", lazy(f"{RETRIEVAL}:bench_index"),
         "Index types on synthetic clustered unit vectors: build time, size, queries/s, recall@10 vs exact.",
-        (Param("entities", "int", 1_000_000, ("--entities",), min=1), Param("dim", "int", 384, ("--dim",), min=1),
-         Param("queries", "int", 1000, ("--queries",), min=1),
-         Param("types", "strs", "flat,ivf,hnsw,ivfpq", ("--types",), "comma-separated index types"),
-         Param("nprobe", "ints", "8,16,32,64,128", ("--nprobe",), "ivf, ivfpq: the values to sweep"),
-         Param("ef_search", "ints", "16,32,64,128", ("--ef-search",), "hnsw: the values to sweep"),
-         Param("rescore", "ints", "1,10", ("--rescore",), "ivfpq: the exact re-scoring factors to sweep (1: plain PQ "
+        (Param("entities", "int", SIGNATURE, ("--entities",), min=1), Param("dim", "int", SIGNATURE, ("--dim",), min=1),
+         Param("queries", "int", SIGNATURE, ("--queries",), min=1),
+         Param("types", "strs", SIGNATURE, ("--types",), "comma-separated index types"),
+         Param("nprobe", "ints", SIGNATURE, ("--nprobe",), "ivf, ivfpq: the values to sweep"),
+         Param("ef_search", "ints", SIGNATURE, ("--ef-search",), "hnsw: the values to sweep"),
+         Param("rescore", "ints", SIGNATURE, ("--rescore",), "ivfpq: the exact re-scoring factors to sweep (1: plain PQ "
                                                           "scores)"),
          Param("nlist", "int", None, ("--nlist",), "ivf, ivfpq (default 4·√entities)"),
          Param("hnsw_m", "int", None, ("--hnsw-m",)), Param("ef_construction", "int", None, ("--ef-construction",)),
          Param("pq_bytes", "int", None, ("--pq-bytes",)), Param("train_size", "int", None, ("--train-size",)),
-         Param("clusters", "int", 2000, ("--clusters",), "Gaussian clusters in the synthetic set", min=1),
-         Param("seed", "int", 0, ("--seed",)),
-         Param("threads", "int", None, ("--threads",), "FAISS threads (default: every core)", min=1),
-         Param("repeats", "int", 3, ("--repeats",), "searches per setting; the fastest counts", min=1)),
+         Param("clusters", "int", SIGNATURE, ("--clusters",), "Gaussian clusters in the synthetic set", min=1),
+         Param("seed", "int", SIGNATURE, ("--seed",)),
+         Param("threads", "int", SIGNATURE, ("--threads",), "FAISS threads (default: every core)", min=1),
+         Param("repeats", "int", SIGNATURE, ("--repeats",), "searches per setting; the fastest counts", min=1)),
         adapt=lazy(f"{__name__}:index_arguments"), show=lazy(f"{__name__}:show_index")),
     BenchCommand(
         "scale", lazy("kgc.linkpred.bench.scale:bench_scale"),
@@ -117,33 +117,33 @@ COMMANDS = (
         "serve (head by name) and add entities, each stage its own process: wall time, peak RSS, bytes per entity, "
         "growth.",
         (Param("recipe_file", "path", None, help="the same as --recipe (e.g. recipes/wikidata5m_biencoder.yaml)"),
-         Param("entities", "ints", "50000,500000", ("--entities",), "comma-separated sizes, e.g. "
+         Param("entities", "ints", SIGNATURE, ("--entities",), "comma-separated sizes, e.g. "
                                                                    "50000,500000,5000000"),
-         Param("work", "path", None, ("--work",), "folder for the graphs, runs and logs (default: a temporary one)"),
-         Param("keep", "flag", False, ("--keep",), "keep each size's graph, run and logs (a later bench in the same "
+         Param("work", "path", SIGNATURE, ("--work",), "folder for the graphs, runs and logs (default: a temporary one)"),
+         Param("keep", "flag", SIGNATURE, ("--keep",), "keep each size's graph, run and logs (a later bench in the same "
                                                    "--work reuses the graphs)"),
-         Param("queries", "int", 1000, ("--queries",), "test (and dev) triples of the generated graphs: evaluated in "
+         Param("queries", "int", SIGNATURE, ("--queries",), "test (and dev) triples of the generated graphs: evaluated in "
                                                        "both directions", min=1),
-         Param("requests", "int", 200, ("--requests",), "head-by-name requests to the server, every fourth misspelt "
+         Param("requests", "int", SIGNATURE, ("--requests",), "head-by-name requests to the server, every fourth misspelt "
                                                         "(did you mean)", min=1),
-         Param("add", "int", 10_000, ("--add",), "entities added at the end (kgc index --add)", min=1),
+         Param("add", "int", SIGNATURE, ("--add",), "entities added at the end (kgc index --add)", min=1),
          Param("model", "str", "tiny", ("--model",), "tiny: a random 2-layer, 32-wide BERT made in the work folder; "
                                                      "else a model name or folder"),
-         Param("steps", "int", 2, ("--steps",), "training steps (the run folder's cost)", min=1),
-         Param("stages", "strs", None, ("--stages",), "only these stages, comma-separated (default: all)"),
+         Param("steps", "int", SIGNATURE, ("--steps",), "training steps (the run folder's cost)", min=1),
+         Param("stages", "strs", SIGNATURE, ("--stages",), "only these stages, comma-separated (default: all)"),
          Param("overrides", "repeat", [], ("--set",), "a key of the measured run's recipe, e.g. --set "
                                                        "data.neighbor_text=true"),
-         Param("recipe", "path", None, ("--recipe",), "also say what each stage of this recipe would need at each "
+         Param("recipe", "path", SIGNATURE, ("--recipe",), "also say what each stage of this recipe would need at each "
                                                       "size, here and on a GPU"),
          Param("recipe_overrides", "repeat", [], ("--recipe-set",), "a key of --recipe, e.g. --recipe-set "
                                                                      "train.batch_size=256"),
-         Param("stage_timeout", "float", None, ("--stage-timeout",), "seconds a stage may take before it is killed",
+         Param("stage_timeout", "float", SIGNATURE, ("--stage-timeout",), "seconds a stage may take before it is killed",
                min=1),
-         Param("index_type", "str", None, ("--index-type",), "kgc index --type: flat (default), ivf, hnsw or ivfpq"),
-         Param("max_memory_gb", "float", None, ("--max-memory",), "GB of resident memory past which a stage is "
+         Param("index_type", "str", SIGNATURE, ("--index-type",), "kgc index --type: flat (default), ivf, hnsw or ivfpq"),
+         Param("max_memory_gb", "float", SIGNATURE, ("--max-memory",), "GB of resident memory past which a stage is "
                                                                   "killed (and reported), before the OOM killer acts",
                min=0.1),
-         Param("seed", "int", 0, ("--seed",)), Param("plot", "path", None, ("--plot",), "a PNG of time and memory per "
+         Param("seed", "int", SIGNATURE, ("--seed",)), Param("plot", "path", SIGNATURE, ("--plot",), "a PNG of time and memory per "
                                                                                        "stage"),
          Param("out", "path", None, ("--json", "--out"), "write the figures as JSON")),
         adapt=lazy(f"{__name__}:scale_arguments"), show=lazy(f"{__name__}:show_scale")),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Protocol, Union
 
 import numpy as np
 from pydantic import Field, TypeAdapter, ValidationError
@@ -420,7 +420,17 @@ def index_bytes(index) -> int:
     return int(faiss_module().serialize_index(to_cpu(index)).nbytes)
 
 
-def search_index(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+class SearchIndex(Protocol):
+    """What a search reads of an index, whichever type built it: a FAISS index, :class:`ExactIndex` (flat, in
+    torch) or :class:`RescoredIndex` (ivfpq re-scored against the exact table) — the hand-off from the index store
+    to every search (:func:`search_index`, :func:`kgc.linkpred.answer.topk.search_many`)."""
+    d: int  # the vectors' dimension
+    ntotal: int  # how many vectors it holds
+
+    def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def search_index(index: SearchIndex, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top ``k`` of every query: ``(scores, ids)``, both (queries, k), best first; scores are cosines (exact ones,
     but for an ivfpq index without re-scoring: the cosines with its compressed vectors).
 
