@@ -53,19 +53,31 @@ class ServiceStopping(KGCError):
     """``kgc serve`` is stopping (SIGTERM) and did not begin this work: answered 503, nothing was changed."""
 
 
-def validated(model, values):
+def validated(model, values, *, strict: bool = False, what: str | None = None):
     """``model`` (a pydantic model class) from the mapping ``values``, or one KGCError naming the first bad or
-    unknown option: the one way kgc turns options given in Python, on a command line or over HTTP into the model
-    that declares them (:class:`kgc.serve.Limits`, the evaluation's options, …)."""
+    unknown option (:func:`problem`): the one way kgc turns options given in Python, on a command line or over
+    HTTP into the model that declares them (:class:`kgc.serve.Limits`, the evaluation's options, a query's).
+    ``strict``: no coercion (``"2"`` is not an int); ``what``: how the message names the model."""
     from pydantic import ValidationError
 
     try:
-        return model.model_validate(dict(values))
+        return model.model_validate(dict(values), strict=strict)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        key = ".".join(str(x) for x in e.get("loc", ())) or "options"
-        if e["type"] == "extra_forbidden":
-            raise KGCError(f"unknown option {key!r}; {model.__name__} takes {', '.join(model.model_fields)}") from None
-        if e["type"] == "value_error":  # a rule of the model's own: its sentence, whole
-            raise KGCError(str(e["ctx"]["error"])) from None
-        raise KGCError(f"{key}: {e['msg']} (got {e.get('input')!r})") from None
+        raise KGCError(problem(model, exc, what=what)) from None
+
+
+def problem(model, exc, *, what: str | None = None) -> str:
+    """The first error of ``model``'s validation ``exc`` as one sentence naming the option: an unknown one with the
+    options ``model`` (or ``what``) takes, a rule of the model's own in its own words, a value of the wrong type
+    with the type it must be, any other with pydantic's reason and the value given."""
+    e = exc.errors()[0]
+    key = ".".join(str(x) for x in e.get("loc", ())) or "options"
+    if e["type"] == "extra_forbidden":
+        return f"unknown option {key!r}; {what or model.__name__} takes {', '.join(model.model_fields)}"
+    if e["type"] == "value_error":  # a rule of the model's own: its sentence, whole
+        return str(e["ctx"]["error"])
+    field = model.model_fields.get(key)
+    if field is not None and e["type"].endswith("_type"):  # "2" for an int, 1 for a bool (strict)
+        kind = getattr(field.annotation, "__name__", str(field.annotation))
+        return f"{key} must be {kind}, got {e.get('input')!r}"
+    return f"{key}: {e['msg']} (got {e.get('input')!r})"

@@ -62,20 +62,22 @@ def test_fetch_checks_sha256_and_leaves_nothing_on_failure(tmp_path, monkeypatch
 
     from kgc.data import catalog
 
-    entry = dataclasses.replace(catalog.CATALOG["umls"], url=(data_home / "UMLS").as_uri())
+    entry = catalog.CATALOG["umls"]
+    entry = dataclasses.replace(entry, source=dataclasses.replace(entry.source, url=(data_home / "UMLS").as_uri()))
     monkeypatch.setitem(catalog.CATALOG, "umls", entry)
     home = tmp_path / "home"
     target = catalog.fetch_dataset("umls", home)
     assert target == home / "UMLS" and read_graph(target).num_entities == 135
     assert sorted(p.name for p in home.iterdir()) == ["UMLS"]
 
-    bad = dataclasses.replace(entry, files={**entry.files, "test.tsv": "0" * 64})
+    bad = dataclasses.replace(entry, source=dataclasses.replace(entry.source,
+                                                                files={**entry.source.files, "test.tsv": "0" * 64}))
     monkeypatch.setitem(catalog.CATALOG, "umls", bad)
     other = tmp_path / "other"
     with pytest.raises(KGCError, match="test.tsv: sha256 .* does not match"):
         catalog.fetch_dataset("umls", other)
     assert list(other.iterdir()) == []  # the partial download was removed
-    offline = dataclasses.replace(entry, url=(tmp_path / "nowhere").as_uri())
+    offline = dataclasses.replace(entry, source=dataclasses.replace(entry.source, url=(tmp_path / "nowhere").as_uri()))
     monkeypatch.setitem(catalog.CATALOG, "umls", offline)
     with pytest.raises(KGCError, match=r"could not download .*Copy the files"):
         catalog.fetch_dataset("umls", other)

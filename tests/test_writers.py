@@ -49,7 +49,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 # functions that write into a folder their caller stages: allowed if every call of them is inside the writer
 STAGED_BY_CALLER = {
     ("data/wikidata5m.py", "convert"): "the KG-BERT folder, in fetch's atomic_dir",
-    ("data/catalog.py", "_unpack_encrypted"): "a dataset's files, in _fetch's atomic_dir",
+    ("data/catalog.py", "_unpack"): "an encrypted dataset's files, in Encrypted.fetch's atomic_dir",
     ("data/synth_graph.py", "_write"): "each file of the synthetic graph, in write_graph's atomic_dir",
     ("linkpred/export.py", "_write"): "an export's files, in export_towers' atomic_dir",
     ("linkpred/export.py", "_write_tower"): "each tower's save_pretrained folder, in _write's folder",

@@ -97,16 +97,17 @@ class CSTSTask(Task):
     @classmethod
     def datasets(cls) -> list:
         """The official C-STS CSVs (encrypted upstream) and the synthetic set kgc generates."""
-        from kgc.data.catalog import CatalogEntry
+        from kgc.data.catalog import CatalogEntry, Encrypted, Generated
 
         return [
             CatalogEntry("csts", "CSTS", "Conditional STS (Deshpande et al. 2023), official CSVs; encrypted upstream",
-                         files={f"csts_{s}.csv": None for s in ("train", "validation", "test")},
-                         url="https://raw.githubusercontent.com/princeton-nlp/c-sts/main/data/csts.tar.enc",
-                         probe=cls.dataset_files, encrypted=True),
+                         Encrypted("https://raw.githubusercontent.com/princeton-nlp/c-sts/main/data/csts.tar.enc",
+                                   {f"csts_{s}.csv": None for s in ("train", "validation", "test")}),
+                         probe=cls.dataset_files),
             CatalogEntry("synth-csts", "synth-csts", "synthetic conditional similarity, made by kgc "
-                         "(`kgc data synth-csts OUT`)", probe=cls.dataset_files,
-                         generated="$KGC_CACHE_HOME/synth-csts (on first use)", command="kgc data synth-csts OUT"),
+                         "(`kgc data synth-csts OUT`)",
+                         Generated("$KGC_CACHE_HOME/synth-csts (on first use)", command="kgc data synth-csts OUT"),
+                         probe=cls.dataset_files),
         ]
 
     @classmethod

@@ -5,8 +5,10 @@ The entries here are KG-BERT or PyKEEN label-TSV folders, the format this layer 
 converted to KG-BERT's by its fetch, :mod:`kgc.data.wikidata5m`). A task adds the datasets only it reads
 (:meth:`kgc.training.task.Task.datasets`, e.g. the C-STS CSVs, fetched from the authors' encrypted archive with the
 password they give on request), and another package may add its own through the ``kgc.datasets`` entry point
-group (:data:`kgc.registry.DATASETS`: a :class:`CatalogEntry`, or a module that registers some). Which task a
-dataset is for is the task whose ``dataset_files`` mark its folder.
+group (:data:`kgc.registry.DATASETS`: a :class:`CatalogEntry`, or a module that registers some). Where an entry's
+folder comes from is its ``source``, an object with its own ``fetch`` (:class:`Source`: :class:`Files`,
+:class:`Bundled`, :class:`Encrypted`, :class:`Wikidata5MArchives`, :class:`Derived`, :class:`Generated`). Which
+task a dataset is for is the task whose ``dataset_files`` mark its folder.
 """
 
 from __future__ import annotations
@@ -34,23 +36,180 @@ def graph_markers() -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for fmt in GRAPH_FORMATS.values() for m in fmt.markers))
 
 
+class Source:
+    """Where a catalog entry's folder comes from. :meth:`fetch` writes it under a data home (``kgc data fetch``)
+    and returns it; :meth:`derived` and :meth:`bundled` are copies found without fetching (a folder kgc writes from
+    other datasets' files before the data homes are searched; a copy inside an installed wheel after them);
+    :meth:`hint` is what a missing dataset's message asks the user to do. A source is an object of its own (a
+    plugin may subclass it), so a new kind of home is one class, not a flag of every entry."""
+
+    def fetch(self, entry: "CatalogEntry", home: Path, *, password: str | None = None, source: str | None = None,
+              yes: bool = False, ask: Callable[[str], bool] | None = None,
+              echo: Callable[[str], None] = print) -> Path:
+        raise KGCError(f"{entry.name} has no download home")
+
+    def derived(self, entry: "CatalogEntry", homes: list[Path]) -> Path | None:
+        return None
+
+    def bundled(self, entry: "CatalogEntry") -> tuple[Path, str] | None:
+        return None
+
+    def hint(self, entry: "CatalogEntry") -> str:
+        return f"run `kgc data fetch {entry.name}`"
+
+
+@dataclass(frozen=True)
+class Files(Source):
+    """Each file downloaded from ``url/<file>`` and checked against its sha256 (None: not pinned; the sum seen is
+    printed), into a staged folder renamed into place whole; ``bundle``: PyKEEN's copy in its wheel, used where no
+    data home holds the folder (labels only)."""
+    url: str
+    files: dict[str, str | None] = field(default_factory=dict)
+    bundle: str | None = None
+
+    def fetch(self, entry, home, *, password=None, source=None, yes=False, ask=None, echo=print):
+        target = home / entry.folder
+        if _looks_like_dataset(target, entry.probes):
+            return target
+        with atomic_dir(target) as tmp:  # renamed into place only when every file is there and checked
+            for fname, expected in self.files.items():
+                url = f"{self.url}/{fname}"
+                download(url, tmp / fname, f"Copy the files ({', '.join(self.files)}) into {target} by hand.")
+                got = sha256_file(tmp / fname)
+                if expected is None:
+                    echo(f"  {fname}: sha256 {got} (not pinned in the catalog)")
+                elif got != expected:
+                    raise KGCError(f"{url}: sha256 {got} does not match the catalog's {expected}; refusing it")
+        return target
+
+    def bundled(self, entry):
+        return _pykeen_folder(self.bundle)
+
+
+@dataclass(frozen=True)
+class Bundled(Source):
+    """Only the copy inside the pykeen wheel (``pykeen/datasets/<name>``: labels, no texts)."""
+    name: str
+
+    def fetch(self, entry, home, **options):
+        raise KGCError(f"{entry.name} has no download home; it ships inside the pykeen wheel")
+
+    def bundled(self, entry):
+        return _pykeen_folder(self.name)
+
+    def hint(self, entry):
+        return "copy its train/valid/test files there"
+
+
+@dataclass(frozen=True)
+class Encrypted(Source):
+    """One ``openssl enc -aes-256-cbc -a -salt -pbkdf2`` tar archive at ``url`` (C-STS's), decrypted with the
+    password its authors give on request, ``files`` kept from it and checked by the task before they are
+    published; ``source`` (``--from``) reads the archive from a local file instead."""
+    url: str
+    files: dict[str, str | None] = field(default_factory=dict)
+
+    def fetch(self, entry, home, *, password=None, source=None, yes=False, ask=None, echo=print):
+        target = home / entry.folder
+        if _looks_like_dataset(target, entry.probes):
+            return target
+        if not password:
+            raise KGCError(f"{entry.name} is distributed encrypted: pass --password (its authors give it on "
+                           f"request), or put {', '.join(self.files)} into {target} yourself")
+        blob = self._archive(source, target)  # before anything is created
+        with atomic_dir(target) as tmp:
+            self._unpack(entry, blob, tmp, password, source or self.url)
+        return target
+
+    def hint(self, entry):
+        return (f"put {', '.join(self.files)} there, or run `kgc data fetch {entry.name} --password …` with the "
+                "password its authors give on request")
+
+    def _archive(self, source: str | None, target: Path) -> bytes:
+        """The archive's bytes, from a local file, a URL, or the entry's public home."""
+        where = source or self.url
+        try:
+            if source is not None and Path(source).is_file():
+                return Path(source).read_bytes()
+            with urllib.request.urlopen(where, timeout=60) as resp:
+                return resp.read()
+        except (OSError, ValueError) as exc:
+            raise KGCError(f"could not read {where} ({exc}). Offline? Fetch {self.url} elsewhere and pass it with "
+                           f"--from FILE, or put {', '.join(self.files)} into {target} by hand.") from None
+
+    def _unpack(self, entry: "CatalogEntry", blob: bytes, tmp: Path, password: str, where: str) -> None:
+        """Decrypt the tar in memory and keep the listed files (checked by the entry's task) in ``tmp``."""
+        from kgc.data.openssl import decrypt
+
+        plain = decrypt(blob, password, what=str(where))
+        try:
+            archive = tarfile.open(fileobj=io.BytesIO(plain))
+        except tarfile.TarError:
+            raise KGCError(f"{where}: decrypted, but not a tar archive (wrong password?)") from None
+        with archive:
+            members = {Path(m.name).name: m for m in archive.getmembers() if m.isfile()}
+            missing = [f for f in self.files if f not in members]
+            if missing:
+                raise KGCError(f"{where}: the archive lacks {', '.join(missing)} (it holds "
+                               f"{', '.join(sorted(members))})")
+            for fname in self.files:
+                (tmp / fname).write_bytes(archive.extractfile(members[fname]).read())
+        TASKS.lookup(entry.task).check_dataset(tmp)  # every row checked before the folder is published
+
+
+@dataclass(frozen=True)
+class Wikidata5MArchives(Source):
+    """Wikidata5M's archives (mirrors and sizes in :mod:`kgc.data.wikidata5m`), converted to KG-BERT files while
+    they are read; large, so the fetch asks first (``yes``/``ask``); ``source`` is a folder of the archives."""
+    url: str
+    variant: str  # transductive or inductive
+
+    def fetch(self, entry, home, *, password=None, source=None, yes=False, ask=None, echo=print):
+        from kgc.data import wikidata5m
+
+        target = home / entry.folder
+        if _looks_like_dataset(target, entry.probes):
+            return target
+        return wikidata5m.fetch(variant=self.variant, target=target, home=home, source=source, yes=yes, ask=ask,
+                                echo=echo)
+
+
+@dataclass(frozen=True)
+class Generated(Source):
+    """Made by kgc itself on first use (``where``: the folder it is written to), or by ``command``."""
+    where: str
+    command: str | None = None
+
+    def fetch(self, entry, home, **options):
+        raise KGCError(f"{entry.name} is made by kgc, not downloaded: name it in a recipe (data.dataset: "
+                       f"{entry.name})" + (f", or write it with `{self.command}`" if self.command else ""))
+
+
+@dataclass(frozen=True)
+class Derived(Source):
+    """A folder kgc writes from other datasets' files (GraIL's splits with their graph's texts):
+    ``derive(name, homes, find_dataset)`` returns it, written on first use; ``download(name, home, echo)`` fetches
+    what it is derived from."""
+    url: str
+    derive: Callable[[str, list[Path], Callable], Path]
+    download: Callable[..., Path]
+
+    def fetch(self, entry, home, *, echo=print, **options):
+        return self.download(entry.name, home, echo=echo)
+
+    def derived(self, entry, homes):
+        return self.derive(entry.name, homes, find_dataset)
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
+    """A dataset by name: the folder it is found in under a data home, what it is, where it comes from
+    (``source``: one of the :class:`Source` kinds above, or a plugin's), and the files that mark its folder."""
     name: str  # the catalog key, lower case
     folder: str  # folder name under a data home, as distributed (e.g. WN18RR)
     description: str
-    files: dict[str, str | None] = field(default_factory=dict)  # file → sha256 (None: not pinned)
-    url: str | None = None  # folder URL; each file is url/<file>
-    pykeen_bundle: str | None = None  # sub-folder of pykeen/datasets holding train/valid/test.txt
+    source: Source = field(default_factory=Source)
     probe: tuple[str, ...] | None = None  # a folder holding any of these is the dataset's (None: a graph's markers)
-    encrypted: bool = False  # url is one ``openssl enc -aes-256-cbc -a -salt -pbkdf2`` tar archive
-    wikidata5m: str | None = None  # Wikidata5M split (transductive/inductive): archives converted at fetch
-    generated: str | None = None  # made by kgc itself on first use, under this folder (no files to find)
-    command: str | None = None  # a generated entry: the command that writes it into a folder
-    # a folder kgc derives from other datasets' files (GraIL's splits with their graph's texts): derive(name, the
-    # data homes, find_dataset) -> the folder, written on first use; fetch(name, home, echo) downloads its sources
-    derive: Callable[[str, list[Path], Callable], Path] | None = None
-    fetch: Callable[..., Path] | None = None
 
     @property
     def task(self) -> str | None:
@@ -74,8 +233,8 @@ def _grail_entries() -> list[CatalogEntry]:
 
     about = {"wn18rr": "WN18RR", "fb237": "FB15k-237"}
     return [CatalogEntry(name, name, f"GraIL's inductive {about[kg]} v{v} (Teru et al. 2020): a training graph and an "
-                         f"inference graph of unseen entities, {about[kg]}'s texts", url=grail.GRAIL_URL,
-                         derive=grail.split_folder, fetch=grail.fetch)
+                         f"inference graph of unseen entities, {about[kg]}'s texts",
+                         Derived(grail.GRAIL_URL, derive=grail.split_folder, download=grail.fetch))
             for name, (kg, v) in grail.SPLITS.items()]
 
 
@@ -84,45 +243,41 @@ CATALOG: dict[str, CatalogEntry] = {
     for e in [
         CatalogEntry(
             "wn18rr", "WN18RR", "WordNet 3.0 subset (Dettmers et al. 2018), KG-BERT texts",
-            files={
+            Files(f"{KGBERT}/WN18RR", {
                 "train.tsv": "038612e783c215ee5f3ca9fbfca27b8d0739be1028fe4ee7c174aecf0b83d5df",
                 "dev.tsv": "453ce7202afa58094a04d2b1560ee2b02660f1c260b32ce6651c8ccedd1028ab",
                 "test.tsv": "0383bceaaa1096cf3c03ec021ed0048068e2355dbfc0239b292cefdac821cec5",
                 "entity2text.txt": "8f5c6f11753dafa879917b9bdf73d398ceb3bd4bed8d5553177e1e0f2c37521f",
                 "relation2text.txt": "91b1de5585d686ed31498d50f1c4eed44ba9486dffbbcc0c28927ac884184918",
-            },
-            url=f"{KGBERT}/WN18RR",
+            }),
         ),
         CatalogEntry(
             "fb15k237", "FB15k-237", "Freebase subset (Toutanova & Chen 2015), KG-BERT texts",
             # Not pinned: no reference copy was available to hash; fetch prints the sums it saw.
-            files={f: None for f in ("train.tsv", "dev.tsv", "test.tsv", "entity2text.txt",
-                                     "entity2textlong.txt", "relation2text.txt")},
-            url=f"{KGBERT}/FB15k-237",
+            Files(f"{KGBERT}/FB15k-237", {f: None for f in ("train.tsv", "dev.tsv", "test.tsv", "entity2text.txt",
+                                                            "entity2textlong.txt", "relation2text.txt")}),
         ),
         CatalogEntry(
             "umls", "UMLS", "Unified Medical Language System (Kok & Domingos 2007), KG-BERT texts",
-            files={
+            Files(f"{KGBERT}/umls", {
                 "train.tsv": "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35",
                 "dev.tsv": "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e",
                 "test.tsv": "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014",
                 "entity2text.txt": "c6438aafd894917cefe73ea75fc20743d18f4226ebc85a2f43758ff3f77330b9",
                 "entity2textlong.txt": "cb4eccdebf5bfc73adc2db0fc582d215256aa11d789d3a16a6c0649f338f5fe3",
                 "relation2text.txt": "f5c5eddf696c52fc3c435ac031a4a0b06e00cc09116613db6a835d02d610123c",
-            },
-            url=f"{KGBERT}/umls",
-            pykeen_bundle="umls",
+            }, bundle="umls"),
         ),
-        CatalogEntry("nations", "Nations", "Nations (Kemp et al. 2006), labels only", pykeen_bundle="nations"),
+        CatalogEntry("nations", "Nations", "Nations (Kemp et al. 2006), labels only", Bundled("nations")),
         CatalogEntry("kinships", "Kinships", "Alyawarra kinship (Kemp et al. 2006), labels only",
-                     pykeen_bundle="kinships"),
+                     Bundled("kinships")),
         # Wikidata5M: archives (mirrors and sizes in kgc.data.wikidata5m) converted to KG-BERT files at fetch
         CatalogEntry("wikidata5m", "Wikidata5M", "Wikidata + Wikipedia abstracts (Wang et al. 2021), transductive; "
-                     "4.6M entities, ~1.3 GB download", url="https://deepgraphlearning.github.io/project/wikidata5m",
-                     wikidata5m="transductive"),
+                     "4.6M entities, ~1.3 GB download",
+                     Wikidata5MArchives("https://deepgraphlearning.github.io/project/wikidata5m", "transductive")),
         CatalogEntry("wikidata5m-inductive", "Wikidata5M-inductive", "Wikidata5M, inductive split (test entities "
-                     "unseen in training)", url="https://deepgraphlearning.github.io/project/wikidata5m",
-                     wikidata5m="inductive"),
+                     "unseen in training)",
+                     Wikidata5MArchives("https://deepgraphlearning.github.io/project/wikidata5m", "inductive")),
         *_grail_entries(),
     ]
 }
@@ -155,15 +310,16 @@ def data_homes() -> list[tuple[str, Path]]:
     return homes
 
 
-def _pykeen_folder(entry: CatalogEntry) -> Path | None:
-    if entry.pykeen_bundle is None:
+def _pykeen_folder(bundle: str | None) -> tuple[Path, str] | None:
+    """PyKEEN's copy of a dataset inside its wheel (``pykeen/datasets/<bundle>``), where it is installed."""
+    if bundle is None:
         return None
     try:
         import pykeen.datasets
     except ImportError:  # pragma: no cover - pykeen is a dependency
         return None
-    folder = Path(pykeen.datasets.__file__).parent / entry.pykeen_bundle
-    return folder if (folder / "train.txt").is_file() else None
+    folder = Path(pykeen.datasets.__file__).parent / bundle
+    return (folder, "pykeen wheel (labels only)") if (folder / "train.txt").is_file() else None
 
 
 def _looks_like_dataset(folder: Path, files: tuple[str, ...] | None = None) -> bool:
@@ -214,28 +370,24 @@ def find_dataset(name_or_path: str, path: str | None = None, task: str | None = 
     if entry.task != task:
         raise KGCError(f"dataset {entry.name!r} is a {entry.task} dataset, and the recipe has task {task}; "
                        f"set task: {entry.task} or pick a {task} dataset")
-    if entry.derive is not None:
-        return entry.derive(entry.name, [home for _, home in data_homes()], find_dataset), "derived"
+    if (derived := entry.source.derived(entry, [home for _, home in data_homes()])) is not None:
+        return derived, "derived"
     for label, home in data_homes():
         for folder in _candidates(entry, home):
             if _looks_like_dataset(folder, files):
                 return folder, label
-    if (bundled := _pykeen_folder(entry)) is not None:
-        return bundled, "pykeen wheel (labels only)"
+    if (bundled := entry.source.bundled(entry)) is not None:
+        return bundled
     target = data_homes()[0][1] / entry.folder
-    hint = f"run `kgc data fetch {entry.name}`" if entry.url else "copy its train/valid/test files there"
-    if entry.encrypted:
-        hint = (f"put {', '.join(entry.files)} there, or run `kgc data fetch {entry.name} --password …` with the "
-                "password its authors give on request")
-    raise KGCError(f"dataset {entry.name!r} not found. Populate {target} ({hint}), "
+    raise KGCError(f"dataset {entry.name!r} not found. Populate {target} ({entry.source.hint(entry)}), "
                    "or set KGC_DATA_HOME to a folder that holds it.")
 
 
 def list_datasets() -> list[dict[str, str]]:
     rows = []
     for entry in entries().values():
-        if entry.generated:
-            rows.append({"name": entry.name, "where": "generated", "folder": entry.generated,
+        if isinstance(entry.source, Generated):
+            rows.append({"name": entry.name, "where": "generated", "folder": entry.source.where,
                          "about": entry.description})
             continue
         try:
@@ -260,68 +412,5 @@ def fetch_dataset(name: str, dest_home: Path | None = None, *, password: str | N
     entry = catalog_entry(name)
     if entry is None:
         raise KGCError(f"unknown dataset {name!r}; catalog names: {', '.join(entries())}")
-    if entry.generated:
-        raise KGCError(f"{entry.name} is made by kgc, not downloaded: name it in a recipe (data.dataset: "
-                       f"{entry.name})" + (f", or write it with `{entry.command}`" if entry.command else ""))
-    if entry.url is None:
-        raise KGCError(f"{entry.name} has no download home; it ships inside the pykeen wheel")
     home = dest_home or data_homes()[0][1]
-    if entry.fetch is not None:
-        return entry.fetch(entry.name, home, echo=echo)
-    target = home / entry.folder
-    if _looks_like_dataset(target, entry.probes):
-        return target
-    if entry.wikidata5m:
-        from kgc.data import wikidata5m
-
-        return wikidata5m.fetch(variant=entry.wikidata5m, target=target, home=home, source=source, yes=yes, ask=ask,
-                                echo=echo)
-    if entry.encrypted and not password:
-        raise KGCError(f"{entry.name} is distributed encrypted: pass --password (its authors give it on request), "
-                       f"or put {', '.join(entry.files)} into {target} yourself")
-    blob = _read_archive(entry, source, target) if entry.encrypted else b""  # before anything is created
-    with atomic_dir(target) as tmp:  # renamed into place only when every file is there and checked
-        if entry.encrypted:
-            _unpack_encrypted(entry, blob, tmp, password, source or entry.url)
-            return target
-        for fname, expected in entry.files.items():
-            url = f"{entry.url}/{fname}"
-            download(url, tmp / fname, f"Copy the files ({', '.join(entry.files)}) into {target} by hand.")
-            got = sha256_file(tmp / fname)
-            if expected is None:
-                echo(f"  {fname}: sha256 {got} (not pinned in the catalog)")
-            elif got != expected:
-                raise KGCError(f"{url}: sha256 {got} does not match the catalog's {expected}; refusing it")
-    return target
-
-
-def _read_archive(entry: CatalogEntry, source: str | None, target: Path) -> bytes:
-    """The encrypted archive's bytes, from a local file, a URL, or the entry's public home."""
-    where = source or entry.url
-    try:
-        if source is not None and Path(source).is_file():
-            return Path(source).read_bytes()
-        with urllib.request.urlopen(where, timeout=60) as resp:
-            return resp.read()
-    except (OSError, ValueError) as exc:
-        raise KGCError(f"could not read {where} ({exc}). Offline? Fetch {entry.url} elsewhere and pass it with "
-                       f"--from FILE, or put {', '.join(entry.files)} into {target} by hand.") from None
-
-
-def _unpack_encrypted(entry: CatalogEntry, blob: bytes, tmp: Path, password: str, where: str) -> None:
-    """Decrypt the OpenSSL-encrypted tar in memory and keep the listed files (checked) in ``tmp``."""
-    from kgc.data.openssl import decrypt
-
-    plain = decrypt(blob, password, what=str(where))
-    try:
-        archive = tarfile.open(fileobj=io.BytesIO(plain))
-    except tarfile.TarError:
-        raise KGCError(f"{where}: decrypted, but not a tar archive (wrong password?)") from None
-    with archive:
-        members = {Path(m.name).name: m for m in archive.getmembers() if m.isfile()}
-        missing = [f for f in entry.files if f not in members]
-        if missing:
-            raise KGCError(f"{where}: the archive lacks {', '.join(missing)} (it holds {', '.join(sorted(members))})")
-        for fname in entry.files:
-            (tmp / fname).write_bytes(archive.extractfile(members[fname]).read())
-    TASKS.lookup(entry.task).check_dataset(tmp)  # every row checked before the folder is published
+    return entry.source.fetch(entry, home, password=password, source=source, yes=yes, ask=ask, echo=echo)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kgc.errors import KGCError
+from kgc.errors import validated
 
 
 class QueryOptions(BaseModel):
@@ -42,20 +42,4 @@ class QueryOptions(BaseModel):
         """Options from Python values — keyword arguments, a mapping (a query file's line), or options to change —
         checked strictly (``top_k`` an int, the others bools); a bad or unknown one is one KGCError."""
         base = options.model_dump() if isinstance(options, QueryOptions) else dict(options or {})
-        try:
-            return cls.model_validate({**base, **more}, strict=True)
-        except ValidationError as exc:
-            raise KGCError(cls.problem(exc)) from None
-
-    @classmethod
-    def problem(cls, exc: ValidationError) -> str:
-        """The first error of a validation, as one sentence naming the option."""
-        e = exc.errors()[0]
-        key = ".".join(str(x) for x in e.get("loc", ())) or "options"
-        if e["type"] == "value_error":
-            return str(e["ctx"]["error"])
-        if e["type"] == "extra_forbidden":
-            return f"unknown option {key!r}; a query takes {', '.join(cls.model_fields)}"
-        field = cls.model_fields.get(key)
-        kind = getattr(field.annotation, "__name__", str(field.annotation)) if field is not None else "valid"
-        return f"{key} must be {kind}, got {e.get('input')!r}"
+        return validated(cls, {**base, **more}, strict=True, what="a query")
