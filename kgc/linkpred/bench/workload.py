@@ -167,12 +167,13 @@ def run_process(argv: list[str], *, log: Path, env: dict | None = None, cwd: Pat
                 child.kill_group(signal.SIGTERM)
         deadline = None if timeout is None else start + timeout
         while launcher.poll() is None:
-            if deadline is not None and time.perf_counter() > deadline:
-                timed_out = True
-                child.kill_group()
-                break
+            # memory first: a stage past both limits at one look is reported for the one that names a fix
             if max_rss is not None and (resident_bytes(child.pid)[0] or 0) > max_rss:
                 over = True
+                child.kill_group()
+                break
+            if deadline is not None and time.perf_counter() > deadline:
+                timed_out = True
                 child.kill_group()
                 break
             time.sleep(0.05)
