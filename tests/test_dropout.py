@@ -121,3 +121,27 @@ def test_a_tiny_berts_fp32_forward_is_unchanged_and_its_bf16_step_draws_no_berno
     with torch.profiler.profile() as prof, bf16():
         plain(input_ids=ids, attention_mask=attention)
     assert "aten::bernoulli_" in {e.key for e in prof.key_averages()}  # what it replaced
+
+
+def test_a_bf16_rows_softmax_is_the_fp32_softmax_rounded_once():
+    """What :func:`kgc.encoding.dropout.attention` relies on to skip the fp32 copy: the same bits either way."""
+    torch.manual_seed(2)
+    scores = (torch.randn(8, 4, 33, 33) * 4).to(torch.bfloat16)
+    scores[0, :, :, 20:] = torch.finfo(torch.bfloat16).min  # masked keys, as the attention fills them
+    assert torch.equal(F.softmax(scores, dim=-1), F.softmax(scores, dim=-1, dtype=torch.float32).to(torch.bfloat16))
+
+
+def test_with_the_bf16_stream_the_attentions_forward_is_the_same_bits():
+    """train.bf16_stream takes the softmax in bf16 (kgc.encoding.stream): a forward equal to the fp32 softmax's."""
+    module = torch.nn.Module()
+    module.is_causal = False
+    q, k, v = (torch.randn(3, 2, 7, 8).to(torch.bfloat16) for _ in range(3))
+    mask = torch.ones(3, 1, 7, 7, dtype=torch.bool)
+    mask[1, :, :, 5:] = False
+    outs = []
+    for on in (False, True):
+        setattr(module, bits.STREAM, on)
+        torch.manual_seed(5)
+        with bf16():
+            outs.append(bits.attention(module, q, k, v, mask, dropout=0.2, scaling=0.3)[0])
+    assert torch.equal(outs[0], outs[1])

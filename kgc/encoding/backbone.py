@@ -182,10 +182,12 @@ class TextEncoder(nn.Module):
     def __init__(self, backbone: nn.Module, pooling: "str | Pooling" = "mean", **pooling_options) -> None:
         from kgc.encoding.pooling import Pooling, build_pooling
 
-        from kgc.encoding.dropout import install
+        from kgc.encoding import dropout, stream
 
         super().__init__()
-        self.backbone = install(backbone)  # dropout masks of a bf16 CPU step from bulk bits; elsewhere as before
+        # in a bf16 CPU training step: dropout masks from bulk bits, and where train.bf16_stream is on the residual
+        # stream in bf16 (kgc.encoding.stream); elsewhere as before
+        self.backbone = stream.install(dropout.install(backbone))
         self.pooler = pooling if isinstance(pooling, Pooling) else build_pooling(
             pooling, int(backbone.config.hidden_size), len(backbone.encoder.layer), **pooling_options)
         self.cache = None  # LayerCache of the frozen lower layers (not a module: no weights)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+STREAM = "_kgc_bf16_stream"  # set on every module of a backbone by kgc.encoding.stream.enable (train.bf16_stream)
 LEVELS = 1 << 16  # a lane's values; the keep probability is a multiple of 1/LEVELS
 NAME = "kgc_sdpa"  # the attention implementation :func:`install` registers
 _SDPA: list = []  # transformers' sdpa_attention_forward, bound at first use (no transformers import at kgc's)
@@ -105,7 +106,14 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     scores = torch.matmul(query, key.transpose(-2, -1)) * scale  # (batch, heads, n, m)
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-    probs = _Masked.apply(F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), dropout)
+    if getattr(module, STREAM, False):
+        # train.bf16_stream: the softmax in the scores' own dtype. torch's CPU kernel computes a bf16 row in fp32 and
+        # rounds once, the same bits as an fp32 softmax cast to bf16, without the fp32 copy and its cast back; its
+        # backward reads the rounded probabilities (kgc.encoding.stream)
+        probs = F.softmax(scores, dim=-1).to(value.dtype)
+    else:
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = _Masked.apply(probs, dropout)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
 
 

@@ -143,6 +143,11 @@ class TrainConfig(Section):
     amp: Literal["auto", "off", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 on CUDA; on a CPU bf16 where it has bf16 hardware and a probe of the step "
                             "finds it faster, else fp32 (kgc.encoding.precision); off: fp32")
+    bf16_stream: bool = Field(
+        False, description="experimental: in a bf16 CPU training step, cast the encoder's residual stream to bf16 "
+                           "once at its first layer instead of autocast's cast for each matrix product "
+                           "(kgc/encoding/stream.py: residual sums and layer-norm outputs rounded to bf16); not yet "
+                           "measured on a CPU with bf16 matrix units, so off; no effect in fp32, inference or on a GPU")
     num_threads: Union[int, Literal["auto"], None] = Field(
         "auto", description="CPU threads for torch: a number; auto: the cores not already busy (runnable tasks in "
                             "/proc/loadavg), at most $OMP_NUM_THREADS where set, so two runs on one machine do not "

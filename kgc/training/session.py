@@ -261,6 +261,7 @@ class Session:
         from kgc.encoding.precision import choose, encoder_shape
 
         recipe, model, tc = self.recipe, self.model, self.recipe.train
+        model.set_bf16_stream(tc.bf16_stream)  # before the probe: it times the step the run will take
         rows = min(tc.batch_size, PROBE_ROWS)
         made: list = []  # the probe's step, made when the choice asks for it (auto on a CPU with bf16 hardware)
 
@@ -277,6 +278,8 @@ class Session:
         shape = {"work": "train step", "batch": tc.batch_size, "sections": sections,
                  **encoder_shape(model.encoders[0], recipe.data.max_tokens, rows),
                  "towers": len({id(e) for e in model.encoders}), "counts": repr(self.task.counts)}
+        if tc.bf16_stream:  # a different step (the key is absent otherwise: the probes cached before still match)
+            shape["bf16_stream"] = True
         cache = model.layer_cache
         kept = (torch.get_rng_state(), cache and (cache.store, cache.hits, cache.misses))
         if cache is not None:

@@ -120,6 +120,14 @@ class TaskModel(nn.Module):
         for enc in self.encoders:
             enc.precision = name
 
+    def set_bf16_stream(self, on: bool) -> None:
+        """``train.bf16_stream``: a bf16 CPU training step keeps every encoder's residual stream in bf16
+        (:mod:`kgc.encoding.stream`; no effect elsewhere)."""
+        from kgc.encoding import stream
+
+        for enc in self.encoders:
+            stream.enable(enc.backbone, on)
+
     def choose_precision(self, recipe: Recipe, *, say: Callable[[str], None] | None = None):
         """The precision this model answers in on this machine (``train.amp``: a probe of the tail tower on a CPU
         with bf16 hardware, cached), set on every encoder and said once; returns the
