@@ -230,11 +230,12 @@ def test_every_conditioner_trains_and_answers_in_bf16(conditioner, tmp_path, tin
     assert 0 < results["both"]["realistic"]["inverse_harmonic_mean_rank"] <= 1
 
 
-def test_kgc_bench_precision_sets_both_side_by_side(tmp_path, tiny_bert, data_home):
+def test_kgc_bench_precision_sets_both_side_by_side(tmp_path, tiny_bert, data_home, monkeypatch):
     """`kgc bench precision`: the limit at the model's shapes, training, entities and queries each way, the step's
     FLOPs (the same matrix products both ways), its top operators, and the MRR after equal steps in each."""
     import yaml
 
+    cpu(monkeypatch, BF16)  # as on a CPU with bf16 hardware, whatever this one has
     recipe = tiny_linkpred(tiny_bert)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump({"task": "linkpred", **recipe}))
@@ -255,3 +256,30 @@ def test_kgc_bench_precision_sets_both_side_by_side(tmp_path, tiny_bert, data_ho
         result["training"]["bf16"]["triples_per_s"] / result["training"]["fp32"]["triples_per_s"], abs=0.01)
     assert result["same_steps"]["mrr_difference"] == pytest.approx(
         result["same_steps"]["bf16"]["mrr"] - result["same_steps"]["fp32"]["mrr"], abs=1e-4)
+
+
+def test_kgc_bench_precision_on_a_cpu_without_bf16_times_fp32_and_says_why(tmp_path, tiny_bert, data_home,
+                                                                         monkeypatch):
+    """Without bf16 hardware bf16 is emulated (many times slower): the limit is measured both ways, only fp32 is
+    timed beyond it, and the output says so; --emulated times bf16 too."""
+    import yaml
+
+    cpu(monkeypatch, NO_BF16)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({"task": "linkpred", **tiny_linkpred(tiny_bert)}))
+    common = ("bench", "precision", path, "--steps", "1", "--rounds", "1", "--entities", "40", "--queries", "16")
+    out = tmp_path / "fp32.json"
+    res = cli(*common, "--mrr-steps", "2", "--out", out)
+    assert "bf16 hardware: none (emulated)" in res.stdout and "bf16 is emulated on this CPU" in res.stdout
+    assert "only fp32 is timed" in res.stdout and "training bf16" not in res.stdout
+    result = json.loads(out.read_text())
+    assert result["timed"] == ["fp32"] and result["bf16_hardware"] == []
+    assert set(result["training"]) == set(result["entities_per_s"]) == set(result["queries_per_s"]) == {"fp32"}
+    assert result["training"]["fp32"]["triples_per_s"] > 0 and result["limit"]["bf16"]["gflops"] > 0
+    assert result["same_steps"] is None  # a bf16 run of the recipe is not trained either
+    assert set(result["ratio"]) == {"limit"}
+    out = tmp_path / "both.json"
+    cli(*common, "--emulated", "--out", out)
+    result = json.loads(out.read_text())
+    assert result["timed"] == ["fp32", "bf16"] and result["training"]["bf16"]["triples_per_s"] > 0
+    assert set(result["ratio"]) == {"training", "entities", "queries", "limit"}

@@ -53,7 +53,9 @@ COMMANDS = (
          Param("mrr_steps", "int", SIGNATURE, ("--mrr-steps",), "train the recipe this many steps in fp32 and in bf16 and "
                                                         "compare their test MRR (0: not)", min=0),
          Param("profile", "flag", SIGNATURE, ("--profile/--no-profile",), "the top operators of a step each way "
-                                                                      "(torch.profiler)"), SETS)),
+                                                                      "(torch.profiler)"),
+         Param("emulated", "flag", SIGNATURE, ("--emulated/--no-emulated",), "time bf16 on a CPU without bf16 "
+               "hardware too (emulated there: many times slower; by default only its matrix rate)"), SETS)),
     BenchCommand(
         "grail", lazy("kgc.linkpred.bench.grail:bench_grail"),
         "GraIL's inductive splits: each trained on its training graph, its inference graph ranked both ways (every "

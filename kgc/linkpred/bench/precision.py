@@ -10,8 +10,13 @@ both alike (:mod:`kgc.encoding.precision` is what ``train.amp`` chooses from).
 * **queries**: ``--queries`` test queries encoded and ranked against the entity table, queries/s;
 * **where a step waits**: with ``--profile``, the operators with the most self time in a step, each way;
 * **the same model**: with ``--mrr-steps N``, two runs of the recipe trained ``N`` steps from the same seed
-  (``train.amp=off`` and ``train.amp=bf16``) and evaluated on the test split: MRR and Hits@10 of each. On a CPU
-  without bf16 hardware the bf16 figures are emulated (said).
+  (``train.amp=off`` and ``train.amp=bf16``) and evaluated on the test split: MRR and Hits@10 of each.
+
+On a CPU without bf16 hardware (no ``amx_bf16`` or ``avx512_bf16``) bf16 is emulated: its matrix products measured
+1–2 GFLOP/s against fp32's 124 on an AVX2-only AMD EPYC, so a bf16 block of the quickstart's steps would take many
+minutes and say only that. There the limit is measured both ways (it is what shows it), the fp32 figures are
+measured, and bf16's are skipped and said so (``train.amp: auto`` chooses fp32 there without a probe);
+``emulated=True`` (``--emulated``) times bf16 anyway.
 
 It prints the CPU's model name and flags; docs/results/cpu.md holds its table for the machine it was measured on.
 """
@@ -27,7 +32,7 @@ import torch
 
 from kgc.data.formats import load_graph
 from kgc.encoding.backbone import resolve_backbone
-from kgc.encoding.precision import bf16_hardware, describe_cpu
+from kgc.encoding.precision import BF16_FLAGS, bf16_hardware, describe_cpu
 from kgc.recipe import load_recipe
 from kgc.training.common import fuse_adamw, make_optimizer, seed_everything
 from kgc.training.task import task_class
@@ -100,15 +105,17 @@ def step_flops(task, model, criterion, batch) -> float:
 
 def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entities: int = 1024,
                     queries: int = 256, mrr_steps: int = 0, profile: bool = False,
-                    overrides: list[str] | None = None, echo=print) -> dict:
+                    overrides: list[str] | None = None, emulated: bool = False, echo=print) -> dict:
     recipe = load_recipe(recipe_path, list(overrides or []))
     cpu, hardware = describe_cpu(), bf16_hardware()
     echo(f"CPU: {cpu}; {torch.get_num_threads()} threads; bf16 hardware: {', '.join(hardware) or 'none (emulated)'}")
+    names = NAMES if hardware or emulated else ("fp32",)  # what is timed beyond the limit
     graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
     task = task_class(recipe.task).training(recipe, graph=graph)
     seed_everything(recipe.train.seed)
     model, _ = task.build_model(resolve_backbone(recipe.model.backbone))
     model.attach_layer_cache(recipe)
+    model.set_bf16_stream(recipe.train.bf16_stream)  # as training sets it (kgc.encoding.stream)
     criterion = task.make_loss(torch.device("cpu"))
     optimizer = make_optimizer([model, criterion], recipe.train.lr, recipe.train.weight_decay)
     model.train()
@@ -128,23 +135,28 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     limit = matrix_limit(shapes)
     echo("matrix products at the model's shapes, GFLOP/s: " + "; ".join(
         f"{s}: fp32 {limit['fp32']['by_shape'][s]:.0f}, bf16 {limit['bf16']['by_shape'][s]:.0f}" for s in shapes))
+    if len(names) == 1:
+        echo(f"bf16 is emulated on this CPU (no {' or '.join(BF16_FLAGS)} in /proc/cpuinfo): its matrix products "
+             f"{limit['fp32']['gflops'] / max(limit['bf16']['gflops'], 1e-9):.0f}x slower than fp32's here, so only fp32 "
+             "is timed below (train.amp=auto chooses fp32 on this CPU; --emulated times bf16 anyway)"
+             + ("; --mrr-steps trains no bf16 run either" if mrr_steps else ""))
 
     def use(name: str) -> None:  # as training runs it: the encoders in ``name``, AdamW fused in bf16
         model.set_precision(name)
         fuse_adamw(optimizer, name == "bf16")
 
     task.before_step(model, criterion, 0)  # the loss's entity table (table_negatives), as training's first step
-    for name in NAMES:  # warm: the layer cache filled, allocations made, for both
+    for name in names:  # warm: the layer cache filled, allocations made, for both
         use(name)
         for batch in batches:
             _step(task, model, criterion, optimizer, batch)
     flops = {}
-    for name in NAMES:
+    for name in names:
         model.set_precision(name)
         flops[name] = step_flops(task, model, criterion, batches[0]) / b
-    seconds = {name: 0.0 for name in NAMES}
+    seconds = {name: 0.0 for name in names}
     for r in range(rounds):
-        for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
+        for name in (names if r % 2 == 0 else names[::-1]):
             use(name)
             start = time.perf_counter()
             for batch in batches:
@@ -152,7 +164,7 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
             seconds[name] += time.perf_counter() - start
     done = rounds * steps * b
     training = {}
-    for name in NAMES:
+    for name in names:
         rate = done / seconds[name]
         reached = rate * flops[name] / 1e9
         training[name] = {"triples_per_s": round(rate, 2), "gflops_per_triple": round(flops[name] / 1e9, 3),
@@ -164,7 +176,7 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
 
     profiles = {}
     if profile:  # where a step's time goes, each way: the operators with the most self time
-        for name in NAMES:
+        for name in names:
             use(name)
             profiles[name] = top_operators(lambda: [_step(task, model, criterion, optimizer, b_) for b_ in batches])
             echo(f"top operators of a {name} step (self CPU time): " + ", ".join(
@@ -173,26 +185,26 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     model.eval()
     n = min(entities, graph.num_entities)
     ids = list(range(n))
-    enc_seconds = {name: 0.0 for name in NAMES}
+    enc_seconds = {name: 0.0 for name in names}
     with torch.no_grad():
-        for name in NAMES:  # warm
+        for name in names:  # warm
             model.set_precision(name)
             model.encode_entities(ids[:64])
         for r in range(rounds):
-            for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
+            for name in (names if r % 2 == 0 else names[::-1]):
                 model.set_precision(name)
                 start = time.perf_counter()
                 tables = [model.encode_entities(ids[s: s + 256]) for s in range(0, n, 256)]
                 enc_seconds[name] += time.perf_counter() - start
-    encoding = {name: round(rounds * n / enc_seconds[name], 1) for name in NAMES}
-    echo(f"entities encoded: fp32 {encoding['fp32']:.0f}/s, bf16 {encoding['bf16']:.0f}/s ({n} entities x {rounds})")
+    encoding = {name: round(rounds * n / enc_seconds[name], 1) for name in names}
+    echo("entities encoded: " + ", ".join(f"{k} {v:.0f}/s" for k, v in encoding.items()) + f" ({n} entities x {rounds})")
 
     test = graph.splits["test"][:queries]
     table = torch.cat(tables).float()
-    q_seconds = {name: 0.0 for name in NAMES}
+    q_seconds = {name: 0.0 for name in names}
     with torch.no_grad():
         for r in range(rounds + 1):
-            for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
+            for name in (names if r % 2 == 0 else names[::-1]):
                 model.set_precision(name)
                 start = time.perf_counter()
                 for s in range(0, len(test), 64):
@@ -201,17 +213,18 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
                     (vectors.float() @ table.t()).topk(min(10, table.shape[0]), dim=1)
                 if r:  # the first round warms
                     q_seconds[name] += time.perf_counter() - start
-    answering = {name: round(rounds * len(test) / q_seconds[name], 1) for name in NAMES}
-    echo(f"queries answered: fp32 {answering['fp32']:.0f}/s, bf16 {answering['bf16']:.0f}/s ({len(test)} x {rounds})")
+    answering = {name: round(rounds * len(test) / q_seconds[name], 1) for name in names}
+    echo("queries answered: " + ", ".join(f"{k} {v:.0f}/s" for k, v in answering.items()) + f" ({len(test)} x {rounds})")
 
-    quality = _same_steps(recipe_path, overrides or [], mrr_steps, echo) if mrr_steps else None
-    ratio = {"training": round(training["bf16"]["triples_per_s"] / training["fp32"]["triples_per_s"], 2),
-             "entities": round(encoding["bf16"] / encoding["fp32"], 2),
-             "queries": round(answering["bf16"] / answering["fp32"], 2),
-             "limit": round(limit["bf16"]["gflops"] / limit["fp32"]["gflops"], 2)}
+    quality = _same_steps(recipe_path, overrides or [], mrr_steps, echo) if mrr_steps and len(names) == 2 else None
+    ratio = {"limit": round(limit["bf16"]["gflops"] / limit["fp32"]["gflops"], 2)}
+    if len(names) == 2:
+        ratio = {"training": round(training["bf16"]["triples_per_s"] / training["fp32"]["triples_per_s"], 2),
+                 "entities": round(encoding["bf16"] / encoding["fp32"], 2),
+                 "queries": round(answering["bf16"] / answering["fp32"], 2), **ratio}
     echo("bf16 / fp32: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()))
     return {"recipe": str(recipe_path), "overrides": list(overrides or []), "cpu": cpu,
-            "bf16_hardware": hardware, "threads": torch.get_num_threads(), "batch": b, "steps": steps,
+            "bf16_hardware": hardware, "timed": list(names), "threads": torch.get_num_threads(), "batch": b, "steps": steps,
             "rounds": rounds, "limit": limit, "training": training, "entities_per_s": encoding,
             "queries_per_s": answering, "ratio": ratio, "same_steps": quality, "profile": profiles or None}
 
