@@ -153,7 +153,7 @@ CONDITIONERS: Registry = Registry("conditioner", "model.conditioner", (lazy("kgc
                                   group="kgc.conditioners")
 # tasks: kgc.training.task.Task subclasses, one package each (kgc/linkpred, kgc/csts)
 TASKS: Registry = Registry("task", "task", (lazy("kgc.linkpred"), lazy("kgc.csts")), default="linkpred", group="kgc.tasks")
-# index types: kgc.linkpred.index.types.IndexType instances (flat, ivf, hnsw, ivfpq), each with its Options
+# index types: kgc.linkpred.index.types.IndexType instances (flat, ivf, hnsw, ivfpq, sq), each with its Options
 INDEX_TYPES: Registry = Registry("index type", "index.type", (lazy("kgc.linkpred.index.types"),), default="flat",
                                  group="kgc.index_types")
 # trackers: kgc.training.trackers.Tracker subclasses (tensorboard, mlflow, csv, wandb)

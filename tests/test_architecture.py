@@ -27,7 +27,7 @@ GENERIC_MUST_NOT_NAME: dict[str, dict[str, list[str]]] = {
                               "kgc.conditioning.biencoder", "kgc.conditioning.router", "kgc.conditioning.pooled",
                               "kgc.conditioning.case"],
                     "homes": ["kgc/conditioning/"]},
-    "index type": {"names": ["flat", "ivf", "hnsw", "ivfpq", "kgc.linkpred.index.types"],
+    "index type": {"names": ["flat", "ivf", "hnsw", "ivfpq", "sq", "kgc.linkpred.index.types"],
                    "homes": ["kgc/linkpred/"]},
 }
 

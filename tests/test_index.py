@@ -1,4 +1,4 @@
-"""Entity index types (flat, ivf, hnsw, ivfpq): neighbours vs brute force, the fingerprint in meta.json, rebuilds
+"""Entity index types (flat, ivf, hnsw, ivfpq, sq): neighbours vs brute force, the fingerprint in meta.json, rebuilds
 when the type changes, the bench, and bad parameters. Fast: small synthetic sets, a stand-in run and model."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from kgc.linkpred.index.types import index_options
 from kgc.recipe import load_recipe
 
 # recall@10 each type must reach on 5k × 32 clustered vectors with its default parameters
-MIN_RECALL = {"flat": 0.999, "ivf": 0.95, "hnsw": 0.95, "ivfpq": 0.4}
+MIN_RECALL = {"flat": 0.999, "ivf": 0.95, "hnsw": 0.95, "ivfpq": 0.4, "sq": 0.99}
+SCORE_ATOL = {"sq": 2e-3}  # fp16 codes: cosines within fp16's rounding (the others store float32 vectors)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,8 @@ def test_type_finds_the_true_neighbours(kind, vectors):
     truth = brute_force(base, queries, 10)
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, truth)])
     assert recall >= MIN_RECALL[kind], f"{kind}: recall@10 {recall:.3f}"
-    if kind != "ivfpq":  # uncompressed vectors: the scores are the exact cosines of the returned entities
-        np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries, base[ids]), atol=1e-5)
+    if kind != "ivfpq":  # vectors not product-quantised: the scores are the cosines of the returned entities
+        np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries, base[ids]), atol=SCORE_ATOL.get(kind, 1e-5))
     one_scores, one_ids = search_index(index, queries[0], 3)  # one query as a vector
     assert one_ids.shape == (1, 3) and list(one_ids[0]) == list(ids[0, :3])
 
@@ -174,7 +175,7 @@ def test_index_file_that_disagrees_with_meta_is_refused(run_and_model):
 
 
 def test_bad_parameters_name_the_key_and_the_fix(vectors):
-    with pytest.raises(KGCError, match=r"index.type 'annoy': unknown. Choose one of flat, hnsw, ivf, ivfpq"):
+    with pytest.raises(KGCError, match=r"index.type 'annoy': unknown. Choose one of flat, hnsw, ivf, ivfpq, sq"):
         index_config(None, type="annoy")
     with pytest.raises(KGCError, match=r"index.pq_bytes=5 does not divide the embedding dim 32.*1, 2, 4, 8, 16, 32"):
         resolve(index_config(None, type="ivfpq", pq_bytes=5), 5000, 32)
@@ -188,11 +189,11 @@ def test_bad_parameters_name_the_key_and_the_fix(vectors):
         resolve(index_config(None, type="ivfpq"), 100, 32)
     with pytest.raises(KGCError, match=r"index.hnsw_m: Input should be greater than or equal to 2"):
         index_config(None, type="hnsw", hnsw_m=1)
-    with pytest.raises(KGCError, match=r"'index.type': unknown \('annoy'\). Choose one of 'flat', 'hnsw', 'ivf', 'ivfpq'"):
+    with pytest.raises(KGCError, match=r"'index.type': unknown \('annoy'\). Choose one of 'flat', 'hnsw', 'ivf', 'ivfpq', 'sq'"):
         load_recipe(None, ["index.type=annoy"])
     with pytest.raises(KGCError, match="read only by task linkpred"):
         load_recipe(None, ["task=csts", "data.dataset=synth-csts", "index.type=ivf"])
-    with pytest.raises(KGCError, match="--types annoy: unknown index type. Choose from flat, hnsw, ivf, ivfpq"):
+    with pytest.raises(KGCError, match="--types annoy: unknown index type. Choose from flat, hnsw, ivf, ivfpq, sq"):
         bench_index(entities=100, dim=8, queries=5, types=("flat", "annoy"))
     with pytest.raises(KGCError, match="dim 32"):
         search_index(faiss.IndexFlatIP(32), vectors[1][:, :16], 10)
@@ -279,10 +280,10 @@ def test_rescored_ivfpq_finds_the_true_neighbours_with_exact_scores(vectors, tmp
     assert index_types.index_bytes(rescored) == index_types.index_bytes(index) < base.nbytes  # the table: not RAM
 
 
-def test_rescore_is_an_ivfpq_search_key():
-    with pytest.raises(KGCError, match=r"index.rescore: not read by index type ivf \(only by ivfpq\). Drop it"):
+def test_rescore_is_a_search_key_of_ivfpq_and_sq():
+    with pytest.raises(KGCError, match=r"index.rescore: not read by index type ivf \(only by ivfpq, sq\). Drop it"):
         index_config(None, type="ivf", rescore=10)
-    with pytest.raises(KGCError, match=r"index.rescore: not read by index type hnsw \(only by ivfpq\)"):
+    with pytest.raises(KGCError, match=r"index.rescore: not read by index type hnsw \(only by ivfpq, sq\)"):
         index_config(None, type="hnsw", rescore=10)
     with pytest.raises(KGCError, match=r"index.rescore: Input should be greater than or equal to 1"):
         index_config(None, type="ivfpq", rescore=0)
@@ -336,7 +337,7 @@ def test_rescore_on_an_ivf_run_is_refused(run_and_model):
     run, model = run_and_model  # an ivf index: rescore is not one of its keys, at load as in the recipe
     run.path.mkdir()
     build_index(run, model, progress=False)
-    with pytest.raises(KGCError, match=r"index.rescore: not read by index type ivf \(only by ivfpq\)"):
+    with pytest.raises(KGCError, match=r"index.rescore: not read by index type ivf \(only by ivfpq, sq\)"):
         load_index(run, model, rescore=10)
     assert isinstance(load_index(run, model), faiss.IndexIVFFlat)  # ivf is searched as before
 
@@ -387,3 +388,57 @@ def test_added_entities_are_rescored_from_the_grown_table(ivfpq_run, vectors, mo
     np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)  # each added row, scored exactly from the new table
     grown = np.concatenate([base, new])
     np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries[:3], grown[ids]), atol=1e-5)
+
+
+# ---------------------------------------------------------------- sq: flat's search over 2- or 1-byte codes
+
+
+@pytest.mark.parametrize("codes, width, recall", [("fp16", 2, 0.99), ("bf16", 2, 0.98), ("8bit", 1, 0.95)])
+def test_sq_keeps_the_neighbours_in_half_or_a_quarter_of_flats_ram(codes, width, recall, vectors):
+    base, queries = vectors
+    flat_params = resolve(index_config(None, type="flat"), *base.shape)
+    flat, _ = index_types.build(base, flat_params, device="cpu")
+    params = resolve(index_config(None, type="sq", sq_codes=codes), *base.shape)
+    assert params == {"type": "sq", "sq_codes": codes, "rescore": 1,
+                      **({"train_size": 5000} if codes == "8bit" else {})}
+    index, info = index_types.build(base, params, device="cpu")
+    assert type(index).__name__ == "IndexScalarQuantizer" and index_types.type_of(index) == "sq"
+    assert info["factory"] == {"fp16": "SQfp16", "bf16": "SQbf16", "8bit": "SQ8"}[codes]
+    per_entity = index_types.index_bytes(index) / len(base)
+    assert width * 32 <= per_entity < width * 32 + 1  # 32 dims of `width` bytes, a few header bytes
+    assert index_types.index_bytes(flat) == 4 * 32 * len(base)
+    truth = brute_force(base, queries, 10)
+    scores, ids = search_index(index, queries, 10)
+    got = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, truth)])
+    assert got >= recall, f"{codes}: recall@10 {got:.3f}"
+    exact = np.einsum("qd,qkd->qk", queries, base[ids])
+    np.testing.assert_allclose(scores, exact, atol={"fp16": 2e-3, "bf16": 1e-2, "8bit": 3e-2}[codes])
+    rescored = index_types.with_rescore(index, base, {**params, "rescore": 10})  # the top 100 re-scored exactly
+    r_scores, r_ids = search_index(rescored, queries, 10)
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(r_ids, truth)]) >= 0.999
+    np.testing.assert_allclose(r_scores, np.einsum("qd,qkd->qk", queries, base[r_ids]), atol=1e-5)
+
+
+def test_sq_train_size_is_for_8bit_only():
+    with pytest.raises(KGCError, match=r"index.train_size is read by sq only with sq_codes=8bit"):
+        resolve(index_config(None, type="sq", train_size=100), 5000, 32)
+    assert resolve(index_config(None, type="sq", sq_codes="8bit", train_size=100), 5000, 32)["train_size"] == 100
+    with pytest.raises(KGCError, match=r"index.sq_codes"):
+        index_config(None, type="sq", sq_codes="int4")
+
+
+def test_a_run_with_sq_stores_half_the_bytes_and_rescores_on_request(tmp_path, vectors):
+    run, model = StandInRun(tmp_path / "run", {"type": "sq"}), StandInModel(vectors[0])
+    run.path.mkdir()
+    base, queries = vectors
+    meta = build_index(run, model, progress=False)
+    assert meta["index"] == {"type": "sq", "sq_codes": "fp16", "rescore": 1}
+    assert meta["faiss"]["factory"] == "SQfp16" and 2 * 32 * 5000 <= meta["faiss"]["bytes"] < 4 * 32 * 5000
+    assert (run.index / "entities.faiss").stat().st_size < (run.index / "entities.npy").stat().st_size * 0.51
+    index = load_index(run, model)
+    assert isinstance(index, faiss.IndexScalarQuantizer)
+    rescored = load_index(run, model, rescore=10)  # a search-time override: exact cosines from entities.npy
+    assert isinstance(rescored, index_types.RescoredIndex) and isinstance(rescored.table, np.memmap)
+    scores, ids = search_index(rescored, queries, 10)
+    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries, base[ids]), atol=1e-5)
+    assert index_plan(run, model, index_config(None, type="sq", sq_codes="8bit"))[0] == "build"  # a build key

@@ -24,7 +24,7 @@ def index(run_dir: Path = typer.Argument(..., help="a run directory"),
           device: str = typer.Option("auto", "--device"),
           add: Optional[Path] = typer.Option(None, "--add", help="append new entities (TSV: id<TAB>name<TAB>"
                                                                    "description) to the index, no retraining"),
-          type_: Optional[str] = typer.Option(None, "--type", help="flat (exact), ivf, hnsw or ivfpq (or a "
+          type_: Optional[str] = typer.Option(None, "--type", help="flat (exact), ivf, hnsw, ivfpq or sq (or a "
                                                                    "plugin's); default: the existing index's type, "
                                                                    "else the recipe's index.type"),
           force: bool = typer.Option(False, "--force", help="rebuild (and re-embed) even when up to date"),

@@ -103,11 +103,13 @@ COMMANDS = (
          Param("types", "strs", SIGNATURE, ("--types",), "comma-separated index types"),
          Param("nprobe", "ints", SIGNATURE, ("--nprobe",), "ivf, ivfpq: the values to sweep"),
          Param("ef_search", "ints", SIGNATURE, ("--ef-search",), "hnsw: the values to sweep"),
-         Param("rescore", "ints", SIGNATURE, ("--rescore",), "ivfpq: the exact re-scoring factors to sweep (1: plain PQ "
-                                                          "scores)"),
+         Param("rescore", "ints", SIGNATURE, ("--rescore",), "ivfpq, sq: the exact re-scoring factors to sweep (1: the "
+                                                          "compressed vectors' scores)"),
          Param("nlist", "int", None, ("--nlist",), "ivf, ivfpq (default 4·√entities)"),
          Param("hnsw_m", "int", None, ("--hnsw-m",)), Param("ef_construction", "int", None, ("--ef-construction",)),
-         Param("pq_bytes", "int", None, ("--pq-bytes",)), Param("train_size", "int", None, ("--train-size",)),
+         Param("pq_bytes", "int", None, ("--pq-bytes",)),
+         Param("sq_codes", "str", None, ("--sq-codes",), "sq: fp16, bf16 or 8bit (default fp16)"),
+         Param("train_size", "int", None, ("--train-size",)),
          Param("clusters", "int", SIGNATURE, ("--clusters",), "Gaussian clusters in the synthetic set", min=1),
          Param("seed", "int", SIGNATURE, ("--seed",)),
          Param("threads", "int", SIGNATURE, ("--threads",), "FAISS threads (default: every core)", min=1),
@@ -141,7 +143,7 @@ COMMANDS = (
                                                                      "train.batch_size=256"),
          Param("stage_timeout", "float", SIGNATURE, ("--stage-timeout",), "seconds a stage may take before it is killed",
                min=1),
-         Param("index_type", "str", SIGNATURE, ("--index-type",), "kgc index --type: flat (default), ivf, hnsw or ivfpq"),
+         Param("index_type", "str", SIGNATURE, ("--index-type",), "kgc index --type: flat (default), ivf, hnsw, ivfpq or sq"),
          Param("max_memory_gb", "float", SIGNATURE, ("--max-memory",), "GB of resident memory past which a stage is "
                                                                   "killed (and reported), before the OOM killer acts",
                min=0.1),
@@ -181,7 +183,7 @@ def show_structure(result: dict, values: dict, echo: Callable[[str], None]) -> N
     echo(structure_table(result, None if values.get("run") is None else read_results(values["run"])))
 
 
-BUILD = ("nlist", "hnsw_m", "ef_construction", "pq_bytes", "train_size")
+BUILD = ("nlist", "hnsw_m", "ef_construction", "pq_bytes", "sq_codes", "train_size")
 
 
 def index_arguments(values: dict[str, Any]) -> tuple[list, dict]:

@@ -1,4 +1,4 @@
-"""``kgc bench index``: the entity index types (flat, ivf, hnsw, ivfpq) on synthetic clustered unit vectors at a
+"""``kgc bench index``: the entity index types (flat, ivf, hnsw, ivfpq, sq) on synthetic clustered unit vectors at a
 chosen scale (1M × 384 is the figure in docs/scale.md): build time, index bytes (held in RAM) per entity, queries/s of
 one batched search (best of ``repeats``, FAISS on every core) and recall@10 against the exact flat search, with a
 sweep over the search-time parameters (nprobe, ef_search, and ivfpq's exact re-scoring factor) of each approximate

@@ -7,7 +7,7 @@ The fingerprint is (sha256 of the weights file, sha256 of every entity's token i
 fingerprint does not match the run's current weights and texts is refused, never silently used.
 
 The FAISS structure is the recipe's ``index:`` section (``kgc index RUN --type ivf --nprobe 16`` overrides it):
-flat (exact, the default), ivf, hnsw or ivfpq (:mod:`kgc.linkpred.index.types`). ``meta.json`` records the type
+flat (exact, the default), ivf, hnsw, ivfpq or sq (:mod:`kgc.linkpred.index.types`). ``meta.json`` records the type
 and its parameters; a search uses the stored ones (``nprobe`` / ``ef_search`` / ``rescore`` are applied at load),
 so an index is never read as another type. ``entities.npy`` always holds the exact table: evaluation scores against
 it, and an ivfpq index with ``rescore`` re-scores its candidates against it, memory-mapped

@@ -1,4 +1,4 @@
-"""The structures an entity index can be — ``flat``, ``ivf``, ``hnsw``, ``ivfpq`` — one class each, registered in
+"""The structures an entity index can be — ``flat``, ``ivf``, ``hnsw``, ``ivfpq``, ``sq`` — one class each, registered in
 :data:`kgc.registry.INDEX_TYPES` (:data:`TYPES` here); adding a type is one class with its ``Options``, here or in
 another package that names it under the ``kgc.index_types`` entry points (a FAISS factory string is enough).
 
@@ -16,6 +16,10 @@ without a rebuild.
 ``k × rescore`` candidates, which are scored exactly against the entity table — memory-mapped, so RAM holds the PQ
 codes, inverted lists and ids, and the table stays on disk / in the page cache — and the top k by exact cosine
 are returned (their scores are exact cosines).
+
+``sq`` scores every entity, as ``flat`` does, but against its vector kept by FAISS's scalar quantiser in fp16 or
+bf16 (2 bytes a value: half of flat's RAM, cosines within ~1e-3) or in 8 bits (a quarter; each dimension's range
+learnt from the entities), and can re-score its top ``k × rescore`` exactly as ``ivfpq`` does (default off).
 
 Where FAISS has a GPU version of a type (flat, ivf, ivfpq) and a GPU is present, the index is trained, filled
 and searched there; the file on disk is always the CPU form.
@@ -41,7 +45,8 @@ class IndexOptions(Section):
     options beside its class below. Inner product on unit vectors throughout, so scores are cosines; every type
     but ``flat`` is approximate (kgc bench index measures it)."""
     type: str = Field(description="flat: exact; ivf: k-means cells, a query visits nprobe of them; hnsw: a graph "
-                                  "with hnsw_m links per node; ivfpq: ivf with vectors compressed to pq_bytes bytes")
+                                  "with hnsw_m links per node; ivfpq: ivf with vectors compressed to pq_bytes bytes; "
+                                  "sq: every entity scored against its vector in 2 bytes a value (or 1)")
 
     @classmethod
     def selected_by(cls, tree: dict) -> bool:
@@ -69,6 +74,22 @@ class IvfPqOptions(IvfOptions):
                                                          "memory-mapped entity table (the top k × rescore of the "
                                                          "PQ search; scores are then exact cosines); 1 or null: "
                                                          "off (search time; no rebuild)")
+
+
+class SqOptions(IndexOptions):
+    type: Literal["sq"] = Field("sq", description="sq: every entity scored, as flat, against its vector stored in "
+                                                  "2 bytes a value (fp16, bf16) or 1 (8bit): half or a quarter of "
+                                                  "flat's RAM")
+    sq_codes: Literal["fp16", "bf16", "8bit"] = Field(
+        "fp16", description="how a value is kept (FAISS's scalar quantiser): fp16 or bf16, 2 bytes (fp16: 10 bits of "
+                            "mantissa, bf16: 7, both exact to ~1e-3 on a cosine); 8bit, 1 byte, each dimension's "
+                            "range learnt from train_size entities")
+    train_size: Optional[int] = Field(None, ge=1, description="8bit: entities sampled to learn each dimension's "
+                                                              "range (default all, at most 100,000)")
+    rescore: Optional[int] = Field(1, ge=1, description="candidates per answer re-scored exactly against the "
+                                                        "memory-mapped entity table (the top k × rescore); 1 or "
+                                                        "null: off, scores are the cosines with the stored codes "
+                                                        "(search time; no rebuild)")
 
 
 class HnswOptions(IndexOptions):
@@ -100,7 +121,7 @@ def faiss_module():
     try:
         import faiss
     except ImportError:
-        raise KGCError("the approximate index types (ivf, hnsw, ivfpq) need FAISS, which is not installed: "
+        raise KGCError("the approximate index types (ivf, hnsw, ivfpq, sq) need FAISS, which is not installed: "
                        "`pip install faiss-cpu` (or faiss-gpu-cu12), or use index.type=flat (exact, no FAISS)") \
             from None
     return faiss
@@ -219,7 +240,30 @@ class HNSW(IndexType):
         index.hnsw.efConstruction = params["ef_construction"]
 
 
-for _type in (Flat(), IVF(), HNSW(), IVFPQ()):
+class SQ(IndexType):
+    name = "sq"
+    Options = SqOptions
+    build, search = ("sq_codes", "train_size"), ("rescore",)
+    summary = ("exhaustive, as flat, over vectors kept in fp16 / bf16 (2 bytes a value) or 8 bits (1 byte) "
+               "(IndexScalarQuantizer), optionally its top k × rescore re-scored exactly")
+    faiss_classes = ("IndexScalarQuantizer",)
+    CODES = {"fp16": "SQfp16", "bf16": "SQbf16", "8bit": "SQ8"}
+
+    def factory(self, params):
+        return self.CODES[params["sq_codes"]]
+
+    def resolve(self, config, entities, dim):
+        params = {"type": self.name, "sq_codes": config.sq_codes}
+        if config.sq_codes == "8bit":  # fp16 / bf16 need no training
+            params["train_size"] = min(entities, config.train_size or 100_000)
+        elif config.train_size is not None:
+            raise KGCError(f"index.train_size is read by sq only with sq_codes=8bit (fp16 and bf16 learn nothing); "
+                           f"drop it, or set index.sq_codes=8bit")
+        params["rescore"] = config.rescore or 1  # null: 1, off
+        return params
+
+
+for _type in (Flat(), IVF(), HNSW(), IVFPQ(), SQ()):
     INDEX_TYPES.register(_type)
 TYPES = INDEX_TYPES  # name → IndexType: the built-in types and those of plugins
 FAISS_PARAMETER = {"nprobe": "nprobe", "ef_search": "efSearch"}
