@@ -399,8 +399,7 @@ def test_sq_keeps_the_neighbours_in_half_or_a_quarter_of_flats_ram(codes, width,
     flat_params = resolve(index_config(None, type="flat"), *base.shape)
     flat, _ = index_types.build(base, flat_params, device="cpu")
     params = resolve(index_config(None, type="sq", sq_codes=codes), *base.shape)
-    assert params == {"type": "sq", "sq_codes": codes, "rescore": 1,
-                      **({"train_size": 5000} if codes == "8bit" else {})}
+    assert params == {"type": "sq", "sq_codes": codes, "rescore": 1}
     index, info = index_types.build(base, params, device="cpu")
     assert type(index).__name__ == "IndexScalarQuantizer" and index_types.type_of(index) == "sq"
     assert info["factory"] == {"fp16": "SQfp16", "bf16": "SQbf16", "8bit": "SQ8"}[codes]
@@ -419,10 +418,9 @@ def test_sq_keeps_the_neighbours_in_half_or_a_quarter_of_flats_ram(codes, width,
     np.testing.assert_allclose(r_scores, np.einsum("qd,qkd->qk", queries, base[r_ids]), atol=1e-5)
 
 
-def test_sq_train_size_is_for_8bit_only():
-    with pytest.raises(KGCError, match=r"index.train_size is read by sq only with sq_codes=8bit"):
-        resolve(index_config(None, type="sq", train_size=100), 5000, 32)
-    assert resolve(index_config(None, type="sq", sq_codes="8bit", train_size=100), 5000, 32)["train_size"] == 100
+def test_sq_reads_its_codes_and_rescore_only():
+    with pytest.raises(KGCError, match=r"index.train_size: not read by index type sq"):
+        index_config(None, type="sq", train_size=100)
     with pytest.raises(KGCError, match=r"index.sq_codes"):
         index_config(None, type="sq", sq_codes="int4")
 

@@ -19,7 +19,7 @@ are returned (their scores are exact cosines).
 
 ``sq`` scores every entity, as ``flat`` does, but against its vector kept by FAISS's scalar quantiser in fp16 or
 bf16 (2 bytes a value: half of flat's RAM, cosines within ~1e-3) or in 8 bits (a quarter; each dimension's range
-learnt from the entities), and can re-score its top ``k × rescore`` exactly as ``ivfpq`` does (default off).
+learnt from every entity), and can re-score its top ``k × rescore`` exactly as ``ivfpq`` does (default off).
 
 Where FAISS has a GPU version of a type (flat, ivf, ivfpq) and a GPU is present, the index is trained, filled
 and searched there; the file on disk is always the CPU form.
@@ -83,9 +83,7 @@ class SqOptions(IndexOptions):
     sq_codes: Literal["fp16", "bf16", "8bit"] = Field(
         "fp16", description="how a value is kept (FAISS's scalar quantiser): fp16 or bf16, 2 bytes (fp16: 10 bits of "
                             "mantissa, bf16: 7, both exact to ~1e-3 on a cosine); 8bit, 1 byte, each dimension's "
-                            "range learnt from train_size entities")
-    train_size: Optional[int] = Field(None, ge=1, description="8bit: entities sampled to learn each dimension's "
-                                                              "range (default all, at most 100,000)")
+                            "range learnt from every entity")
     rescore: Optional[int] = Field(1, ge=1, description="candidates per answer re-scored exactly against the "
                                                         "memory-mapped entity table (the top k × rescore); 1 or "
                                                         "null: off, scores are the cosines with the stored codes "
@@ -243,7 +241,7 @@ class HNSW(IndexType):
 class SQ(IndexType):
     name = "sq"
     Options = SqOptions
-    build, search = ("sq_codes", "train_size"), ("rescore",)
+    build, search = ("sq_codes",), ("rescore",)
     summary = ("exhaustive, as flat, over vectors kept in fp16 / bf16 (2 bytes a value) or 8 bits (1 byte) "
                "(IndexScalarQuantizer), optionally its top k × rescore re-scored exactly")
     faiss_classes = ("IndexScalarQuantizer",)
@@ -253,14 +251,9 @@ class SQ(IndexType):
         return self.CODES[params["sq_codes"]]
 
     def resolve(self, config, entities, dim):
-        params = {"type": self.name, "sq_codes": config.sq_codes}
-        if config.sq_codes == "8bit":  # fp16 / bf16 need no training
-            params["train_size"] = min(entities, config.train_size or 100_000)
-        elif config.train_size is not None:
-            raise KGCError(f"index.train_size is read by sq only with sq_codes=8bit (fp16 and bf16 learn nothing); "
-                           f"drop it, or set index.sq_codes=8bit")
-        params["rescore"] = config.rescore or 1  # null: 1, off
-        return params
+        # 8bit learns each dimension's range from every entity (build: a trainable index without train_size takes
+        # them all; a pass over the table); fp16 and bf16 learn nothing
+        return {"type": self.name, "sq_codes": config.sq_codes, "rescore": config.rescore or 1}  # null: 1, off
 
 
 for _type in (Flat(), IVF(), HNSW(), IVFPQ(), SQ()):
@@ -427,7 +420,7 @@ def build(vectors: np.ndarray, params: dict, *, seed: int = 0, device: str = "au
     index, where = to_device(index, kind, device)
     start = time.perf_counter()
     if not index.is_trained:
-        take = params["train_size"]
+        take = params.get("train_size", n)  # sq's 8bit codes: every vector
         sample = vectors if take >= n else vectors[np.sort(np.random.default_rng(seed).choice(n, take, replace=False))]
         index.train(sample)
     train_seconds = time.perf_counter() - start
