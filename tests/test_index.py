@@ -402,6 +402,7 @@ def test_sq_keeps_the_neighbours_in_half_or_a_quarter_of_flats_ram(codes, width,
     assert params == {"type": "sq", "sq_codes": codes, "rescore": 1}
     index, info = index_types.build(base, params, device="cpu")
     assert type(index).__name__ == "IndexScalarQuantizer" and index_types.type_of(index) == "sq"
+    assert "sq" in index_types.types_of(index)  # (the plugin demo's sq8 builds the same class: tests/test_plugins.py)
     assert info["factory"] == {"fp16": "SQfp16", "bf16": "SQbf16", "8bit": "SQ8"}[codes]
     per_entity = index_types.index_bytes(index) / len(base)
     assert width * 32 <= per_entity < width * 32 + 1  # 32 dims of `width` bytes, a few header bytes

@@ -307,7 +307,7 @@ def load_index(run: RunDir, model: LinkPredictor, *, nprobe: int | None = None, 
         found = "flat"
     else:
         index = read_faiss(run)
-        found = index_types.type_of(index)
+        found = params["type"] if params["type"] in index_types.types_of(index) else index_types.type_of(index)
     if found != params["type"] or ("nlist" in params and
                                    index_types.faiss_module().extract_index_ivf(index).nlist != params["nlist"]):
         raise KGCError(f"{folder}: meta.json records a {_describe(params)} index, entities.faiss holds "

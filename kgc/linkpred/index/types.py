@@ -393,10 +393,21 @@ def to_cpu(index):
 
 
 def type_of(index) -> str | None:
-    """The registry name of an index object (None for a structure this module does not build)."""
+    """The registry name of an index object (None for a structure this module does not build); where several
+    registered types build the same FAISS class (the built-in ``sq`` and a plugin's scalar quantiser), the first
+    registered (:func:`types_of` lists them all)."""
     if isinstance(index, RescoredIndex):
         return type_of(index.index)
     return "flat" if isinstance(index, ExactIndex) else _faiss_class(type(index).__name__)
+
+
+def types_of(index) -> list[str]:
+    """Every registered type that builds ``index``'s structure (an index file agrees with a meta.json naming any)."""
+    if isinstance(index, RescoredIndex):
+        return types_of(index.index)
+    if isinstance(index, ExactIndex):
+        return ["flat"]
+    return [t.name for t in TYPES.values() if type(index).__name__ in t.faiss_classes]
 
 
 # ---------------------------------------------------------------- build, search
