@@ -88,7 +88,7 @@ def test_off_by_default_and_when_turned_off_a_bf16_step_is_autocasts_own(encoder
 
     fresh = TextEncoder(BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                              intermediate_size=64, vocab_size=100), add_pooling_layer=False))
-    assert not getattr(fresh.backbone, stream.FLAG, False)  # off unless enabled
+    assert not getattr(fresh.backbone, stream.STREAM, False)  # off unless enabled
 
 
 def test_the_recipe_key_reaches_every_encoder_of_a_run(tmp_path, tiny_bert, data_home, monkeypatch):

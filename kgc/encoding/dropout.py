@@ -106,14 +106,11 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     scores = torch.matmul(query, key.transpose(-2, -1)) * scale  # (batch, heads, n, m)
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-    if getattr(module, STREAM, False):
-        # train.bf16_stream: the softmax in the scores' own dtype. torch's CPU kernel computes a bf16 row in fp32 and
-        # rounds once, the same bits as an fp32 softmax cast to bf16, without the fp32 copy and its cast back; its
-        # backward reads the rounded probabilities (kgc.encoding.stream)
-        probs = F.softmax(scores, dim=-1).to(value.dtype)
-    else:
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    probs = _Masked.apply(probs, dropout)
+    # train.bf16_stream: the softmax in the scores' own dtype (dtype None). torch's CPU kernel computes a bf16 row in
+    # fp32 and rounds once, the same bits as an fp32 softmax cast to bf16, without the fp32 copy and its cast back; its
+    # backward reads the rounded probabilities (kgc.encoding.stream)
+    dtype = None if getattr(module, STREAM, False) else torch.float32
+    probs = _Masked.apply(F.softmax(scores, dim=-1, dtype=dtype).to(value.dtype), dropout)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kgc.encoding.stream import to_stream
 from kgc.errors import KGCError
 
 
@@ -74,8 +75,6 @@ def run_layers(backbone: nn.Module, hidden: torch.Tensor, attention_mask: torch.
     end = len(layers) if end is None else end
     outs: list[torch.Tensor] = []
     if start < end:
-        from kgc.encoding.stream import to_stream
-
         hidden = to_stream(hidden, backbone)  # bf16 from here on where train.bf16_stream says (kgc.encoding.stream)
         mask = extended_mask(backbone, attention_mask, dtype=hidden.dtype, hidden=hidden)
         for layer in layers[start:end]:

@@ -38,13 +38,10 @@ def in_bf16_training_step(x: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and x.is_floating_point() and in_bf16_cpu_step(x)
 
 
-FLAG = STREAM  # set by :func:`enable` on a backbone and every module in it
-
-
 def to_stream(hidden: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """``hidden`` as a layer's input: bf16 in a bf16 CPU training step of a ``module`` (a backbone or its
     embeddings) the stream is enabled on (one cast, kept by every layer after), unchanged elsewhere."""
-    if getattr(module, FLAG, False) and hidden.dtype == torch.float32 and in_bf16_training_step(hidden):
+    if getattr(module, STREAM, False) and hidden.dtype == torch.float32 and in_bf16_training_step(hidden):
         return hidden.to(torch.bfloat16)
     return hidden
 
@@ -70,4 +67,4 @@ def enable(backbone: nn.Module, on: bool = True) -> None:
     module of it: the embeddings' hook, :func:`~kgc.encoding.layers.run_layers` and the attention of
     :func:`kgc.encoding.dropout.attention` (its softmax then in bf16) read it."""
     for module in backbone.modules():
-        setattr(module, FLAG, bool(on))
+        setattr(module, STREAM, bool(on))

@@ -13,7 +13,7 @@ both alike (:mod:`kgc.encoding.precision` is what ``train.amp`` chooses from).
   (``train.amp=off`` and ``train.amp=bf16``) and evaluated on the test split: MRR and Hits@10 of each.
 
 On a CPU without bf16 hardware (no ``amx_bf16`` or ``avx512_bf16``) bf16 is emulated: its matrix products measured
-1–2 GFLOP/s against fp32's 124 on an AVX2-only AMD EPYC, so a bf16 block of the quickstart's steps would take many
+1.3–2.5 GFLOP/s against fp32's 167–180 on an AVX2-only AMD EPYC, so a bf16 block of the quickstart's steps would take many
 minutes and say only that. There the limit is measured both ways (it is what shows it), the fp32 figures are
 measured, and bf16's are skipped and said so (``train.amp: auto`` chooses fp32 there without a probe);
 ``emulated=True`` (``--emulated``) times bf16 anyway.
@@ -109,7 +109,8 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     recipe = load_recipe(recipe_path, list(overrides or []))
     cpu, hardware = describe_cpu(), bf16_hardware()
     echo(f"CPU: {cpu}; {torch.get_num_threads()} threads; bf16 hardware: {', '.join(hardware) or 'none (emulated)'}")
-    names = NAMES if hardware or emulated else ("fp32",)  # what is timed beyond the limit
+    both = bool(hardware) or emulated  # bf16 timed too beyond the limit
+    names = NAMES if both else ("fp32",)
     graph = load_graph(recipe.data.dataset, path=recipe.data.path, long_text=recipe.data.long_text)
     task = task_class(recipe.task).training(recipe, graph=graph)
     seed_everything(recipe.train.seed)
@@ -135,7 +136,7 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     limit = matrix_limit(shapes)
     echo("matrix products at the model's shapes, GFLOP/s: " + "; ".join(
         f"{s}: fp32 {limit['fp32']['by_shape'][s]:.0f}, bf16 {limit['bf16']['by_shape'][s]:.0f}" for s in shapes))
-    if len(names) == 1:
+    if not both:
         echo(f"bf16 is emulated on this CPU (no {' or '.join(BF16_FLAGS)} in /proc/cpuinfo): its matrix products "
              f"{limit['fp32']['gflops'] / max(limit['bf16']['gflops'], 1e-9):.0f}x slower than fp32's here, so only fp32 "
              "is timed below (train.amp=auto chooses fp32 on this CPU; --emulated times bf16 anyway)"
@@ -216,9 +217,9 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
     answering = {name: round(rounds * len(test) / q_seconds[name], 1) for name in names}
     echo("queries answered: " + ", ".join(f"{k} {v:.0f}/s" for k, v in answering.items()) + f" ({len(test)} x {rounds})")
 
-    quality = _same_steps(recipe_path, overrides or [], mrr_steps, echo) if mrr_steps and len(names) == 2 else None
+    quality = _same_steps(recipe_path, overrides or [], mrr_steps, echo) if mrr_steps and both else None
     ratio = {"limit": round(limit["bf16"]["gflops"] / limit["fp32"]["gflops"], 2)}
-    if len(names) == 2:
+    if both:
         ratio = {"training": round(training["bf16"]["triples_per_s"] / training["fp32"]["triples_per_s"], 2),
                  "entities": round(encoding["bf16"] / encoding["fp32"], 2),
                  "queries": round(answering["bf16"] / answering["fp32"], 2), **ratio}

@@ -263,11 +263,6 @@ FAISS_PARAMETER = {"nprobe": "nprobe", "ef_search": "efSearch"}
 PQ_BITS = 8  # bits per sub-quantiser code: 256 centroids each, so ivfpq needs >= 256 training vectors
 
 
-def _faiss_class(name: str) -> str | None:
-    """The type whose FAISS index class is ``name`` (``IndexHNSWFlat`` → hnsw)."""
-    return next((t.name for t in TYPES.values() if name in t.faiss_classes), None)
-
-
 def index_config(base: IndexOptions | None = None, **changes) -> IndexOptions:
     """``base`` (a recipe's ``index:`` section) with ``changes`` applied (``None`` values are ignored), validated.
 
@@ -396,13 +391,12 @@ def type_of(index) -> str | None:
     """The registry name of an index object (None for a structure this module does not build); where several
     registered types build the same FAISS class (the built-in ``sq`` and a plugin's scalar quantiser), the first
     registered (:func:`types_of` lists them all)."""
-    if isinstance(index, RescoredIndex):
-        return type_of(index.index)
-    return "flat" if isinstance(index, ExactIndex) else _faiss_class(type(index).__name__)
+    return next(iter(types_of(index)), None)
 
 
 def types_of(index) -> list[str]:
-    """Every registered type that builds ``index``'s structure (an index file agrees with a meta.json naming any)."""
+    """Every registered type that builds ``index``'s structure (``IndexHNSWFlat`` → [hnsw]), in registration order;
+    an index file agrees with a meta.json naming any of them."""
     if isinstance(index, RescoredIndex):
         return types_of(index.index)
     if isinstance(index, ExactIndex):
