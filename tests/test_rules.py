@@ -59,6 +59,88 @@ def test_mined_rules_equal_a_brute_force_count(seed):
         assert [x for x in capped if x.relation == r] == [x for x in rules if x.relation == r][:2]
 
 
+def _simple_paths(facts: set, head: int, body: tuple[int, ...]) -> dict:
+    """{end: number of paths} of ``body`` from ``head`` whose variables are pairwise distinct (AnyBURL's object
+    identity), by enumeration."""
+    nxt: dict = {}
+    for x, r, t in facts:
+        nxt.setdefault((x, r), []).append(t)
+    out: dict = {}
+    stack = [(head, 0, {head})]
+    while stack:
+        node, depth, seen = stack.pop()
+        if depth == len(body):
+            out[node] = out.get(node, 0) + 1
+            continue
+        stack.extend((t, depth + 1, seen | {t}) for t in nxt.get((node, body[depth]), []) if t not in seen)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_length_3_rules_equal_a_brute_force_over_paths_with_distinct_variables(seed):
+    """rule_length 3: every body's pairs are those a path with x, z1, z2, y pairwise distinct connects (the
+    walks that come back to x or pass through y taken out), counted and applied as the enumeration does."""
+    from kgc.linkpred.structure.rules import adjacency, paths
+
+    edges = _random_edges(seed, entities=9, relations=2, triples=30)
+    facts = {(int(h), int(r), int(t)) for h, r, t in edges}
+    a = adjacency(np.unique(edges, axis=0), 9, 4)
+    for body in itertools.product(range(4), repeat=3):
+        got = paths(a, body).toarray()
+        rows = paths(a, body, np.array([5, 0, 5])).toarray()
+        for h in range(9):
+            want = np.zeros(9)
+            for e, n in _simple_paths(facts, h, body).items():
+                want[e] = n
+            assert got[h] == pytest.approx(want), (body, h)
+        assert rows == pytest.approx(got[[5, 0, 5]])
+    # mining: the length-2 rules as before, and each length-3 rule's support and body pairs by enumeration
+    rules = mine_rules(edges, 9, 4, max_length=3, min_support=1, unseen=1.0, min_confidence=0.0)
+    short = mine_rules(edges, 9, 4, max_length=2, min_support=1, unseen=1.0, min_confidence=0.0)
+    assert [x for x in rules if len(x.body) < 3] == short
+    by_rel = {r: {(h, t) for h, rr, t in facts if rr == r} for r in range(4)}
+    want = {}
+    for body in itertools.product(range(4), repeat=3):
+        pairs = {(h, e) for h in range(9) for e in _simple_paths(facts, h, body) if e != h}
+        for r in range(4):
+            support = len(pairs & by_rel[r])
+            if support:
+                want[(r, body)] = (support, len(pairs))
+    assert {(x.relation, x.body): (x.support, x.body_pairs) for x in rules if len(x.body) == 3} == want
+    assert any(len(x.body) == 3 for x in rules)
+    # applied: noisy-or over the rules whose simple paths reach the entity
+    model = RuleModel(rules, edges, 9, 4)
+    heads, rels = np.repeat(np.arange(9), 4), np.tile(np.arange(4), 9)
+    got = model.scores(heads, rels)
+    ends = {(h, x.body): _simple_paths(facts, h, x.body) for h in range(9) for x in rules}
+    for i, (h, r) in enumerate(zip(heads, rels)):
+        want_row = np.zeros(9)
+        for e in range(9):
+            confs = [x.confidence for x in rules if x.relation == r and ends[(h, x.body)].get(e)]
+            if confs and e != h:
+                want_row[e] = 1 - math.prod(1 - c for c in confs)
+        assert got[i].numpy() == pytest.approx(want_row, abs=1e-6), (h, r)
+    with pytest.raises(KGCError, match="length 1, 2 or 3"):
+        mine_rules(edges, 9, 4, max_length=4)
+
+
+def test_a_length_3_rule_by_hand():
+    """sib(x, y) ⇐ sib(x, z1) ∧ parent(z1, p) ∧ parent⁻¹(p, y): a walk through y itself is no path."""
+    from kgc.linkpred.structure.rules import adjacency, paths
+
+    # parent (0): 1→3, 2→3, 4→5; sib (1): 0–1, 1–0; R = 2, so 2 is parent⁻¹ and 3 sib⁻¹
+    fwd = np.array([[1, 0, 3], [2, 0, 3], [4, 0, 5], [0, 1, 1], [1, 1, 0]])
+    edges = np.concatenate([fwd, np.stack([fwd[:, 2], fwd[:, 1] + 2, fwd[:, 0]], 1)])
+    a = adjacency(edges, 6, 4)
+    got = paths(a, (1, 0, 2)).toarray()
+    # 0 → 1 → 3 → 2 is a path (0, 1, 3, 2 distinct); 0 → 1 → 3 → 1 passes y = z1 (no path); 1 → 0 has no parent
+    assert got[0].tolist() == [0, 0, 1, 0, 0, 0] and got[1:].sum() == 0
+    # parent ∘ parent⁻¹ ∘ parent: 1 → 3 → 2 → 3 comes back to z1 = y (no path), 1 → 3 → 1 → 3 to x (no path)
+    assert paths(a, (0, 2, 0)).nnz == 0
+    # the walks count both: A1·A2·A3 has them
+    assert (a[0] @ a[2] @ a[0]).nnz > 0
+
+
 def test_a_symmetric_relation_by_hand():
     # sim: 0-1, 1-0, 2-3, 3-2, 4-5 (5-4 missing); R = 1, so id 1 is "sim read backwards"
     fwd = np.array([[0, 0, 1], [1, 0, 0], [2, 0, 3], [3, 0, 2], [4, 0, 5]])

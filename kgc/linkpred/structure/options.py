@@ -83,8 +83,9 @@ class RulesOptions(FusionOptions):
     structural model is."""
     model: Literal["rules"] = Field("rules", description="rules: closed path rules counted from the train graph "
                                                          "(AnyBURL's form), no training")
-    rule_length: int = Field(2, ge=1, le=2, description="the longest rule body (1: r(x,y) ⇐ b(x,y); 2: also "
-                                                        "r(x,y) ⇐ b1(x,z) ∧ b2(z,y))")
+    rule_length: int = Field(2, ge=1, le=3, description="the longest rule body (1: r(x,y) ⇐ b(x,y); 2: also "
+                                                        "r(x,y) ⇐ b1(x,z) ∧ b2(z,y); 3: also "
+                                                        "r(x,y) ⇐ b1(x,z1) ∧ b2(z1,z2) ∧ b3(z2,y))")
     rule_min_support: int = Field(2, ge=1, description="a rule is kept when its body and head hold together on at "
                                                        "least this many train pairs")
     rule_unseen: float = Field(5.0, ge=0, description="confidence = support / (body pairs + this) (AnyBURL's "

@@ -6,8 +6,11 @@ prediction)::
 
     length 1:   r(x, y) ⇐ b(x, y)                   (b ≠ r; b = r + R is symmetry: r(x, y) ⇐ r(y, x))
     length 2:   r(x, y) ⇐ b1(x, z) ∧ b2(z, y)
+    length 3:   r(x, y) ⇐ b1(x, z1) ∧ b2(z1, z2) ∧ b3(z2, y)    (``structure.rule_length: 3``)
 
-over the train triples in both directions, x ≠ y (and z ≠ x, z ≠ y: self-loops are in no body). A rule's
+over the train triples in both directions, with the variables of a body bound to distinct entities (AnyBURL's
+object identity: x ≠ y, z ≠ x, z ≠ y; self-loops are in no body, and a length-3 walk that comes back to x or
+passes through y is no path, :func:`paths`). A rule's
 confidence is AnyBURL's ``support / (body + k)``: ``body`` the (x, y) pairs its body connects, ``support`` those of them that also hold
 ``r(x, y)``, and ``k`` (``structure.rule_unseen``, 5) pairs added to the denominator so that a rule seen twice
 does not score 1. Rules with support ≥ ``structure.rule_min_support`` and confidence ≥
@@ -21,11 +24,12 @@ A query (h, r, ?) scores every entity e by the rules for r whose body reaches e 
 
 Entities no rule reaches score 0, so rules alone rank most entities in one tie; fused with the text model
 (:mod:`kgc.linkpred.structure.pykeen`: α·z(text) + (1 − α)·z(rules), α on dev) the text orders what the rules leave
-tied. Departures from AnyBURL, on purpose: no rules with constants and no rules of length 3, and every rule counted
-exhaustively instead of sampled — a length-2 body is one sparse product per pair of relation ids, (2R)² of them,
-each looked up at every train triple: 2.5 s for WN18RR's 22 ids, 4.5 s for UMLS's 92, but hours for FB15k-237's
-474 (there ``structure.rule_length: 1`` keeps the cost linear). The bodies walk the train triples only (as the
-PyKEEN models see them).
+tied. Departures from AnyBURL, on purpose: no rules with constants, and every rule counted exhaustively instead of
+sampled — a length-2 body is one sparse product per pair of relation ids, (2R)² of them, each looked up at every
+train triple: 2.5 s for WN18RR's 22 ids, 4.5 s for UMLS's 92, but hours for FB15k-237's 474 (there
+``structure.rule_length: 1`` keeps the cost linear); a length-3 body is one product more on its length-2 prefix,
+(2R)³ of them (WN18RR's 10,648; on a graph of many relations, hours). The bodies walk the train triples only (as
+the PyKEEN models see them).
 
 Saved in ``RUN/structure/``: ``rules.tsv`` (one rule per line, readable: relation, body, support, body pairs,
 confidence), ``edges.npy`` (the train triples the bodies walk, both directions), ``meta.json``.
@@ -85,27 +89,84 @@ def _pairs(matrix: sp.spmatrix) -> sp.csr_matrix:
     return m
 
 
+def paths(a: list[sp.csr_matrix], body: tuple[int, ...], rows: np.ndarray | None = None,
+          at: list[sp.csr_matrix] | None = None) -> sp.csr_matrix:
+    """(len(rows), entities) counts of ``body``'s paths from each x in ``rows`` (every entity when None) to each
+    y with its variables distinct: x → z1 → … → y through ``a`` (the matrices of :func:`adjacency`, which have
+    no self-loops); y = x is no path (its entries are 0).
+
+    Length 1 and 2: the walks are the paths (no self-loop: z1 ≠ x, z1 ≠ y). Length 3, x → z1 → z2 → y: of the
+    walks, those with z2 = x and those with z1 = y are taken out by inclusion–exclusion,
+
+        A1·A2·A3 − diag(A1·A2)·A3 − A1·diag(A2·A3) + A1 ∘ A2ᵀ ∘ A3
+
+    (z1 ≠ x, z2 ≠ z1 and y ≠ z2 hold without it), so a length-3 body connects the pairs AnyBURL's object
+    identity lets it connect. ``at``: the transposes of ``a``, when kept (a length-3 body needs two)."""
+    take = (lambda m: m) if rows is None else (lambda m: m[rows])
+    first = sp.csr_matrix(take(a[body[0]]), dtype=np.float64)
+    if len(body) < 3:
+        out = first
+        for b in body[1:]:
+            out = out @ a[b]
+    elif len(body) == 3:
+        a2, a3 = (a[b].astype(np.float64, copy=False) for b in body[1:])
+        a2t, a3t = (sp.csr_matrix(a[b].T) if at is None else at[b] for b in body[1:])
+        out = _three(first, a2, a3, a2t, a3t, take)
+    else:
+        raise KGCError(f"a rule body of length {len(body)}: rules of length 1, 2 or 3 are mined")
+    out = sp.coo_matrix(out)
+    keep = out.col != (out.row if rows is None else np.asarray(rows)[out.row])  # y ≠ x
+    return sp.csr_matrix((out.data[keep], (out.row[keep], out.col[keep])), shape=out.shape)
+
+
+def _three(first: sp.csr_matrix, a2: sp.csr_matrix, a3: sp.csr_matrix, a2t: sp.csr_matrix, a3t: sp.csr_matrix,
+           take, prefix=None) -> sp.csr_matrix:
+    """:func:`paths` of a length-3 body (x ≠ y not yet cleared) from its row-restricted first matrix, the other
+    two and their transposes (``prefix``: ``first @ a2`` when already computed)."""
+    prefix = first @ a2 if prefix is None else prefix
+    a2t = sp.csr_matrix(take(a2t))
+    d12 = np.asarray(first.multiply(a2t).sum(axis=1)).ravel()  # diag(A1·A2) at the rows: walks x → z1 → x
+    d23 = np.asarray(a2.multiply(a3t).sum(axis=1)).ravel()    # diag(A2·A3): walks y → z2 → y
+    a3r = sp.csr_matrix(take(a3))
+    out = prefix @ a3 - sp.diags(d12) @ a3r - first @ sp.diags(d23) + first.multiply(a2t).multiply(a3r)
+    out = sp.csr_matrix(out)
+    out.data[np.abs(out.data) < 0.5] = 0  # counts: exact integers, cleared where every walk revisited x or y
+    out.eliminate_zeros()
+    return out
+
+
 def _bodies(a: list[sp.csr_matrix], max_length: int):
-    """(body, pairs) of every body of length ≤ ``max_length``, one at a time (a length-2 body is one product)."""
+    """(body, pairs) of every body of length ≤ ``max_length``, one at a time (a length-2 body is one product; a
+    length-3 body one more on its length-2 prefix, kept while its last relations are tried)."""
     for b, m in enumerate(a):
         yield (b,), _pairs(m)
-    if max_length == 2:
-        for b1, m1 in enumerate(a):
-            for b2, m2 in enumerate(a):
-                if m1.nnz and m2.nnz:
-                    yield (b1, b2), _pairs(m1 @ m2)
+    if max_length < 2:
+        return
+    a64 = [m.astype(np.float64) for m in a]
+    a64t = [sp.csr_matrix(m.T) for m in a64] if max_length == 3 else []
+    for b1, m1 in enumerate(a64):
+        for b2, m2 in enumerate(a64):
+            if not (m1.nnz and m2.nnz):
+                continue
+            prefix = m1 @ m2
+            yield (b1, b2), _pairs(prefix)
+            if max_length == 3 and prefix.nnz:
+                for b3, m3 in enumerate(a64):
+                    if m3.nnz:
+                        yield (b1, b2, b3), _pairs(_three(m1, m2, m3, a64t[b2], a64t[b3], lambda m: m,
+                                                          prefix=prefix))
 
 
 def mine_rules(edges: np.ndarray, num_entities: int, num_relations2: int, *, max_length: int = 2,
                min_support: int = 2, unseen: float = 5.0, min_confidence: float = 0.01,
                max_per_relation: int | None = None) -> list[Rule]:
-    """Every closed path rule of length ≤ ``max_length`` (1 or 2) over ``edges`` ((n, 3) triples, both
+    """Every closed path rule of length ≤ ``max_length`` (1, 2 or 3) over ``edges`` ((n, 3) triples, both
     directions) with support ≥ ``min_support`` and confidence ``support / (body + unseen)`` ≥
     ``min_confidence`` (the best ``max_per_relation`` per relation, when given); sorted by relation, then
     confidence (highest first). A body's support for every relation at once: its pairs looked up at the train
     triples' (head, tail)."""
-    if max_length not in (1, 2):
-        raise KGCError(f"structure.rule_length={max_length}: rules of length 1 or 2 are mined")
+    if max_length not in (1, 2, 3):
+        raise KGCError(f"structure.rule_length={max_length}: rules of length 1, 2 or 3 are mined")
     edges = np.unique(np.asarray(edges, dtype=np.int64).reshape(-1, 3), axis=0)
     a = adjacency(edges, num_entities, num_relations2)
     heads, rels, tails = edges[:, 0], edges[:, 1], edges[:, 2]
@@ -136,6 +197,7 @@ class RuleModel:
         self.rules, self.edges, self.aggregation = rules, edges, aggregation
         self.num_entities = int(num_entities)
         self.adj = adjacency(edges, num_entities, num_relations2)
+        self.adj_t = [sp.csr_matrix(m.T) for m in self.adj] if any(len(r.body) == 3 for r in rules) else None
         self.by_relation: dict[int, list[Rule]] = {}
         for rule in rules:
             self.by_relation.setdefault(rule.relation, []).append(rule)
@@ -145,11 +207,9 @@ class RuleModel:
             {} if self.num_entities ** 2 * 4 * max(1, num_relations2) <= TABLE_BYTES else None
 
     def reached(self, rule: Rule, heads: np.ndarray) -> sp.csr_matrix:
-        """(len(heads), entities) 0/1-or-more: the entities ``rule``'s body reaches from each head."""
-        rows = self.adj[rule.body[0]][heads]
-        for b in rule.body[1:]:
-            rows = rows @ self.adj[b]
-        return rows.tocsr()
+        """(len(heads), entities) 0/1-or-more: the entities ``rule``'s body reaches from each head (its paths,
+        :func:`paths`)."""
+        return paths(self.adj, rule.body, np.asarray(heads), self.adj_t)
 
     def _rows(self, relation: int, heads: np.ndarray) -> np.ndarray:
         """(len(heads), entities) float32 scores of (head, ``relation``, ?): each row its rules' aggregate."""
