@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -216,6 +217,7 @@ def rules_run(tiny_bert, tmp_path_factory, data_home):
         "model": "rules", "alphas": [0.0, 0.5, 0.9, 1.0], "alpha_per": "relation", "alpha_min_queries": 8,
         "rule_max_per_relation": 10})
     assert "rules mined" in out
+    assert re.search(r"rules mined in [\d.]+s \(of length 1, 2: \d+, \d+\)", out), out[-400:]
     return run
 
 

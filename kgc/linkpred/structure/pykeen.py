@@ -128,7 +128,10 @@ def train_rules(config: FusionOptions, graph: KnowledgeGraph, folder: Path, *, e
     for line in rule_summary(model, graph):
         echo(f"  {line}")
     dev = f", dev MRR {meta['dev']['mrr']:.4f} alone" if "dev" in meta else ""
-    echo(f"{len(model.rules)} rules mined in {seconds:.1f}s{dev}")
+    lengths = np.bincount([len(x.body) for x in model.rules], minlength=2)[1:]
+    by_length = f" (of length {', '.join(str(i + 1) for i in range(len(lengths)))}: " \
+                f"{', '.join(str(int(n)) for n in lengths)})" if len(lengths) > 1 else ""
+    echo(f"{len(model.rules)} rules mined in {seconds:.1f}s{by_length}{dev}")
     return meta
 
 
