@@ -119,16 +119,23 @@ def paths(a: list[sp.csr_matrix], body: tuple[int, ...], rows: np.ndarray | None
     return sp.csr_matrix((out.data[keep], (out.row[keep], out.col[keep])), shape=out.shape)
 
 
-def _three(first: sp.csr_matrix, a2: sp.csr_matrix, a3: sp.csr_matrix, a2t: sp.csr_matrix, a3t: sp.csr_matrix,
-           take, prefix=None) -> sp.csr_matrix:
-    """:func:`paths` of a length-3 body (x ≠ y not yet cleared) from its row-restricted first matrix, the other
-    two and their transposes (``prefix``: ``first @ a2`` when already computed)."""
+def _prefix_terms(first: sp.csr_matrix, a2: sp.csr_matrix, a2t: sp.csr_matrix, take, prefix=None):
+    """What a length-3 body's count takes from its first two relations alone, computed once for every last
+    relation: ``first @ a2`` (``prefix`` when already computed), A1 ∘ A2ᵀ at the rows (the walks x → z1 → x,
+    entry by z1) and diag(A1·A2) at the rows, their sums."""
     prefix = first @ a2 if prefix is None else prefix
-    a2t = sp.csr_matrix(take(a2t))
-    d12 = np.asarray(first.multiply(a2t).sum(axis=1)).ravel()  # diag(A1·A2) at the rows: walks x → z1 → x
-    d23 = np.asarray(a2.multiply(a3t).sum(axis=1)).ravel()    # diag(A2·A3): walks y → z2 → y
+    back = sp.csr_matrix(first.multiply(sp.csr_matrix(take(a2t))))
+    return prefix, back, sp.diags(np.asarray(back.sum(axis=1)).ravel())
+
+
+def _three(first: sp.csr_matrix, a2: sp.csr_matrix, a3: sp.csr_matrix, a2t: sp.csr_matrix, a3t: sp.csr_matrix,
+           take, terms=None) -> sp.csr_matrix:
+    """:func:`paths` of a length-3 body (x ≠ y not yet cleared) from its row-restricted first matrix, the other
+    two and their transposes (``terms``: :func:`_prefix_terms` of the first two, when already computed)."""
+    prefix, back, d12 = _prefix_terms(first, a2, a2t, take) if terms is None else terms
+    d23 = np.asarray(a2.multiply(a3t).sum(axis=1)).ravel()  # diag(A2·A3): walks y → z2 → y
     a3r = sp.csr_matrix(take(a3))
-    out = prefix @ a3 - sp.diags(d12) @ a3r - first @ sp.diags(d23) + first.multiply(a2t).multiply(a3r)
+    out = prefix @ a3 - d12 @ a3r - first @ sp.diags(d23) + back.multiply(a3r)
     out = sp.csr_matrix(out)
     out.data[np.abs(out.data) < 0.5] = 0  # counts: exact integers, cleared where every walk revisited x or y
     out.eliminate_zeros()
@@ -151,10 +158,10 @@ def _bodies(a: list[sp.csr_matrix], max_length: int):
             prefix = m1 @ m2
             yield (b1, b2), _pairs(prefix)
             if max_length == 3 and prefix.nnz:
+                terms = _prefix_terms(m1, m2, a64t[b2], lambda m: m, prefix)  # shared by every last relation
                 for b3, m3 in enumerate(a64):
                     if m3.nnz:
-                        yield (b1, b2, b3), _pairs(_three(m1, m2, m3, a64t[b2], a64t[b3], lambda m: m,
-                                                          prefix=prefix))
+                        yield (b1, b2, b3), _pairs(_three(m1, m2, m3, a64t[b2], a64t[b3], lambda m: m, terms))
 
 
 def mine_rules(edges: np.ndarray, num_entities: int, num_relations2: int, *, max_length: int = 2,
