@@ -229,6 +229,9 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
                 rows.append(_row_during_add(url, requests, max(clients), max_requests, write, add,
                                             next(r for r in rows if r["clients"] == max(clients)), server.pid, echo))
             info = httpx.get(f"{url}/info", timeout=10).json()
+            chosen = info.get("precision") or {}
+            if chosen:  # what the figures were measured in (train.amp's choice on this machine, or $KGC_AMP)
+                echo(f"the server encoded its queries in {chosen.get('name')} ({chosen.get('reason')})")
         finally:
             if server.poll() is None:
                 server.send_signal(signal.SIGTERM)
@@ -248,7 +251,7 @@ def bench_serve(run_dir: Path, *, clients: list[int] = (1, 8, 32), seconds: floa
             "server_args": list(server_args),
             "ready_seconds": ready_seconds, "seconds_per_row": seconds, "rows": rows,
             "batching": info.get("batching"), "query_engine": info.get("query_engine"),
-            "entities": info.get("entities"), "server_exit": server.returncode}
+            "entities": info.get("entities"), "precision": info.get("precision"), "server_exit": server.returncode}
 
 
 def _row_during_add(url: str, requests: list, clients: int, max_requests: int, write: tuple[str, Any, str],

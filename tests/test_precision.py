@@ -73,10 +73,64 @@ def test_the_choice_follows_the_rule(monkeypatch):
     assert len(cached) == 3 and all({"fp32", "bf16", "shape"} <= set(v) for v in cached.values())
 
 
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: {family}
+model\t\t: 2
+model name\t: AMD EPYC
+flags\t\t: fpu avx2 avx512f avx512_bf16
+
+processor\t: 1
+cpu family\t: 99
+model name\t: another CPU
+flags\t\t: fpu
+"""
+
+
+def test_two_cpus_of_one_name_are_told_apart_and_probed_apart(monkeypatch):
+    zen5, zen4 = (prec.parse_cpuinfo(CPUINFO.format(family=f)) for f in (26, 25))
+    assert zen5 == {"model": "AMD EPYC", "flags": frozenset({"fpu", "avx2", "avx512f", "avx512_bf16"}),
+                    "family": "family 26 model 2"}  # the first processor's block only
+    assert zen4["family"] == "family 25 model 2"
+    assert prec.parse_cpuinfo("model name\t: Apple M2\nflags\t: neon\n") == \
+        {"model": "Apple M2", "flags": frozenset({"neon"}), "family": None}
+    cpu(monkeypatch, zen5)
+    assert prec.describe_cpu() == "AMD EPYC, family 26 model 2 (avx512_bf16, avx512f, avx2)"
+    key5 = prec.probe_key({"s": 1})
+    cpu(monkeypatch, zen4)
+    assert prec.probe_key({"s": 1}) != key5  # a probe of one generation is not taken for the other's
+    cpu(monkeypatch, NO_BF16)  # a record without the numbers (as older callers build it)
+    assert prec.describe_cpu() == "a CPU without bf16 (avx512f, avx2)"
+
+
 def test_the_real_probe_times_both_ways_alternating():
     order = []
-    out = prec.time_both(lambda name: order.append(name), rounds=3)
+    out = prec.time_both(lambda name: order.append(name), rounds=3, clear=None)
     assert order == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"] and set(out) == {"fp32", "bf16"}
+
+
+def test_a_clear_bf16_lead_ends_the_probe_after_its_first_pair(monkeypatch):
+    from types import SimpleNamespace
+
+    clock = [0.0]
+    monkeypatch.setattr(prec, "time", SimpleNamespace(perf_counter=lambda: clock[0]))  # each call costs its share
+
+    def probe(fp32: float, bf16: float):
+        order, cost = [], {"fp32": fp32, "bf16": bf16}
+
+        def run(name):
+            order.append(name)
+            clock[0] += cost[name]
+        return order, prec.time_both(run)
+
+    order, out = probe(1.0, 0.4)  # bf16 2.5x: stopped after the untimed pair and one timed pair
+    assert out == pytest.approx({"fp32": 1.0, "bf16": 0.4}) and order == ["fp32", "bf16", "fp32", "bf16"]
+    order, out = probe(1.0, 0.5)  # exactly PROBE_CLEAR times as fast: stopped too
+    assert len(order) == 4
+    order, out = probe(1.0, 0.6)  # a lead, not a clear one: every round
+    assert out == pytest.approx({"fp32": 1.0, "bf16": 0.6}) and len(order) == 2 + 2 * prec.PROBE_ROUNDS
+    order, out = probe(0.4, 1.0)  # fp32 far ahead: every round (a verdict for fp32 is never taken from one pair)
+    assert out == pytest.approx({"fp32": 0.4, "bf16": 1.0}) and len(order) == 2 + 2 * prec.PROBE_ROUNDS
 
 
 def test_amp_off_in_yaml_is_off(tmp_path, tiny_bert):
@@ -110,6 +164,54 @@ def test_bf16_gives_the_fp32_loss_within_its_tolerance(tiny_bert, data_home):
     assert losses["bf16"].item() == pytest.approx(losses["fp32"].item(), rel=2e-2)
     assert losses["bf16"].item() != losses["fp32"].item()  # bf16 really ran
     del load_recipe
+
+
+def test_inference_casts_each_weight_once_with_autocasts_own_values(tiny_bert):
+    """Without gradient a bf16 encoder runs on bf16 copies of its Linear weights made once (not cast again at every
+    call, 39 % of a served query's time): the outputs are autocast's bit for bit, a changed weight is copied again,
+    the module's own parameters are back after the call, and a step with gradient swaps nothing."""
+    from kgc.encoding.backbone import TextEncoder, load_backbone
+
+    enc = TextEncoder(load_backbone(tiny_bert)).eval()
+    enc.precision = "bf16"
+    ids = torch.randint(1000, 30000, (3, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    params = {n: p for n, p in enc.named_parameters()}
+
+    def autocast_alone():  # what in_precision ran before: autocast casting every weight at the call
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return enc._plain(ids, mask, torch.zeros_like(ids), mask).float()
+
+    with torch.no_grad():
+        first = enc(ids, mask)
+        copies = enc._kgc_cast_once["copies"]
+        again = enc(ids, mask)
+    assert torch.equal(first, autocast_alone()) and torch.equal(again, first)
+    linears = [m for m in enc.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(copies) == 2 * len(linears) and all(c[2].dtype == torch.bfloat16 for c in copies.values())
+    assert enc._kgc_cast_once["copies"] == copies and enc._kgc_cast_once["depth"] == 0
+    assert all(p is params[n] for n, p in enc.named_parameters())  # the same Parameter objects, fp32
+    assert all(p.dtype == torch.float32 and isinstance(p, torch.nn.Parameter) for p in enc.parameters())
+
+    with torch.no_grad():
+        linears[0].weight.mul_(1.5)  # an update in place (an optimiser's): copied again
+        changed = enc(ids, mask)
+    assert not torch.equal(changed, first) and torch.equal(changed, autocast_alone())
+
+    def fail(module, args):
+        raise RuntimeError("a layer fails mid-call")
+    hook = linears[1].register_forward_pre_hook(fail)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="mid-call"):
+        enc(ids, mask)
+    hook.remove()
+    assert all(p is params[n] for n, p in enc.named_parameters()) and enc._kgc_cast_once["depth"] == 0  # undone
+
+    enc.train()
+    out = enc(ids, mask)  # with gradient: autocast's own casts, the weights' gradients as before
+    out.sum().backward()
+    assert linears[0].weight.grad is not None and linears[0].weight.grad.dtype == torch.float32
+    assert enc._kgc_cast_once["depth"] == 0
 
 
 def test_a_probe_leaves_no_trace_and_the_run_records_its_precision(tmp_path, tiny_bert, data_home, monkeypatch):

@@ -269,3 +269,4 @@ def test_bench_serve_drives_a_real_server_and_stops(lp_run):
         assert row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
         assert row["answers_per_s"] == pytest.approx(row["answers"] / row["seconds"], rel=0.05)
     assert result["server_exit"] == 0 and result["batching"]["items"] >= sum(r["answers"] for r in result["rows"])
+    assert result["precision"]["name"] == "fp32" and "KGC_AMP=off" in result["precision"]["reason"]  # the suite's
