@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 KGC_DATA_HOME ?= $(abspath ../shared/data)
 export KGC_DATA_HOME
 
-.PHONY: install quickstart test test-heavy test-wheel test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-figure bench-grail
+.PHONY: install quickstart test test-heavy test-wheel test-rehearsal test-faults test-durations docs docs-serve clean gpu-bundle gpu-rehearse study-umls study-umls-tuned study-csts-tuned study-routing wn18rr-cpu study-wn18rr-table study-wn18rr-pace study-wn18rr-precision study-wn18rr-figure bench-grail
 
 install: $(VENV)/.installed
 
@@ -170,6 +170,15 @@ study-wn18rr-pace: install
 	  $(TABLE_OPTS); mkdir -p $(TABLE)/$$row; \
 	  $(BIN)/kgc bench train recipes/wn18rr_laptop.yaml --no-full --trainable-layers 4 --batch-size 64 --steps 20 \
 	    $$opts --out $(TABLE)/$$row/pace.json; \
+	done
+
+# each row's fp32 and bf16 paces side by side in one process, alternating (the table's bf16 column): `kgc bench
+# precision`, 2 x 4 timed steps of 64 each way, queries answered/s each way, into $(TABLE)/<row>/precision.json
+# (~4 min a row alone; on a CPU without bf16 hardware only fp32 is timed)
+study-wn18rr-precision: install
+	set -e; for row in $(ROWS); do \
+	  $(TABLE_OPTS); mkdir -p $(TABLE)/$$row; \
+	  $(BIN)/kgc bench precision recipes/wn18rr_laptop.yaml --steps 4 --rounds 2 $$opts --out $(TABLE)/$$row/precision.json; \
 	done
 
 # every row's dev curve in one figure (by triples seen and by training minutes), from the rows trained so far
