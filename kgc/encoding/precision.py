@@ -69,7 +69,7 @@ def cpu_info() -> dict[str, Any]:
 def parse_cpuinfo(text: str, model: str = "unknown") -> dict[str, Any]:
     """The first processor's model name, flags and x86 family / model numbers from /proc/cpuinfo's ``text``. The
     numbers tell apart CPUs that share a name: two AMD EPYC generations both say "AMD EPYC" (family 25: Zen 3/4;
-    family 26: Zen 5, whose bf16 products measured ~2.5× faster here)."""
+    family 26: Zen 5, whose bf16 products measured 2.0–2.8× faster here)."""
     flags, numbers = frozenset(), {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
