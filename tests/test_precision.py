@@ -173,7 +173,7 @@ def test_inference_casts_each_weight_once_with_autocasts_own_values(tiny_bert):
     from kgc.encoding.backbone import TextEncoder, load_backbone
 
     enc = TextEncoder(load_backbone(tiny_bert)).eval()
-    enc.precision = "bf16"
+    enc.precision, enc.weights_held = "bf16", True  # as TaskModel.hold_weights sets it in a loaded run
     ids = torch.randint(1000, 30000, (3, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
@@ -212,6 +212,23 @@ def test_inference_casts_each_weight_once_with_autocasts_own_values(tiny_bert):
     out.sum().backward()
     assert linears[0].weight.grad is not None and linears[0].weight.grad.dtype == torch.float32
     assert enc._kgc_cast_once["depth"] == 0
+
+    # in training nothing is held: a bf16 step's fused AdamW moves the weights without moving their version, and
+    # a validation between steps must score the weights as they are (a kept copy once scored the first ones)
+    trained = TextEncoder(load_backbone(tiny_bert))
+    trained.precision = "bf16"
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2, fused=True)
+    enc = trained
+    for _ in range(2):
+        trained.train()
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            trained(ids, mask).sum().backward()
+        optimizer.step()
+        trained.eval()
+        with torch.no_grad():
+            assert torch.equal(trained(ids, mask), autocast_alone())
+    assert "_kgc_cast_once" not in trained.__dict__
 
 
 def test_a_probe_leaves_no_trace_and_the_run_records_its_precision(tmp_path, tiny_bert, data_home, monkeypatch):

@@ -200,6 +200,7 @@ class TextEncoder(nn.Module):
         # fp32, bf16 or fp16 (kgc.encoding.precision: train.amp's choice for this machine); forward, hidden_at,
         # advance and run_from run under it and hand back fp32 (inside a training step's autocast: as they are)
         self.precision = "fp32"
+        self.weights_held = False  # TaskModel.hold_weights: a loaded model, answering only (precision.cast_once)
 
     def train(self, mode: bool = True) -> "TextEncoder":
         super().train(mode)

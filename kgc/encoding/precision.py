@@ -119,7 +119,8 @@ def in_precision(method: Callable) -> Callable:
         device_type = next(self.parameters()).device.type
         if torch.is_autocast_enabled(device_type):
             return method(self, *args, **kwargs)
-        with torch.autocast(device_type, dtype=DTYPES[precision]), cast_once(self, DTYPES[precision]):
+        held = cast_once(self, DTYPES[precision]) if getattr(self, "weights_held", False) else nullcontext()
+        with torch.autocast(device_type, dtype=DTYPES[precision]), held:
             out = method(self, *args, **kwargs)
         return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
 
@@ -131,12 +132,17 @@ _SWAP = threading.Lock()
 
 @contextmanager
 def cast_once(module: torch.nn.Module, dtype: torch.dtype):
-    """Without gradient (evaluation, ``kgc index``, queries, serving), ``module``'s Linear layers run on copies of
-    their fp32 weights and biases cast to ``dtype`` once, kept until the weight changes (its storage or version),
-    instead of autocast casting every weight again at every call: autocast casts an fp32 weight to bf16 the same way
-    (round to nearest), and leaves one already bf16 as it is, so the outputs are the same bit for bit. Measured on a
-    CPU answering one query at a time: the casts were 39 % of its time (``aten::copy_``), bf16 answered slower
-    than fp32. With gradient (a training step) nothing is swapped: autocast's own cache spans the step.
+    """Without gradient, on an encoder whose weights are held (``weights_held``: a model loaded to answer — ``kgc
+    index``, evaluation, queries, serving — :meth:`~kgc.training.setup.TaskModel.hold_weights`), ``module``'s
+    Linear layers run on copies of their fp32 weights and biases cast to ``dtype`` once, instead of autocast casting
+    every weight again at every call: autocast casts an fp32 weight to bf16 the same way (round to nearest), and
+    leaves one already bf16 as it is, so the outputs are the same bit for bit. Measured on a CPU answering one
+    query at a time: the casts were 39 % of its time (``aten::copy_``), bf16 answered slower than fp32. With
+    gradient (a training step) nothing is swapped: autocast's own cache spans the step.
+
+    A model in training never holds its weights: a copy is made again where a weight's storage or version changed,
+    but torch's fused AdamW (a bf16 CPU step's) updates weights in place without moving their version, so a kept
+    copy would be stale — tried, a bf16 run's validations scored its first weights (dev MRR 0.34 for 0.69).
 
     The swap lasts the outermost call, and is undone however it ends; a call from another thread meanwhile sees the
     copies too (the same values as its own autocast would make: one model runs in one precision), and where two

@@ -120,6 +120,13 @@ class TaskModel(nn.Module):
         for enc in self.encoders:
             enc.precision = name
 
+    def hold_weights(self, on: bool = True) -> None:
+        """The encoders' weights will not change from here on (a model loaded to answer): in bf16 or fp16, each
+        Linear weight is then cast once for every call without gradient, not again at each
+        (:func:`kgc.encoding.precision.cast_once`). Training never sets it."""
+        for enc in self.encoders:
+            enc.weights_held = on
+
     def set_bf16_stream(self, on: bool) -> None:
         """``train.bf16_stream``: a bf16 CPU training step keeps every encoder's residual stream in bf16
         (:mod:`kgc.encoding.stream`; no effect elsewhere)."""

@@ -83,6 +83,7 @@ class Predictor:
         model.attach_layer_cache(self.recipe)
         model = model.to(self.device).eval()
         model.choose_precision(self.recipe)
+        model.hold_weights()  # answering only: a bf16 encoder casts each weight once, not at every call
         return model
 
     def model(self) -> "LinkPredictor":

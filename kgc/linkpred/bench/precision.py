@@ -184,6 +184,7 @@ def bench_precision(recipe_path: Path, *, steps: int = 4, rounds: int = 2, entit
                 f"{op['operator']} {100 * op['share']:.0f} % ({op['calls'] // steps}/step)" for op in profiles[name]))
 
     model.eval()
+    model.hold_weights()  # trained no further: entities and queries encoded as a loaded run encodes them
     n = min(entities, graph.num_entities)
     ids = list(range(n))
     enc_seconds = {name: 0.0 for name in names}
