@@ -295,7 +295,10 @@ def test_kgc_recipes_check_reads_a_recipe_as_training_would_without_training(tmp
     lines = res.stdout.splitlines()
     assert lines[0].endswith("umls_biencoder.yaml, resolved") and "conditioner: biencoder" in res.stdout
     found = cli("recipes", "check", "umls_biencoder", "-q").stdout.splitlines()  # the findings alone
-    assert lines[-len(found):] == found
+
+    def steady(rows):  # the machine's free memory moves between the two calls (22.8 then 22.7 GB seen in CI)
+        return [re.sub(r"\(\d+(\.\d+)? GB available", "(N GB available", row) for row in rows]
+    assert steady(lines[-len(found):]) == steady(found)
     assert found[0].endswith(f"a valid recipe (version {CURRENT}, task linkpred, conditioner biencoder, backbone "
                              "sentence-transformers/all-MiniLM-L6-v2)")
     assert found[1].startswith("data: umls read as training reads it: ") and " triples an epoch" in found[1]
